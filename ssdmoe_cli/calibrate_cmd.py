@@ -1,0 +1,7 @@
+"""Placeholder: commands are registered here by the module's owner."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

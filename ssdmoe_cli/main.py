@@ -1,0 +1,43 @@
+"""The `ssdmoe` command line. Engine commands import MLX lazily, inside the command body,
+so `ssdmoe sim ...` and `ssdmoe trace ...` work on machines without MLX."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ssdmoe_cli import (
+    bench_cmd,
+    calibrate_cmd,
+    capture_cmd,
+    fixture_cmd,
+    model_cmds,
+    sim_cmds,
+    trace_cmds,
+)
+from ssdmoe_cli.errors import BadInput
+
+app = typer.Typer(
+    name="ssdmoe",
+    help="Serve MoE models from SSD, record traces, and simulate other hardware.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+for module in (fixture_cmd, model_cmds, capture_cmd, bench_cmd, calibrate_cmd):
+    module.register(app)
+app.add_typer(trace_cmds.app, name="trace")
+app.add_typer(sim_cmds.app, name="sim")
+
+
+def main() -> None:
+    try:
+        app()
+    except BadInput as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
