@@ -1,7 +1,107 @@
-"""Placeholder: commands are registered here by the module's owner."""
+"""`ssdmoe convert SRC DST` and `ssdmoe generate MODEL --prompt TEXT`. MLX is imported inside
+the command bodies only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from ssdmoe_cli.errors import BadInput
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("convert")(convert)
+    app.command("generate")(generate)
+
+
+def convert(
+    src: Annotated[Path, typer.Argument(help="mlx-lm MoE model directory (float or quantized).")],
+    dst: Annotated[Path, typer.Argument(help="Output directory for the streaming layout.")],
+    bits: Annotated[int, typer.Option(help="Expert quantization bits (affine).")] = 4,
+    group_size: Annotated[int, typer.Option(help="Expert quantization group size.")] = 64,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing conversion.")] = False,
+) -> None:
+    """Convert an mlx-lm MoE checkpoint to the streaming layout (resident part + per-layer
+    stacked int4 expert files + manifest.json)."""
+    from engine.layout import convert as run_convert
+    from engine.manifest import MANIFEST_FILE
+
+    src, dst = Path(src), Path(dst)
+    if dst.exists():
+        if not dst.is_dir():
+            raise BadInput(f"{dst}: exists and is not a directory")
+        if any(dst.iterdir()):
+            if not (dst / MANIFEST_FILE).exists():
+                raise BadInput(f"{dst}: directory is not empty and not a conversion; refusing")
+            if not force:
+                raise BadInput(f"{dst}: already holds a conversion (use --force to replace it)")
+    if src.resolve() == dst.resolve():
+        raise BadInput(f"{dst}: must differ from SRC")
+    tmp = dst.with_name(dst.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        manifest = run_convert(src, tmp, bits=bits, group_size=group_size,
+                               progress=lambda msg: typer.echo(msg, err=True))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if dst.exists():
+        shutil.rmtree(dst)
+    tmp.rename(dst)
+    total = sum(e.size for e in manifest.files.values())
+    typer.echo(f"converted {src} -> {dst}: {manifest.model_type}, {len(manifest.layers)} MoE "
+               f"layers x {manifest.num_experts} experts, {manifest.bundle_bytes} bytes/bundle, "
+               f"{total / 2**20:.1f} MiB")
+
+
+def generate(
+    model: Annotated[Path, typer.Argument(help="Converted model directory (ssdmoe convert).")],
+    prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")],
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens to generate.")] = 64,
+    temp: Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 = greedy.")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    o_direct: Annotated[bool, typer.Option(
+        "--o-direct", help="Read experts with O_DIRECT (bypasses the page cache).")] = False,
+    page_cache_mb: Annotated[float | None, typer.Option(
+        "--page-cache-mb", help="Keep expert bytes in the page cache within this budget.")] = None,
+    verify: Annotated[bool | None, typer.Option(
+        "--verify/--no-verify",
+        help="sha256 every file (default: files up to 256 MiB; sizes always).")] = None,
+) -> None:
+    """Generate text from a converted model, streaming experts from disk (exact path)."""
+    if max_tokens < 1:
+        raise BadInput(f"--max-tokens: must be >= 1, got {max_tokens}")
+    if temp < 0:
+        raise BadInput(f"--temp: must be >= 0, got {temp}")
+    if page_cache_mb is not None and page_cache_mb <= 0:
+        raise BadInput(f"--page-cache-mb: must be > 0, got {page_cache_mb}")
+    from engine.generate import generate as run_generate
+    from engine.loader import load_streaming
+
+    budget = None if page_cache_mb is None else int(page_cache_mb * 2**20)
+    lm, tokenizer, store = load_streaming(model, o_direct=o_direct, page_cache_budget=budget,
+                                          verify=verify)
+    if not tokenizer.encode(prompt):
+        raise BadInput("--prompt: encodes to no tokens")
+
+    def show(segment: str) -> None:
+        sys.stdout.write(segment)
+        sys.stdout.flush()
+
+    try:
+        result = run_generate(lm, tokenizer, prompt, max_tokens, temp=temp, seed=seed,
+                              store=store, on_text=None if json_out else show)
+    finally:
+        store.close()
+    if json_out:
+        typer.echo(json.dumps(result.summary()))
+        return
+    sys.stdout.write("\n")
+    typer.echo(f"[{result.prompt_tokens} prompt tokens, prefill {result.prefill_tok_s:.1f} tok/s,"
+               f" {len(result.tokens)} tokens, decode {result.decode_tok_s:.1f} tok/s]", err=True)

@@ -1,0 +1,180 @@
+"""Load a converted model for streaming: the mlx-lm model built from the manifest's config, the
+resident part loaded, and a `StreamingMoE` installed on every MoE layer reading from an
+`ExpertStore`. Also `load_resident`: the same numbers with every expert in memory, as a plain
+mlx-lm model (the reference for exactness tests and the resident baseline for benchmarks).
+
+On CPU, float resident tensors are upcast to float32 (bf16 is 6-8x slower there)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.archs import ARCHS, routing_spec
+from engine.layout import build_skeleton, moe_layers, quantize_like_source, read_safetensors_header
+from engine.manifest import (
+    CONFIG_FILE,
+    RESIDENT_FILE,
+    TENSOR_NAMES,
+    Manifest,
+    read_manifest,
+    verify_files,
+)
+from engine.moe import RoutingCallback, StreamingMoE
+from engine.paths.exact import ExactPath
+from engine.paths.kernel import ExpertPath
+from engine.store import ExpertStore, LoadCallback
+from ssdmoe_cli.errors import BadInput
+
+PathFactory = Callable[[ExpertStore, int], ExpertPath]
+
+
+def open_manifest(converted_dir: Path, verify: bool | None = None) -> Manifest:
+    """Read the manifest and check the files: sizes always, sha256 per `verify` (None: files
+    up to 256 MiB, True: all, False: none). Raises BadInput naming the file."""
+    manifest = read_manifest(Path(converted_dir))
+    if manifest.model_type not in ARCHS:
+        raise BadInput(f"{manifest.path('manifest.json')}: unsupported architecture "
+                       f"{manifest.model_type!r} (supported: {', '.join(ARCHS)})")
+    verify_files(manifest, full_hash=verify)
+    return manifest
+
+
+def _resident_weights(manifest: Manifest, dtype) -> dict:
+    import mlx.core as mx
+
+    path = manifest.path(RESIDENT_FILE)
+    read_safetensors_header(path)
+    try:
+        weights = mx.load(str(path))
+    except Exception as err:  # noqa: BLE001
+        raise BadInput(f"{path}: cannot read ({err})") from None
+    if dtype is not None:
+        weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+                   for k, v in weights.items()}
+    return weights
+
+
+def _model(manifest: Manifest, weights: dict):
+    model = build_skeleton(manifest.config, manifest.path(CONFIG_FILE))
+    if manifest.resident_quantization:
+        quantize_like_source(model, manifest.resident_quantization, weights)
+    layers = moe_layers(model, manifest.model_type)
+    if sorted(layers) != manifest.moe_layers:
+        raise BadInput(f"{manifest.path('manifest.json')}: config does not match tensors: config "
+                       f"has MoE layers {sorted(layers)}, manifest {manifest.moe_layers}")
+    attr = ARCHS[manifest.model_type].moe_attr
+    q = manifest.quantization
+    for i in layers:
+        sm = getattr(model.layers[i], attr).switch_mlp
+        entry = manifest.layers[i]
+        for name in TENSOR_NAMES:
+            proj, part = name.split(".")
+            lin = getattr(sm, proj)
+            out_dim, in_dim = lin.output_dims, lin.input_dims
+            groups = in_dim // q["group_size"]
+            want = {"weight": [lin.num_experts, out_dim, in_dim * q["bits"] // 32],
+                    "scales": [lin.num_experts, out_dim, groups],
+                    "biases": [lin.num_experts, out_dim, groups]}[part]
+            if entry.tensors[name].shape != want:
+                raise BadInput(f"{manifest.path(entry.file)}: config does not match tensors: "
+                               f"{name} is {entry.tensors[name].shape}, config gives {want}")
+    return model, layers
+
+
+def _load_weights(model, weights: dict, manifest: Manifest) -> None:
+    import mlx.core as mx
+
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as err:
+        msg = " ".join(str(err).split())
+        raise BadInput(f"{manifest.path(RESIDENT_FILE)}: config does not match tensors "
+                       f"({msg[:300]})") from None
+    try:
+        mx.eval(model.parameters())
+    except Exception as err:  # noqa: BLE001
+        raise BadInput(f"{manifest.path(RESIDENT_FILE)}: cannot read ({err})") from None
+    model.eval()
+
+
+def load_tokenizer(manifest: Manifest):
+    import transformers
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
+
+    transformers.logging.set_verbosity_error()
+    try:
+        return mlx_load_tokenizer(manifest.root, eos_token_ids=manifest.config.get("eos_token_id"))
+    except Exception as err:  # noqa: BLE001
+        raise BadInput(f"{manifest.root}: cannot load the tokenizer "
+                       f"({type(err).__name__}: {err})") from None
+
+
+def load_streaming(
+    converted_dir: Path,
+    *,
+    o_direct: bool = False,
+    page_cache_budget: int | None = None,
+    verify: bool | None = None,
+    on_load: LoadCallback | None = None,
+    on_routing: RoutingCallback | None = None,
+    path_factory: PathFactory | None = None,
+    prefill_path_factory: PathFactory | None = None,
+    float32: bool = True,
+):
+    """-> (model, tokenizer, store). The model is an ordinary mlx-lm model (use it with
+    mlx_lm.generate_step or engine.generate) whose MoE blocks are `StreamingMoE`s reading
+    experts through `store`. `path_factory(store, layer)` builds each layer's path (default
+    ExactPath); `prefill_path_factory` optionally a separate one for multi-token calls."""
+    import mlx.core as mx
+
+    manifest = open_manifest(converted_dir, verify)
+    weights = _resident_weights(manifest, mx.float32 if float32 else None)
+    model, layers = _model(manifest, weights)
+    store = ExpertStore(manifest, o_direct=o_direct, page_cache_budget=page_cache_budget,
+                        on_load=on_load)
+    arch = ARCHS[manifest.model_type]
+    spec = routing_spec(manifest.config)
+    make = path_factory or ExactPath
+    for i in layers:
+        layer = model.layers[i]
+        block = StreamingMoE(
+            i, getattr(layer, arch.moe_attr), arch, spec, make(store, i),
+            prefill_path_factory(store, i) if prefill_path_factory else None, on_routing,
+        )
+        setattr(layer, arch.moe_attr, block)
+    _load_weights(model, weights, manifest)
+    return model, load_tokenizer(manifest), store
+
+
+def streaming_blocks(model) -> dict[int, StreamingMoE]:
+    """{layer: block} of the installed streaming MoE blocks (to swap paths or callbacks)."""
+    out = {}
+    for i, layer in enumerate(model.layers):
+        for child in layer.children().values():
+            if isinstance(child, StreamingMoE):
+                out[i] = child
+    return out
+
+
+def load_resident(converted_dir: Path, *, verify: bool | None = None, float32: bool = True):
+    """-> (model, tokenizer): plain mlx-lm model with all experts in memory, quantized exactly
+    as stored (QuantizedSwitchLinear), same resident numbers as `load_streaming`."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    manifest = open_manifest(converted_dir, verify)
+    weights = _resident_weights(manifest, mx.float32 if float32 else None)
+    model, layers = _model(manifest, weights)
+    q = manifest.quantization
+    prefixes = tuple(f"{p}." for p in layers.values())
+    nn.quantize(model, group_size=q["group_size"], bits=q["bits"], mode=q.get("mode", "affine"),
+                class_predicate=lambda p, m: (p + ".").startswith(prefixes)
+                and hasattr(m, "to_quantized"))
+    for i, prefix in layers.items():
+        path = manifest.path(manifest.layers[i].file)
+        read_safetensors_header(path)
+        for name, v in mx.load(str(path)).items():
+            weights[f"{prefix}.{name}"] = v
+    _load_weights(model, weights, manifest)
+    return model, load_tokenizer(manifest)

@@ -1,0 +1,178 @@
+"""The streaming checkpoint's manifest: what `convert` wrote and where each expert's bytes are.
+Plain JSON + dataclasses, no MLX (the simulator may read it too).
+
+A converted directory holds:
+  manifest.json              this file's content (written last: its presence means complete)
+  config.json                the model config (mlx-lm format, without `quantization`)
+  resident.safetensors       every parameter except the routed experts, mlx-lm names
+  experts/layer_XXX.safetensors  per MoE layer, 9 stacked tensors [E, ...]:
+                             {gate,up,down}_proj.{weight,scales,biases}, int4 affine, f32 scales
+  tokenizer files            copied from the source
+
+Expert e's slice of tensor t lives at bytes [offset + e * stride, offset + (e + 1) * stride) of
+the layer file (offsets are absolute file offsets, header included). A "bundle" is one expert's
+9 slices: `bundle_bytes` = sum of the 9 strides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ssdmoe_cli.errors import BadInput
+
+FORMAT = "ssdmoe-streaming"
+VERSION = 1
+MANIFEST_FILE = "manifest.json"
+CONFIG_FILE = "config.json"
+RESIDENT_FILE = "resident.safetensors"
+EXPERTS_DIR = "experts"
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+PARTS = ("weight", "scales", "biases")
+TENSOR_NAMES = tuple(f"{p}.{q}" for p in PROJECTIONS for q in PARTS)  # file order, 9 names
+
+# Files above this size are only hashed on an explicit full verify (sizes are always checked).
+AUTO_HASH_LIMIT = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    offset: int  # absolute byte offset of expert 0's slice in the layer file
+    stride: int  # bytes per expert (one contiguous range)
+    shape: list[int]  # full stacked shape [E, ...]
+    dtype: str  # numpy dtype name: "uint32", "float32"
+
+
+@dataclass(frozen=True)
+class LayerEntry:
+    layer: int
+    module: str  # attribute of the decoder layer holding the MoE block ("mlp", "block_sparse_moe")
+    file: str  # relative path
+    tensors: dict[str, TensorEntry]
+    bundle_bytes: int
+
+    def expert_range(self, name: str, expert: int) -> tuple[int, int]:
+        """(offset, length) of `expert`'s slice of tensor `name`."""
+        t = self.tensors[name]
+        return t.offset + expert * t.stride, t.stride
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    sha256: str
+
+
+@dataclass
+class Manifest:
+    model_type: str
+    config: dict
+    quantization: dict  # {"bits", "group_size", "mode", "scales_dtype"} of the routed experts
+    num_experts: int
+    top_k: int
+    layers: dict[int, LayerEntry]
+    files: dict[str, FileEntry]  # every file of the directory but manifest.json
+    resident_quantization: dict | None = None  # the source's mlx-lm `quantization`, if any
+    source: str = ""
+    format: str = FORMAT
+    version: int = VERSION
+    root: Path = field(default=Path("."), compare=False)
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return sorted(self.layers)
+
+    @property
+    def bundle_bytes(self) -> int:
+        """Bytes of one expert bundle (same for every layer in the supported architectures)."""
+        return max(e.bundle_bytes for e in self.layers.values())
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("root")
+        d["layers"] = [asdict(self.layers[i]) for i in self.moe_layers]
+        d["bundle_bytes"] = self.bundle_bytes
+        return d
+
+
+def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(manifest: Manifest, root: Path) -> Path:
+    """Atomic write: a reader never sees a half-written manifest."""
+    path = Path(root) / MANIFEST_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest.to_json(), indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _parse(d: dict, root: Path) -> Manifest:
+    layers = {}
+    for e in d["layers"]:
+        tensors = {n: TensorEntry(**t) for n, t in e["tensors"].items()}
+        missing = set(TENSOR_NAMES) - set(tensors)
+        if missing:
+            raise KeyError(f"layer {e['layer']} lacks tensors {sorted(missing)}")
+        layers[int(e["layer"])] = LayerEntry(
+            layer=int(e["layer"]), module=e["module"], file=e["file"], tensors=tensors,
+            bundle_bytes=int(e["bundle_bytes"]),
+        )
+    return Manifest(
+        model_type=d["model_type"], config=d["config"], quantization=d["quantization"],
+        num_experts=int(d["num_experts"]), top_k=int(d["top_k"]), layers=layers,
+        files={k: FileEntry(**v) for k, v in d["files"].items()},
+        resident_quantization=d.get("resident_quantization"), source=d.get("source", ""),
+        format=d["format"], version=int(d["version"]), root=root,
+    )
+
+
+def read_manifest(root: Path) -> Manifest:
+    """Parse and check the manifest's own structure (not the files: see `verify_files`)."""
+    root = Path(root)
+    path = root / MANIFEST_FILE
+    if not root.is_dir():
+        raise BadInput(f"{root}: not a directory (expected a converted model: ssdmoe convert)")
+    if not path.is_file():
+        raise BadInput(f"{path}: missing (not a converted model, or conversion did not finish)")
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BadInput(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise BadInput(f"{path}: not an {FORMAT} manifest")
+    if d.get("version") != VERSION:
+        raise BadInput(f"{path}: format version {d.get('version')}, this engine reads {VERSION}")
+    try:
+        return _parse(d, root)
+    except (KeyError, TypeError, ValueError) as err:
+        raise BadInput(f"{path}: malformed manifest ({type(err).__name__}: {err})") from None
+
+
+def verify_files(manifest: Manifest, full_hash: bool | None = None) -> None:
+    """Sizes always; sha256 of every file when `full_hash`, of files up to AUTO_HASH_LIMIT bytes
+    when None (so small models are fully checked at every load), of none when False."""
+    for rel, entry in sorted(manifest.files.items()):
+        path = manifest.path(rel)
+        if not path.is_file():
+            raise BadInput(f"{path}: missing (listed in {MANIFEST_FILE})")
+        size = path.stat().st_size
+        if size != entry.size:
+            what = "truncated" if size < entry.size else "larger than expected"
+            raise BadInput(f"{path}: {what}: {size} bytes, {MANIFEST_FILE} says {entry.size}")
+    for rel, entry in sorted(manifest.files.items()):
+        if full_hash is False or (full_hash is None and entry.size > AUTO_HASH_LIMIT):
+            continue
+        path = manifest.path(rel)
+        if sha256_file(path) != entry.sha256:
+            raise BadInput(f"{path}: sha256 does not match {MANIFEST_FILE} (changed or corrupt)")

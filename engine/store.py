@@ -1,0 +1,339 @@
+"""Byte-range reads of expert bundles into preallocated buffers. No MLX here: callers pass
+writable NumPy views (`np.asarray(mx_array)` is a zero-copy writable view of MLX memory), and
+`os.preadv` writes straight into them.
+
+- Buffered reads (`pread`, readahead off via POSIX_FADV_RANDOM so a read caches only its own
+  pages) or O_DIRECT reads (page-aligned bounce buffer, then one copy; MLX buffers are not
+  page aligned). If the filesystem refuses O_DIRECT the store falls back to buffered reads and
+  says why (`direct_fallback`, plus a warning).
+- Each load is classed cold or warm BEFORE it reads: `mincore` on a never-touched PROT_READ
+  mapping of the file (an untouched mapping maps no pages, so it neither warms the cache nor
+  pins pages against POSIX_FADV_DONTNEED).
+- Page-cache budget: the expert bytes this store has read are kept within `page_cache_budget`
+  bytes by dropping the least recently read bundles with POSIX_FADV_DONTNEED (ranges rounded
+  out to whole pages). With a budget, the store drops the expert files' pages when it opens,
+  so the run starts from a known state.
+- Every load yields a dict with the keys of traces.schema.LOAD_COLUMNS, passed to `on_load`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.manifest import TENSOR_NAMES, LayerEntry, Manifest
+from ssdmoe_cli.errors import BadInput
+
+PAGE = mmap.PAGESIZE
+ALIGN = 4096  # O_DIRECT alignment of offset, length and buffer address
+WHOLE_LAYER = -1  # `expert` of a whole-layer load (traces.schema.WHOLE_LAYER_EXPERT)
+LoadCallback = Callable[[dict], None]
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class ExpertReadError(BadInput):
+    """A failed or short expert read; the message names layer, expert and file."""
+
+
+@dataclass
+class _File:
+    path: str
+    size: int
+    fd: int  # buffered
+    dfd: int  # O_DIRECT, -1 when not used
+    addr: int  # base of the untouched PROT_READ mapping used for mincore (0: none)
+
+
+class ExpertStore:
+    def __init__(
+        self,
+        manifest: Manifest,
+        o_direct: bool = False,
+        page_cache_budget: int | None = None,
+        on_load: LoadCallback | None = None,
+    ):
+        self.manifest = manifest
+        self.on_load = on_load
+        self.page_cache_budget = page_cache_budget
+        self.step = -1  # set by the generation loop; copied into every load row
+        self.direct = o_direct
+        self.direct_fallback: str | None = None
+        self._local = threading.local()  # per-thread O_DIRECT bounce buffer
+        self._lock = threading.Lock()  # guards the budget LRU
+        self._lru: OrderedDict[tuple[int, int], tuple[_File, list[tuple[int, int]], int]] = \
+            OrderedDict()
+        self._lru_bytes = 0
+        self._files: dict[int, _File] = {}
+        for layer, entry in manifest.layers.items():
+            self._files[layer] = self._open(str(manifest.path(entry.file)))
+        if page_cache_budget is not None:
+            self.drop_page_cache()
+
+    # ------------------------------------------------------------ files
+
+    def _open(self, path: str) -> _File:
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as err:
+            raise BadInput(f"{path}: cannot open ({err.strerror})") from None
+        size = os.fstat(fd).st_size
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        dfd = -1
+        if self.direct:
+            try:
+                dfd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            except OSError as err:
+                self._no_direct(f"open(O_DIRECT) of {path} failed: {err.strerror}")
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) if size else 0
+        if addr in (None, _MAP_FAILED):
+            addr = 0
+        return _File(path, size, fd, dfd, addr or 0)
+
+    def _no_direct(self, reason: str) -> None:
+        if self.direct:
+            self.direct = False
+            self.direct_fallback = reason
+            warnings.warn(f"O_DIRECT unavailable, using buffered reads: {reason}", stacklevel=3)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            if f.addr:
+                _libc.munmap(f.addr, f.size)
+            os.close(f.fd)
+            if f.dfd >= 0:
+                os.close(f.dfd)
+        self._files = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ layout helpers
+
+    def layer(self, layer: int) -> LayerEntry:
+        return self.manifest.layers[layer]
+
+    def expert_shapes(self, layer: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """{tensor name: (per-expert shape, numpy dtype name)} for the layer's 9 tensors."""
+        t = self.manifest.layers[layer].tensors
+        return {n: (tuple(t[n].shape[1:]), t[n].dtype) for n in TENSOR_NAMES}
+
+    def bundle_ranges(self, layer: int, expert: int) -> list[tuple[int, int]]:
+        entry = self.manifest.layers[layer]
+        return [entry.expert_range(n, expert) for n in TENSOR_NAMES]
+
+    def layer_ranges(self, layer: int) -> list[tuple[int, int]]:
+        t = self.manifest.layers[layer].tensors
+        return [(t[n].offset, t[n].stride * t[n].shape[0]) for n in TENSOR_NAMES]
+
+    # ------------------------------------------------------------ residency
+
+    def _resident_pages(self, f: _File, ranges: list[tuple[int, int]]) -> tuple[int, int]:
+        """(resident pages, total pages) over `ranges` of file `f` (mincore)."""
+        if not f.addr:
+            return 0, 0
+        resident = total = 0
+        for off, length in ranges:
+            p0, p1 = off // PAGE, -(-(off + length) // PAGE)
+            n = p1 - p0
+            vec = np.zeros(n, dtype=np.uint8)
+            if _libc.mincore(f.addr + p0 * PAGE, n * PAGE, vec.ctypes.data) != 0:
+                return 0, 0
+            resident += int(np.count_nonzero(vec & 1))
+            total += n
+        return resident, total
+
+    def residency(self, layer: int, expert: int) -> float:
+        """Fraction of the bundle's pages in the page cache (1.0 = fully warm)."""
+        r, t = self._resident_pages(self._files[layer], self.bundle_ranges(layer, expert))
+        return r / t if t else 0.0
+
+    def is_cold(self, layer: int, expert: int) -> bool:
+        """True when any page of the bundle would come from the disk."""
+        r, t = self._resident_pages(self._files[layer], self.bundle_ranges(layer, expert))
+        return r < t
+
+    def page_cache_bytes(self) -> int:
+        """Resident bytes of all expert files (mincore), -1 if unknown."""
+        total = 0
+        for f in self._files.values():
+            if f.size and not f.addr:
+                return -1
+            r, _ = self._resident_pages(f, [(0, f.size)]) if f.size else (0, 0)
+            total += r * PAGE
+        return total
+
+    def drop_page_cache(self, layer: int | None = None) -> None:
+        """Evict the expert files' (or one layer file's) pages: the next reads are cold."""
+        files = self._files.values() if layer is None else [self._files[layer]]
+        for f in files:
+            os.fdatasync(f.fd)  # dirty pages (a fresh conversion) cannot be dropped
+            os.posix_fadvise(f.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        with self._lock:
+            if layer is None:
+                self._lru.clear()
+                self._lru_bytes = 0
+            else:
+                for key in [k for k in self._lru if k[0] == layer]:
+                    self._lru_bytes -= self._lru.pop(key)[2]
+
+    # ------------------------------------------------------------ reads
+
+    def read_bundle(
+        self,
+        layer: int,
+        expert: int,
+        into: Mapping[str, np.ndarray],
+        *,
+        source: str = "demand",
+        thread: str = "main",
+        issued_ns: int | None = None,
+        waited: bool = True,
+        emit: bool = True,
+    ) -> dict:
+        """Read expert `expert` of `layer` into `into` (tensor name -> writable C-contiguous
+        array of exactly that expert's slice size). Returns the load row (also sent to
+        `on_load` when `emit`)."""
+        entry = self.manifest.layers[layer]
+        ranges = [entry.expert_range(n, expert) for n in TENSOR_NAMES]
+        views = [into[n] for n in TENSOR_NAMES]
+        return self._load(layer, expert, ranges, views, source, thread, issued_ns, waited, emit)
+
+    def read_layer(
+        self,
+        layer: int,
+        into: Mapping[str, np.ndarray],
+        *,
+        source: str = "whole_layer",
+        thread: str = "main",
+        issued_ns: int | None = None,
+        waited: bool = True,
+        emit: bool = True,
+    ) -> dict:
+        """Read a layer's 9 stacked tensors whole (9 reads) into `into` (name -> [E, ...])."""
+        views = [into[n] for n in TENSOR_NAMES]
+        return self._load(layer, WHOLE_LAYER, self.layer_ranges(layer), views, source, thread,
+                          issued_ns, waited, emit)
+
+    def emit(self, row: dict) -> None:
+        if self.on_load is not None:
+            self.on_load(row)
+
+    def _load(self, layer, expert, ranges, views, source, thread, issued_ns, waited, emit):
+        f = self._files[layer]
+        started = time.perf_counter_ns()
+        issued = started if issued_ns is None else issued_ns
+        r, t = self._resident_pages(f, ranges)
+        cold = r < t
+        nbytes = 0
+        for (off, length), view in zip(ranges, views, strict=True):
+            if view.nbytes != length or not view.flags.c_contiguous or not view.flags.writeable:
+                raise ValueError(f"layer {layer} expert {expert}: buffer of {view.nbytes} bytes "
+                                 f"(contiguous={view.flags.c_contiguous}) for a {length}-byte "
+                                 "range")
+            if self.direct and f.dfd >= 0:
+                self._read_direct(f, off, length, view, layer, expert)
+            else:
+                self._read_buffered(f, off, length, view, layer, expert)
+            nbytes += length
+        finished = time.perf_counter_ns()
+        if not self.direct and self.page_cache_budget is not None:
+            self._account(layer, expert, f, ranges)
+        row = {
+            "step": self.step, "layer": layer, "expert": expert, "bytes": nbytes,
+            "offset": ranges[0][0], "issued_ns": issued, "started_ns": started,
+            "finished_ns": finished, "source": source, "cold": cold, "waited": waited,
+            "wait_ns": finished - issued if waited else 0, "thread": thread,
+        }
+        if emit:
+            self.emit(row)
+        return row
+
+    def _fail(self, f: _File, layer: int, expert: int, what: str) -> ExpertReadError:
+        who = "whole layer" if expert == WHOLE_LAYER else f"expert {expert}"
+        return ExpertReadError(f"{f.path}: read of layer {layer} {who} failed: {what}")
+
+    def _read_buffered(self, f: _File, off: int, length: int, view: np.ndarray, layer, expert):
+        buf = memoryview(view).cast("B")
+        done = 0
+        while done < length:
+            try:
+                n = os.preadv(f.fd, [buf[done:]], off + done)
+            except OSError as err:
+                raise self._fail(f, layer, expert, err.strerror or str(err)) from None
+            if n == 0:
+                raise self._fail(f, layer, expert, f"short read at byte {off + done} "
+                                 f"(file has {f.size} bytes; truncated?)")
+            done += n
+
+    def _bounce(self, n: int) -> mmap.mmap:
+        buf = getattr(self._local, "bounce", None)
+        if buf is None or len(buf) < n:
+            buf = mmap.mmap(-1, max(n, 1 << 20))  # anonymous maps are page aligned
+            self._local.bounce = buf
+        return buf
+
+    def _read_direct(self, f: _File, off: int, length: int, view: np.ndarray, layer, expert):
+        a0 = off - off % ALIGN
+        a1 = -(-(off + length) // ALIGN) * ALIGN
+        bounce = self._bounce(a1 - a0)
+        mv = memoryview(bounce)
+        try:
+            done = 0
+            while done < off + length - a0:
+                try:
+                    n = os.preadv(f.dfd, [mv[done:a1 - a0]], a0 + done)
+                except OSError as err:
+                    if err.errno == 22 and done == 0:  # EINVAL: this filesystem refuses it
+                        self._no_direct(f"O_DIRECT read of {f.path} failed: {err.strerror}")
+                        return self._read_buffered(f, off, length, view, layer, expert)
+                    raise self._fail(f, layer, expert, err.strerror or str(err)) from None
+                if n == 0:
+                    raise self._fail(f, layer, expert, f"short read at byte {a0 + done} "
+                                     f"(file has {f.size} bytes; truncated?)")
+                done += n
+            memoryview(view).cast("B")[:] = mv[off - a0: off - a0 + length]
+        finally:
+            mv.release()
+
+    def _account(self, layer: int, expert: int, f: _File, ranges) -> None:
+        pages = [(off - off % PAGE, -(-(off + ln) // PAGE) * PAGE - (off - off % PAGE))
+                 for off, ln in ranges]
+        nbytes = sum(ln for _, ln in pages)
+        drop = []
+        with self._lock:
+            key = (layer, expert)
+            if key in self._lru:
+                self._lru.move_to_end(key)
+            else:
+                self._lru[key] = (f, pages, nbytes)
+                self._lru_bytes += nbytes
+            while self._lru_bytes > self.page_cache_budget and len(self._lru) > 1:
+                _, (df, dpages, dbytes) = self._lru.popitem(last=False)
+                self._lru_bytes -= dbytes
+                drop.append((df, dpages))
+            if self._lru_bytes > self.page_cache_budget:  # one bundle above the whole budget
+                _, (df, dpages, dbytes) = self._lru.popitem(last=False)
+                self._lru_bytes -= dbytes
+                drop.append((df, dpages))
+        for df, dpages in drop:
+            for off, ln in dpages:
+                os.posix_fadvise(df.fd, off, ln, os.POSIX_FADV_DONTNEED)

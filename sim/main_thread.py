@@ -1,0 +1,259 @@
+"""The main thread: the one SimPy process of the model.
+
+Per decode step:
+  boundary  the policy stages predicted sets (prefetches issued; with no reader threads the main
+            thread performs them itself, synchronously, as the paper's stager does)
+  per layer build the layer's graph (CPU; + a head's graph at head owners), queue its attention
+            (+ head) work on the accelerator; unless the layer's routing is staged, sync on the
+            router (wait for the accelerator), then get every routed bundle (sticky slot, staged
+            slot, bundle LRU, else a demand load) and wait for those still in flight; queue the
+            expert work
+  end       sync on the accelerator (sampling needs the token)
+Per prefill step: whole-layer loads, layer L+1's load overlapping layer L's compute.
+
+The accelerator is a timeline (work starts when queued and the device is free), loads are timed
+by sim.loads / sim.readers; the process yields one SimPy timeout per layer to move the clock.
+Times are seconds. Blocked time = main thread waiting on (or itself performing) expert loads;
+eval time = waiting on the accelerator; build time = graph building and slot rewrites.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import simpy
+
+from sim.caches import BundleLRU, StagedSlots
+from sim.loads import DEMAND, PREFETCH, WHOLE_LAYER, Fetcher, Load
+from sim.policies import Policy
+from sim.readers import DEMAND_PRIORITY, PREFETCH_PRIORITY, ReaderPool
+from sim.scenario import Scenario
+
+_ABSENT = object()
+
+
+class StepLog:
+    """Per-step columns (the rest of the steps table is derived from the load log)."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[Any]] = {name: [] for name in (
+            "step", "request", "phase", "tokens", "start", "end", "build", "eval", "blocked",
+            "hits", "misses", "evictions", "lru_bytes", "page_cache_bytes")}
+
+    def add(self, **row: Any) -> None:
+        for name, value in row.items():
+            self.cols[name].append(value)
+
+
+class MainThread:
+    def __init__(self, sc: Scenario, policy: Policy, fetcher: Fetcher, pool: ReaderPool | None,
+                 lru: BundleLRU) -> None:
+        m, hw = sc.model, sc.hardware
+        self.sc = sc
+        self.policy = policy
+        self.fetcher = fetcher
+        self.pool = pool
+        self.lru = lru
+        self.slots = StagedSlots(m.layers)
+        self.layers = m.layers
+        self.experts = m.experts
+        self.bundle_bytes = m.bundle_bytes
+        self.build_s = m.build_ms_per_layer * hw.cpu_factor / 1e3
+        self.head_build_s = m.head_build_ms * hw.cpu_factor / 1e3
+        bw = hw.mem_bandwidth_gbps * 1e9
+        self.attn_s = m.resident_bytes / m.layers / bw
+        self.expert_s = sc.k * m.bundle_bytes / bw
+        self.head_s = m.head_bytes / bw
+        self.flops = hw.compute_tflops * 1e12
+        self.mem_bw = bw
+        self.slot_update_s = hw.slot_update_ms / 1e3
+        self.uses_slots = policy.sticky or sc.policy == "prerouter"
+        self.now = 0.0
+        self.gpu_free = 0.0
+        self.log = StepLog()
+        self.executed_log: list[list[int]] = []  # per decode step and layer, the executed set
+        self._reset()
+
+    # -- primitives -------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self.build = self.eval = self.blocked = 0.0
+        self.hits = self.misses = 0
+        self.evictions0 = self.lru.evictions
+
+    def cpu(self, seconds: float) -> None:
+        self.now += seconds
+        self.build += seconds
+
+    def gpu_submit(self, seconds: float) -> None:
+        self.gpu_free = (self.gpu_free if self.gpu_free > self.now else self.now) + seconds
+
+    def gpu_sync(self) -> None:
+        if self.gpu_free > self.now:
+            self.eval += self.gpu_free - self.now
+            self.now = self.gpu_free
+
+    def new_load(self, step: int, layer: int, expert: int, key: int, nbytes: int, pieces: int,
+                 source: str, priority: int) -> Load:
+        load = Load(step, layer, expert, key, nbytes, pieces, source, self.now, priority)
+        if self.pool is not None:
+            self.pool.advance(self.now)
+            self.pool.submit(load)
+        else:  # no reader threads: the main thread reads it now and is blocked meanwhile
+            finish = self.fetcher.perform(load, self.now, "main")
+            load.waited = True
+            load.wait = finish - self.now
+            self.blocked += load.wait
+            self.now = finish
+        return load
+
+    def wait(self, load: Load) -> None:
+        if load.started < 0:
+            self.pool.promote(load)
+            self.pool.finish(load)
+        if load.finished > self.now:
+            waited = load.finished - self.now
+            load.waited = True
+            load.wait += waited
+            self.blocked += waited
+            self.now = load.finished
+
+    # -- caches -----------------------------------------------------------------------------
+    def stage(self, step: int, layer: int, predicted: list[int]) -> None:
+        """Fill the next-token buffer of `layer` with `predicted` (prefetch what is missing)."""
+        current = self.slots.current[layer]
+        lru = self.lru
+        staged: dict[int, object] = {}
+        base = layer * self.experts
+        for e in predicted:
+            if e in current:
+                staged[e] = None
+                continue
+            key = base + e
+            if lru.lookup(key):
+                staged[e] = lru.get(key)
+            else:
+                load = self.new_load(step, layer, e, key, self.bundle_bytes,
+                                     self.sc.prefetch_pieces, PREFETCH, PREFETCH_PRIORITY)
+                lru.insert(key, load)
+                staged[e] = load
+        self.slots.stage(layer, staged)
+
+    def _staged_layer(self, step: int, row: int, layer: int) -> list[int]:
+        executed = self.policy.executed(row, layer)
+        staged = self.slots.take(layer) or {}
+        for e in executed:
+            load = staged.get(e)
+            if load is None:
+                self.hits += 1
+                continue
+            self.wait(load)
+            if load.step == step and load.source == PREFETCH:
+                self.misses += 1
+            else:
+                self.hits += 1
+        return executed
+
+    def _router_layer(self, step: int, row: int, layer: int) -> list[int]:
+        policy, lru = self.policy, self.lru
+        self.gpu_sync()  # the router's indices must reach the host
+        for target, predicted in policy.after_router(row, layer):
+            self.stage(step, target, predicted)
+        executed = policy.executed(row, layer)
+        staged = self.slots.take(layer) or {}
+        current = self.slots.current[layer] if policy.sticky else ()
+        base = layer * self.experts
+        need: list[Load] = []
+        for e in executed:
+            if e in current:
+                self.hits += 1
+                continue
+            load = staged.get(e, _ABSENT)
+            if load is _ABSENT:
+                key = base + e
+                if lru.lookup(key):
+                    load = lru.get(key)
+                else:
+                    load = self.new_load(step, layer, e, key, self.bundle_bytes,
+                                         self.sc.demand_pieces, DEMAND, DEMAND_PRIORITY)
+                    lru.insert(key, load)
+            if load is None:
+                self.hits += 1
+                continue
+            need.append(load)
+            if load.step == step and load.source in (DEMAND, PREFETCH):
+                self.misses += 1
+            else:
+                self.hits += 1
+        for load in need:
+            self.wait(load)
+        return executed
+
+    # -- steps ------------------------------------------------------------------------------
+    def decode(self, env: simpy.Environment, step: int, request: int, row: int) -> Generator:
+        """Decode step `step` (trace step index) executing routing row `row`."""
+        start = self.now
+        self._reset()
+        policy = self.policy
+        for layer, predicted in policy.boundary(row):
+            self.stage(step, layer, predicted)
+        for layer in range(self.layers):
+            owner = policy.head_owner(layer)
+            self.cpu(self.build_s + (self.head_build_s if owner else 0.0))
+            self.gpu_submit(self.attn_s + (self.head_s if owner else 0.0))
+            if policy.staged_layer(layer):
+                executed = self._staged_layer(step, row, layer)
+            else:
+                executed = self._router_layer(step, row, layer)
+            if self.uses_slots and self.slot_update_s:
+                current = self.slots.current[layer]
+                self.cpu(self.slot_update_s * sum(1 for e in executed if e not in current))
+            self.slots.settle(layer, frozenset(executed))
+            self.executed_log.append(executed)
+            self.gpu_submit(self.expert_s)
+            yield env.timeout(self.now - env.now)
+        self.gpu_sync()
+        yield env.timeout(self.now - env.now)
+        self._record(step, request, "decode", 1, start)
+
+    def prefill(self, env: simpy.Environment, step: int, request: int, tokens: int) -> Generator:
+        start = self.now
+        self._reset()
+        m = self.sc.model
+        layer_bytes = self.experts * self.bundle_bytes
+        # distinct experts a layer's tokens touch (expected, uniform routing)
+        touched = self.experts * (1 - (1 - self.sc.k / self.experts) ** tokens)
+        compute = max(tokens * 2 * m.active_params / m.layers / self.flops,
+                      (m.resident_bytes / m.layers + touched * self.bundle_bytes) / self.mem_bw)
+
+        def whole(layer: int) -> Load:
+            return self.new_load(step, layer, -1, -1, layer_bytes, m.whole_layer_reads,
+                                 WHOLE_LAYER, PREFETCH_PRIORITY)
+
+        upcoming = whole(0)
+        for layer in range(self.layers):
+            self.cpu(self.build_s)
+            self.wait(upcoming)
+            self.gpu_submit(compute)
+            if layer + 1 < self.layers:
+                upcoming = whole(layer + 1)  # overlaps this layer's compute
+            yield env.timeout(self.now - env.now)
+        self.gpu_sync()
+        yield env.timeout(self.now - env.now)
+        self._record(step, request, "prefill", tokens, start)
+
+    def _record(self, step: int, request: int, phase: str, tokens: int, start: float) -> None:
+        self.log.add(step=step, request=request, phase=phase, tokens=tokens, start=start,
+                     end=self.now, build=self.build, eval=self.eval, blocked=self.blocked,
+                     hits=self.hits, misses=self.misses,
+                     evictions=self.lru.evictions - self.evictions0,
+                     lru_bytes=self.lru.used_bytes,
+                     page_cache_bytes=self.fetcher.pc.used_bytes)
+
+    def run(self, env: simpy.Environment, plan: list[tuple[str, int, int, int]]) -> Generator:
+        """plan: (phase, tokens, request, routing row) per step, in order."""
+        for step, (phase, tokens, request, row) in enumerate(plan):
+            if phase == "prefill":
+                yield from self.prefill(env, step, request, tokens)
+            else:
+                yield from self.decode(env, step, request, row)

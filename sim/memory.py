@@ -1,0 +1,75 @@
+"""Memory budget: what is unreclaimable, and what is left for the OS page cache.
+
+page cache = RAM - (OS reserve + resident weights + KV cache + heads + engine caches + staged
+slots + runtime). The checkpoint's expert files compete for that page cache; whatever is pinned
+by the engine (bundle LRU, staged slots) is taken out of it, which is how a bigger app cache can
+starve the page cache under a fixed RAM budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.scenario import GIB, Scenario
+
+
+@dataclass
+class MemoryBudget:
+    ram: int
+    os_reserve: int
+    resident: int
+    kv: int
+    heads: int
+    lru: int
+    slots: int  # staged slot buffers (double buffered under the prerouter)
+    slot_views: int  # duplicate bundle views the stager keeps
+    sticky: int  # per-layer sticky slots of the on-demand path
+    runtime: int
+    prefill_buffers: int  # whole-layer buffers while a prefill runs (transient)
+
+    @property
+    def engine(self) -> int:
+        """What the engine holds at decode (the MLX allocation)."""
+        return (self.resident + self.kv + self.heads + self.lru + self.slots + self.slot_views
+                + self.sticky + self.runtime)
+
+    @property
+    def unreclaimable(self) -> int:
+        return self.os_reserve + self.engine
+
+    @property
+    def page_cache(self) -> int:
+        return self.ram - self.unreclaimable
+
+    def as_dict(self) -> dict[str, int]:
+        out = {name: int(getattr(self, name)) for name in self.__dataclass_fields__}
+        out.update(engine=self.engine, unreclaimable=self.unreclaimable,
+                   page_cache=self.page_cache)
+        return out
+
+
+def staged_layers(sc: Scenario) -> int:
+    return sc.model.consumer_count if sc.policy == "prerouter" else 0
+
+
+def budget(sc: Scenario) -> MemoryBudget:
+    m, hw = sc.model, sc.hardware
+    staged = staged_layers(sc)
+    per_layer = (sc.k + sc.slot_headroom) * m.bundle_bytes
+    tokens = sc.context_tokens + sc.prefill_tokens + sc.decode_steps
+    # Sticky K slots per layer on the on-demand path (filled from the router's own choice);
+    # under the prerouter the non-consumer layers keep them too.
+    sticky_layers = 0 if sc.policy == "hot" else m.layers - staged
+    return MemoryBudget(
+        ram=int(hw.ram_gib * GIB),
+        os_reserve=int(hw.os_reserve_gib * GIB),
+        resident=m.resident_bytes,
+        kv=m.kv_bytes_per_token * tokens,
+        heads=m.heads * m.head_bytes if sc.policy == "prerouter" else 0,
+        lru=sc.lru_bytes,
+        slots=2 * staged * per_layer,
+        slot_views=staged * per_layer if sc.stager_dup_views else 0,
+        sticky=sticky_layers * sc.k * m.bundle_bytes,
+        runtime=int(sc.runtime_gib * GIB),
+        prefill_buffers=2 * m.experts * m.bundle_bytes if sc.prefill_tokens else 0,
+    )

@@ -1,0 +1,296 @@
+"""Load and validate TOML profiles (scenarios/hardware/*.toml, scenarios/models/*.toml) and
+scenarios (scenarios/*.toml), and apply `--set key=value` overrides with type checking.
+
+A scenario file names a hardware and a model profile and sets engine/run keys; optional
+[hardware] and [model] tables override profile values. Every problem is a BadInput naming the
+file (or --set), the key and what is wrong, in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any
+
+from sim.scenario import (
+    HARDWARE_KEYS,
+    MODEL_KEYS,
+    POLICIES,
+    SCENARIO_KEYS,
+    Hardware,
+    ModelProfile,
+    Scenario,
+)
+from ssdmoe_cli.errors import BadInput
+
+ROOT = Path(__file__).resolve().parents[1] / "scenarios"
+OPTIONAL = {"description", "whole_layer_reads"}
+
+_SIZE = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+
+
+def _positive(v: Any) -> bool:
+    return v > 0
+
+
+def _nonneg(v: Any) -> bool:
+    return v >= 0
+
+
+def _fraction(v: Any) -> bool:
+    return 0.0 <= v <= 1.0
+
+
+def _lead(v: Any) -> bool:
+    return v == "token" or (v.isdigit() and int(v) >= 1)
+
+
+# key -> (check, what it must be)
+RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
+    "ram_gib": (_positive, "must be > 0"),
+    "os_reserve_gib": (_nonneg, "must be >= 0"),
+    "ssd_bandwidth_gbps": (_positive, "must be > 0"),
+    "ssd_latency_ms": (_nonneg, "must be >= 0"),
+    "queue_depth": (_positive, "must be >= 1"),
+    "load_overhead_ms": (_nonneg, "must be >= 0"),
+    "cold_overhead_ms": (_nonneg, "must be >= 0"),
+    "memcpy_gbps": (_nonneg, "must be >= 0 (0 = free)"),
+    "cpu_factor": (_positive, "must be > 0"),
+    "mem_bandwidth_gbps": (_positive, "must be > 0"),
+    "compute_tflops": (_positive, "must be > 0"),
+    "slot_update_ms": (_nonneg, "must be >= 0"),
+    "layers": (_positive, "must be >= 1"),
+    "experts": (lambda v: v >= 2, "must be >= 2"),
+    "bundle_bytes": (_positive, "must be > 0"),
+    "resident_bytes": (_nonneg, "must be >= 0"),
+    "active_params": (_positive, "must be > 0"),
+    "kv_bytes_per_token": (_nonneg, "must be >= 0"),
+    "heads": (_nonneg, "must be >= 0"),
+    "head_bytes": (_nonneg, "must be >= 0"),
+    "build_ms_per_layer": (_nonneg, "must be >= 0"),
+    "head_build_ms": (_nonneg, "must be >= 0"),
+    "whole_layer_reads": (_positive, "must be >= 1"),
+    "policy": (lambda v: v in POLICIES, f"must be one of {', '.join(POLICIES)}"),
+    "k": (_nonneg, "must be >= 1 (0 = the model's K)"),
+    "lead": (_lead, 'must be "token" or a number of layers >= 1'),
+    "decode_steps": (_nonneg, "must be >= 0"),
+    "prefill_tokens": (_nonneg, "must be >= 0"),
+    "context_tokens": (_nonneg, "must be >= 0"),
+    "lru_bytes": (_nonneg, "must be >= 0"),
+    "readers": (_nonneg, "must be >= 0"),
+    "demand_pieces": (_positive, "must be >= 1"),
+    "prefetch_pieces": (_positive, "must be >= 1"),
+    "prediction_accuracy": (_fraction, "must be in [0, 1]"),
+    "stager_dup_views": (lambda v: True, ""),
+    "slot_headroom": (_nonneg, "must be >= 0"),
+    "runtime_gib": (_nonneg, "must be >= 0"),
+    "overlap": (_fraction, "must be in [0, 1]"),
+    "skew": (_nonneg, "must be >= 0"),
+    "seed": (_nonneg, "must be >= 0"),
+}
+
+
+def _types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def coerce(where: str, key: str, value: Any, typ: Any) -> Any:
+    """Check a TOML value against a field type (ints are accepted where floats are)."""
+    if typ is bool:
+        if not isinstance(value, bool):
+            raise BadInput(f"{where}: {key}: expected true or false, got {value!r}")
+        return value
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadInput(f"{where}: {key}: expected an integer, got {value!r}")
+        return value
+    if typ is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadInput(f"{where}: {key}: expected a number, got {value!r}")
+        return float(value)
+    if typ is str:
+        if not isinstance(value, str):
+            raise BadInput(f"{where}: {key}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def parse_text(where: str, key: str, text: str, typ: Any) -> Any:
+    """Parse a --set value for a field of type `typ` (sizes like 0.75GiB for *_bytes)."""
+    raw = text.strip()
+    try:
+        if typ is bool:
+            low = raw.lower()
+            if low in ("true", "1", "yes", "on"):
+                return True
+            if low in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if typ is int:
+            low = raw.lower().replace("_", "")
+            for suffix, scale in _SIZE.items():
+                if key.endswith("_bytes") and low.endswith(suffix):
+                    return int(round(float(low[: -len(suffix)]) * scale))
+            return int(low)
+        if typ is float:
+            return float(raw)
+    except ValueError:
+        kind = {bool: "true or false", int: "an integer", float: "a number"}[typ]
+        extra = " (sizes like 512MiB allowed)" if typ is int and key.endswith("_bytes") else ""
+        raise BadInput(f"{where}: {key}: expected {kind}{extra}, got {raw!r}") from None
+    return raw
+
+
+def check_value(where: str, key: str, value: Any) -> None:
+    rule = RULES.get(key)
+    if rule and not rule[0](value):
+        raise BadInput(f"{where}: {key}: {value!r} {rule[1]}")
+
+
+def _fields(where: str, data: dict[str, Any], cls: type, keys: tuple[str, ...],
+            required: bool) -> dict[str, Any]:
+    types = _types(cls)
+    allowed = set(keys) | {"name", "description"}
+    for key in data:
+        if key not in allowed:
+            raise BadInput(f"{where}: {key}: unknown key (known: {', '.join(sorted(allowed))})")
+    if required:
+        for key in keys:
+            if key not in data and key not in OPTIONAL:
+                raise BadInput(f"{where}: {key}: missing")
+    out = {}
+    for key, value in data.items():
+        out[key] = coerce(where, key, value, types[key])
+        check_value(where, key, out[key])
+    return out
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise BadInput(f"{path}: no such profile")
+    try:
+        return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise BadInput(f"{path}: not valid TOML ({err})") from None
+
+
+def _resolve(name_or_path: str, sub: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        return path
+    return ROOT / sub / f"{name_or_path}.toml"
+
+
+def load_hardware(name_or_path: str, overrides: dict[str, Any] | None = None,
+                  where: str | None = None) -> Hardware:
+    path = _resolve(name_or_path, "hardware")
+    data = read_toml(path)
+    data.setdefault("name", path.stem)
+    values = _fields(str(path), data, Hardware, HARDWARE_KEYS, required=True)
+    if overrides:
+        values.update(_fields(where or str(path), overrides, Hardware, HARDWARE_KEYS, False))
+    return Hardware(**values)
+
+
+def load_model(name_or_path: str, overrides: dict[str, Any] | None = None,
+               where: str | None = None) -> ModelProfile:
+    path = _resolve(name_or_path, "models")
+    data = read_toml(path)
+    data.setdefault("name", path.stem)
+    values = _fields(str(path), data, ModelProfile, MODEL_KEYS, required=True)
+    if overrides:
+        values.update(_fields(where or str(path), overrides, ModelProfile, MODEL_KEYS, False))
+    model = ModelProfile(**values)
+    check_model(where or str(path), model)
+    return model
+
+
+def check_model(where: str, m: ModelProfile) -> None:
+    if not 1 <= m.k <= m.experts:
+        raise BadInput(f"{where}: k: {m.k} must be in 1..experts ({m.experts})")
+    no_heads = (m.consumer_first, m.consumer_last) == (-1, -1)
+    if not no_heads and not 0 <= m.consumer_first <= m.consumer_last < m.layers:
+        raise BadInput(f"{where}: consumer_first/consumer_last: ({m.consumer_first}, "
+                       f"{m.consumer_last}) must be (-1, -1) or within 0..{m.layers - 1}")
+    if not no_heads and m.consumer_first < 1:
+        raise BadInput(f"{where}: consumer_first: layer 0 has no owner layer before it")
+
+
+def check_scenario(sc: Scenario) -> None:
+    where = sc.source or sc.name
+    for key in SCENARIO_KEYS:
+        if key != "notes":
+            check_value(where, key, getattr(sc, key))
+    check_model(where, sc.model)
+    if not 1 <= sc.k <= sc.model.experts // 2:
+        raise BadInput(f"{where}: k: {sc.k} must be in 1..experts/2 ({sc.model.experts // 2})")
+    if sc.policy == "prerouter" and sc.model.consumer_count == 0:
+        raise BadInput(f"{where}: policy: model {sc.model.name!r} has no prediction heads "
+                       "(consumer_first = -1), so prerouter cannot run")
+
+
+def load_scenario(name_or_path: str, sets: list[str] | None = None) -> Scenario:
+    """Scenario from scenarios/NAME.toml (or a path), with `--set key=value` overrides."""
+    path = _resolve(name_or_path, "")
+    data = read_toml(path)
+    where = str(path)
+    for key in ("hardware", "model"):
+        if key not in data:
+            raise BadInput(f"{where}: {key}: missing (name of a scenarios/{key}"
+                           f"{'' if key == 'hardware' else 's'}/*.toml profile)")
+    hw_name, model_name = data.pop("hardware"), data.pop("model")
+    hw_over = data.pop("hardware_overrides", {})
+    model_over = data.pop("model_overrides", {})
+    if not isinstance(hw_name, str) or not isinstance(model_name, str):
+        raise BadInput(f"{where}: hardware/model: expected profile names (strings)")
+    description = data.pop("description", "")
+    notes = data.pop("notes", {})
+    values = _fields(where, data, Scenario, SCENARIO_KEYS, required=False)
+    hardware = load_hardware(hw_name, hw_over, where)
+    model = load_model(model_name, model_over, where)
+    sc = Scenario(name=path.stem, hardware=hardware, model=model, source=where,
+                  notes={"description": description, **notes}, **values)
+    if sets:
+        sc = apply_overrides(sc, sets)
+    check_scenario(sc)
+    return sc
+
+
+def _split(item: str) -> tuple[str, str]:
+    if "=" not in item:
+        raise BadInput(f"--set {item}: expected key=value")
+    key, value = item.split("=", 1)
+    return key.strip(), value
+
+
+def apply_overrides(sc: Scenario, sets: list[str]) -> Scenario:
+    """Return a copy of `sc` with each key=value applied. A bare key is looked up in the
+    scenario, then the hardware profile, then the model profile; `hardware.X` / `model.X`
+    address a profile explicitly."""
+    sc = dataclasses.replace(sc, hardware=dataclasses.replace(sc.hardware),
+                             model=dataclasses.replace(sc.model), notes=dict(sc.notes))
+    targets = {"scenario": (sc, SCENARIO_KEYS), "hardware": (sc.hardware, HARDWARE_KEYS),
+               "model": (sc.model, MODEL_KEYS)}
+    for item in sets:
+        key, text = _split(item)
+        where = f"--set {key}"
+        section, _, field = key.rpartition(".")
+        if section and section not in targets:
+            raise BadInput(f"{where}: unknown section {section!r} (hardware or model)")
+        order = [section] if section else ["scenario", "hardware", "model"]
+        for name in order:
+            obj, keys = targets[name]
+            if field in keys and field != "notes":
+                typ = _types(type(obj))[field]
+                value = parse_text(where, field, text, typ)
+                check_value(where, field, value)
+                setattr(obj, field, value)
+                break
+        else:
+            known = sorted(set(SCENARIO_KEYS) | set(HARDWARE_KEYS) | set(MODEL_KEYS))
+            raise BadInput(f"{where}: unknown key (known: {', '.join(known)})")
+    if sc.k == 0:
+        sc.k = sc.model.k
+    return sc

@@ -1,0 +1,165 @@
+"""Run a scenario: routing (trace or synthetic) -> SimPy main-thread process over the storage,
+page-cache, cache and reader models -> a simulated Trace (kind "simulated") + extra metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import simpy
+
+from sim.caches import BundleLRU
+from sim.loads import Fetcher
+from sim.main_thread import MainThread
+from sim.memory import MemoryBudget, budget
+from sim.page_cache import PageCache
+from sim.policies import make_policy
+from sim.readers import ReaderPool
+from sim.record import loads_frame, routing_frame, steps_frame
+from sim.routing_input import RoutingInput, from_trace, synthetic
+from sim.scenario import Scenario
+from sim.storage import Device
+from ssdmoe_cli.errors import BadInput
+from traces.reader import Trace
+from traces.run_info import RunInfo
+from traces.schema import LOADS_FILE, ROUTING_FILE, RUN_FILE, STEPS_FILE
+from traces.summary import summarize
+from traces.writer import write_atomic, write_json_atomic
+
+
+@dataclass
+class SimResult:
+    trace: Trace
+    metrics: dict[str, Any]  # SUMMARY_KEYS (same names/units as `trace summary`)
+    extra: dict[str, Any] = field(default_factory=dict)  # sim-only figures
+
+
+def check_memory(sc: Scenario, mem: MemoryBudget) -> None:
+    where = sc.source or sc.name
+    if mem.ram < mem.resident:
+        raise BadInput(f"{where}: ram_gib: {sc.hardware.ram_gib} GiB is smaller than the resident "
+                       f"weights of {sc.model.name} ({mem.resident / 2**30:.2f} GiB)")
+    if mem.page_cache <= 0:
+        raise BadInput(f"{where}: ram_gib: {sc.hardware.ram_gib} GiB leaves no page cache: "
+                       f"unreclaimable memory is {mem.unreclaimable / 2**30:.2f} GiB "
+                       f"({', '.join(f'{k} {v / 2**30:.2f}' for k, v in _parts(mem).items())})")
+
+
+def _parts(mem: MemoryBudget) -> dict[str, int]:
+    names = ("os_reserve", "resident", "kv", "heads", "lru", "slots", "slot_views", "sticky",
+             "runtime")
+    return {n: getattr(mem, n) for n in names if getattr(mem, n)}
+
+
+def simulate(sc: Scenario, routing: RoutingInput) -> tuple[MainThread, Fetcher, Device,
+                                                             ReaderPool | None, MemoryBudget]:
+    m, hw = sc.model, sc.hardware
+    mem = budget(sc)
+    check_memory(sc, mem)
+    if sc.policy == "hot" and sc.lru_bytes < m.bundle_bytes:
+        raise BadInput(f"{sc.source or sc.name}: lru_bytes: policy hot needs a bundle LRU of at "
+                       f"least one bundle ({m.bundle_bytes} bytes)")
+    device = Device(hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9, hw.queue_depth)
+    pc = PageCache(mem.page_cache, m.bundle_bytes, m.experts, enabled=not sc.o_direct)
+    fetcher = Fetcher(hw, device, pc, m.experts, m.bundle_bytes)
+    pool = ReaderPool(sc.readers, fetcher) if sc.readers > 0 else None
+    lru = BundleLRU(sc.lru_bytes, m.bundle_bytes)
+    policy = make_policy(sc, routing.router, routing.predicted)
+    main = MainThread(sc, policy, fetcher, pool, lru)
+    env = simpy.Environment()
+    env.process(main.run(env, routing.plan))
+    env.run()
+    return main, fetcher, device, pool, mem
+
+
+def run_info(sc: Scenario, routing: RoutingInput, mem: MemoryBudget) -> RunInfo:
+    m, hw = sc.model, sc.hardware
+    scenario = {k: v for k, v in asdict(sc).items() if k not in ("hardware", "model")}
+    return RunInfo(
+        kind="simulated",
+        model={"name": m.name, "architecture": "simulated", "layers": m.layers,
+               "experts": m.experts, "k": sc.k, "bundle_bytes": m.bundle_bytes,
+               "manifest_sha256": None},
+        engine={"policy": sc.policy, "k": sc.k, "lead": sc.lead, "lru_bytes": sc.lru_bytes,
+                "readers": sc.readers, "page_cache_budget": mem.page_cache,
+                "o_direct": sc.o_direct, "prerouter": sc.policy == "prerouter",
+                "lora": None, "demand_pieces": sc.demand_pieces,
+                "prefetch_pieces": sc.prefetch_pieces},
+        machine={"profile": hw.name, **asdict(hw)},
+        extra={"scenario": scenario, "model_profile": asdict(m), "memory": mem.as_dict(),
+               "routing_source": routing.source},
+    )
+
+
+def run_scenario(sc: Scenario, trace: Trace | None = None,
+                 routing: RoutingInput | None = None, out: str | Path | None = None) -> SimResult:
+    """Simulate `sc` on the trace's routing, on `routing`, or on synthetic routing (in that
+    order of preference). With `out`, also write the simulated trace directory there."""
+    t0 = time.perf_counter()
+    if routing is None:
+        routing = from_trace(trace, sc) if trace is not None else synthetic(sc)
+    t_routing = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    main, fetcher, device, pool, mem = simulate(sc, routing)
+    sim_s = time.perf_counter() - t1
+    loads = loads_frame(fetcher.log, sc.hardware.readahead)
+    steps = steps_frame(main.log, loads, mem, sc.model.kv_bytes_per_token, sc.context_tokens)
+    decode_rows = [p for p in routing.plan if p[0] == "decode"]
+    decode_steps = np.asarray([i for i, p in enumerate(routing.plan) if p[0] == "decode"],
+                              dtype=np.int64)
+    executed = np.asarray(main.executed_log, dtype=np.int16).reshape(
+        len(decode_rows), sc.model.layers, sc.k)
+    router = routing.router[[p[3] for p in decode_rows]] if decode_rows else executed
+    staged = np.asarray([main.policy.staged_layer(layer) for layer in range(sc.model.layers)])
+    routing_df = routing_frame(executed, router, staged, decode_steps)
+    info = run_info(sc, routing, mem)
+    info.complete = True
+    path = Path(out) if out is not None else Path(f"<simulated {sc.name}>")
+    sim_trace = Trace(path, info.to_dict(), steps, routing_df, loads)
+    if out is not None:
+        write_trace(sim_trace, path)
+    metrics = summarize(sim_trace)
+    wall = time.perf_counter() - t0
+    n_steps = len(routing.plan)
+    lru, pc = main.lru, fetcher.pc
+    extra = {
+        "sim_wall_s": wall,
+        "sim_core_s": sim_s,
+        "routing_s": t_routing,
+        "sim_steps_per_s": n_steps / sim_s if sim_s > 0 else None,
+        "decode_steps": len(decode_rows),
+        "page_cache_capacity_bytes": pc.capacity_bytes,
+        "page_cache_bytes": pc.used_bytes,
+        "page_cache_hit_rate": _rate(pc.lru.hits, pc.lru.misses),
+        "lru_capacity_bytes": lru.capacity_bytes,
+        "lru_hit_rate": _rate(lru.hits, lru.misses),
+        "device_busy_fraction": device.busy_s / main.now if main.now > 0 else None,
+        "device_requests": device.requests,
+        "reader_busy_fraction": (pool.busy_s / (main.now * len(pool.free))
+                                 if pool is not None and main.now > 0 else None),
+        "build_ms_per_step": _mean_ms(steps, "build_ns"),
+        "eval_ms_per_step": _mean_ms(steps, "eval_ns"),
+        "memory": mem.as_dict(),
+    }
+    sim_trace.run["extra"]["sim"] = {k: v for k, v in extra.items() if k != "memory"}
+    return SimResult(sim_trace, metrics, extra)
+
+
+def _rate(hits: int, misses: int) -> float | None:
+    return hits / (hits + misses) if hits + misses else None
+
+
+def _mean_ms(steps: Any, col: str) -> float | None:
+    decode = steps.filter(steps["phase"] == "decode")
+    return float(decode[col].mean()) / 1e6 if decode.height else None
+
+
+def write_trace(trace: Trace, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, frame in ((STEPS_FILE, trace.steps), (ROUTING_FILE, trace.routing),
+                        (LOADS_FILE, trace.loads)):
+        write_atomic(directory / name, frame.write_parquet)
+    write_json_atomic(directory / RUN_FILE, trace.run)

@@ -1,0 +1,96 @@
+"""What the simulator replays: dense routing arrays plus the step plan, from a trace or from the
+synthetic generator (sim.routing_synth, shared with the tests and the paper report)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from sim.routing_synth import SynthRouting, generate_sets, routing_sets
+from sim.scenario import Scenario
+from ssdmoe_cli.errors import BadInput
+from traces.reader import Trace
+
+PlanStep = tuple[str, int, int, int]  # (phase, tokens, request, routing row or -1)
+
+
+@dataclass
+class RoutingInput:
+    router: np.ndarray  # int16 [rows, layers, K]: each layer's own router choice
+    predicted: np.ndarray | None  # int16 [rows, layers, K]; router where nothing was predicted
+    plan: list[PlanStep]
+    source: str  # "synthetic" or the trace directory
+
+    @property
+    def decode_steps(self) -> int:
+        return sum(1 for p in self.plan if p[0] == "decode")
+
+
+def _merge_predicted(router: np.ndarray, predicted: np.ndarray) -> np.ndarray | None:
+    have = predicted[..., 0] >= 0
+    if not have.any():
+        return None
+    return np.where(have[..., None], predicted, router).astype(np.int16)
+
+
+def synthetic_params(sc: Scenario) -> SynthRouting:
+    m = sc.model
+    predicted_layers = None
+    accuracy = None
+    if sc.policy == "prerouter" and not (sc.lead == "token" and sc.prediction_is_routing):
+        # predictions only matter where they are not the routing itself (see sim.policies)
+        accuracy = sc.prediction_accuracy
+        predicted_layers = [layer for layer in range(m.layers) if m.is_consumer(layer)] or None
+    return SynthRouting(layers=m.layers, experts=m.experts, k=sc.k,
+                        steps=max(sc.decode_steps, 1), skew=sc.skew, reuse=sc.overlap,
+                        prediction_accuracy=accuracy, predicted_layers=predicted_layers,
+                        seed=sc.seed)
+
+
+def synthetic(sc: Scenario) -> RoutingInput:
+    params = synthetic_params(sc)
+    try:
+        sets = generate_sets(params)
+    except ValueError as err:
+        raise BadInput(f"{sc.source or sc.name}: synthetic routing: {err}") from None
+    plan: list[PlanStep] = []
+    if sc.prefill_tokens:
+        plan.append(("prefill", sc.prefill_tokens, 0, -1))
+    plan += [("decode", 1, 0, i) for i in range(sc.decode_steps)]
+    return RoutingInput(sets.router, _merge_predicted(sets.router, sets.predicted), plan,
+                        "synthetic")
+
+
+def from_trace(trace: Trace, sc: Scenario) -> RoutingInput:
+    """The trace's steps in order (prefill steps by token count, decode steps by routing)."""
+    m = sc.model
+    where = trace.path
+    model = trace.run.get("model") or {}
+    for key, want in (("layers", m.layers), ("experts", m.experts)):
+        got = model.get(key)
+        if got is not None and int(got) != want:
+            raise BadInput(f"{where}: run.json model.{key}={got} but model profile {m.name!r} "
+                           f"has {want}")
+    sets = routing_sets(trace)
+    rows, layers, k = sets.router.shape
+    if rows == 0:
+        raise BadInput(f"{where}: no decode routing to replay")
+    if layers != m.layers:
+        raise BadInput(f"{where}: routing has {layers} layers, model {m.name!r} has {m.layers}")
+    if (sets.router < 0).any():
+        raise BadInput(f"{where}: decode routing is missing some (step, layer) rows")
+    if k != sc.k:
+        raise BadInput(f"{where}: the trace routes K={k}; scenario k={sc.k} (set k={k})")
+    row_of = {int(s): i for i, s in enumerate(sets.step)}
+    plan: list[PlanStep] = []
+    steps = trace.steps.sort("step")
+    for step, phase, tokens, request in steps.select(
+            "step", "phase", "tokens", pl.col("request").fill_null(0)).iter_rows():
+        if phase == "prefill":
+            plan.append(("prefill", int(tokens or 1), int(request), -1))
+        elif int(step) in row_of:
+            plan.append(("decode", 1, int(request), row_of[int(step)]))
+    return RoutingInput(sets.router, _merge_predicted(sets.router, sets.predicted), plan,
+                        str(where))

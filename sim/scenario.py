@@ -1,0 +1,112 @@
+"""What a simulation runs: a hardware profile, a model profile and the engine/run settings.
+
+Plain dataclasses; loading, validation and `--set key=value` overrides live in sim.profiles.
+Units are in the field names: *_gib (2^30 bytes), *_bytes, *_gbps (10^9 bytes per second),
+*_ms, *_tflops. Every profile value carries its source in the TOML file it came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+POLICIES = ("on-demand", "hot", "prerouter")
+
+
+@dataclass
+class Hardware:
+    name: str
+    ram_gib: float  # physical memory
+    os_reserve_gib: float  # what the OS and other processes keep: never page cache for us
+    ssd_bandwidth_gbps: float  # device transfer rate, shared by all requests in flight
+    ssd_latency_ms: float  # fixed device time per request (overlaps across the queue depth)
+    queue_depth: int  # requests the device serves at once
+    load_overhead_ms: float  # CPU per load on the thread doing it (syscall, array, bookkeeping)
+    cold_overhead_ms: float  # extra CPU per cold load (page faults, VM mapping), beyond the device
+    memcpy_gbps: float  # page-cache -> app copy rate; 0 means free (folded into load_overhead_ms)
+    readahead: bool  # a cold read brings the whole bundle in (later pieces of it are warm)
+    cpu_factor: float  # graph-build time = model build_ms_per_layer x this
+    mem_bandwidth_gbps: float  # accelerator memory bandwidth: decode compute roofline
+    compute_tflops: float  # accelerator throughput: prefill compute roofline
+    slot_update_ms: float  # in-place rewrite of one staged slot (incr_stack), main thread
+    description: str = ""
+
+
+@dataclass
+class ModelProfile:
+    name: str
+    layers: int
+    experts: int
+    k: int  # the model's native top-K (a scenario may run another K)
+    bundle_bytes: int  # one expert's slice of the layer's 9 tensors
+    resident_bytes: int  # non-expert weights, always in memory and read every token
+    active_params: float  # parameters touched per token (prefill FLOPs = 2 x this per token)
+    kv_bytes_per_token: int
+    consumer_first: int  # layers consumer_first..consumer_last stream by prediction
+    consumer_last: int  # (-1, -1) when the model has no heads; owners are consumers - 1
+    heads: int  # prediction heads evaluated per step (may own one past the last consumer)
+    head_bytes: int  # weights of one head
+    build_ms_per_layer: float  # CPU graph building per decoder layer on the reference CPU
+    head_build_ms: float  # CPU graph building per head
+    whole_layer_reads: int = 9  # reads per whole-layer load at prefill (one per tensor)
+    description: str = ""
+
+    def is_consumer(self, layer: int) -> bool:
+        return self.consumer_first <= layer <= self.consumer_last
+
+    @property
+    def consumer_count(self) -> int:
+        if self.consumer_first < 0:
+            return 0
+        return self.consumer_last - self.consumer_first + 1
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.layers * self.experts * self.bundle_bytes
+
+
+@dataclass
+class Scenario:
+    name: str
+    hardware: Hardware
+    model: ModelProfile
+    policy: str = "on-demand"  # on-demand | hot | prerouter
+    k: int = 0  # experts per token; 0 = the model's native K
+    lead: str = "token"  # prerouter lead: "token" (one flush per step) or N layers, same token
+    decode_steps: int = 200
+    prefill_tokens: int = 0  # 0 = no prefill step
+    context_tokens: int = 0  # KV cache already held (memory only)
+    lru_bytes: int = 0  # engine bundle LRU shared by all layers (0 = none)
+    readers: int = 0  # reader threads; 0 = every load runs synchronously on the main thread
+    demand_pieces: int = 1  # reads per bundle on the demand path (tensor-wise partial reads)
+    prefetch_pieces: int = 1  # reads per bundle on the prefetch path
+    prediction_is_routing: bool = True  # prerouter: the predicted set is executed (no fallback)
+    prediction_accuracy: float = 1.0  # fraction of routed experts predicted (when not in trace)
+    o_direct: bool = False  # bypass the page cache: every read is cold
+    stager_dup_views: bool = False  # stager keeps bundle and stacked views (paper: ~0.45 GiB @K=8)
+    slot_headroom: int = 0  # staged slots per layer beyond K
+    runtime_gib: float = 0.0  # other unreclaimable engine memory (activations, allocator slack)
+    overlap: float = 0.25  # synthetic routing: adjacent-token expert reuse
+    skew: float = 0.0  # synthetic routing: per-layer expert popularity skew
+    seed: int = 0
+    source: str = ""  # file the scenario came from (for error messages and run.json)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.k == 0:
+            self.k = self.model.k
+
+    @property
+    def lead_layers(self) -> int:
+        """0 for a one-token lead, else the same-token lead in layers."""
+        return 0 if self.lead == "token" else int(self.lead)
+
+
+SCENARIO_KEYS = tuple(
+    f.name for f in fields(Scenario) if f.name not in ("name", "hardware", "model", "source",
+                                                        "notes")
+)
+HARDWARE_KEYS = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "description"))
+MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

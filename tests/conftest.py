@@ -1,0 +1,75 @@
+"""Shared, session-scoped model fixtures (built once per test run, in seconds).
+
+- tiny_random_dir:        mlx-lm dir of the `tiny-random` fixture (qwen3_moe, 4 x 32 experts)
+- tiny_random_converted:  its streaming conversion (int4 g64)
+- tiny_grouped_converted: the `tiny-grouped` fixture (bailing_moe sigmoid-group), converted
+- arch_model(arch):       (source dir, converted dir) of `small_config(arch)` for each supported
+                          architecture, built on first use
+Tests must not modify these directories: copy them first (`model_copy(src)`)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+ARCHS = ("qwen3_moe", "mixtral", "olmoe", "qwen3_next", "bailing_moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_random_dir(tmp_path_factory) -> Path:
+    from engine.fixtures.random_models import build_tiny_random
+
+    return build_tiny_random(tmp_path_factory.mktemp("tiny-random") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_random_converted(tiny_random_dir, tmp_path_factory) -> Path:
+    from engine.layout import convert
+
+    dst = tmp_path_factory.mktemp("tiny-random-converted") / "model"
+    convert(tiny_random_dir, dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def tiny_grouped_converted(tmp_path_factory) -> Path:
+    from engine.fixtures.random_models import build_tiny_grouped
+    from engine.layout import convert
+
+    root = tmp_path_factory.mktemp("tiny-grouped")
+    src = build_tiny_grouped(root / "src", seed=0)
+    convert(src, root / "converted")
+    return root / "converted"
+
+
+@pytest.fixture(scope="session")
+def arch_model(tmp_path_factory):
+    """arch_model(arch) -> (source dir, converted dir), cached for the session."""
+    from engine.fixtures.random_models import build_random
+    from engine.layout import convert
+
+    built: dict[str, tuple[Path, Path]] = {}
+
+    def get(arch: str) -> tuple[Path, Path]:
+        if arch not in built:
+            root = tmp_path_factory.mktemp(arch)
+            src = build_random(arch, root / "src", seed=1)
+            convert(src, root / "converted")
+            built[arch] = (src, root / "converted")
+        return built[arch]
+
+    return get
+
+
+@pytest.fixture
+def model_copy(tmp_path):
+    """model_copy(src) -> a private copy of the directory `src` (to damage in bad-input tests)."""
+    count = [0]
+
+    def copy(src: Path) -> Path:
+        count[0] += 1
+        return Path(shutil.copytree(src, tmp_path / f"copy{count[0]}"))
+
+    return copy

@@ -1,0 +1,194 @@
+"""convert: manifest, byte layout, numbers, source variants, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from engine.archs import ARCHS
+from engine.layout import convert, export_mlx, read_safetensors_header
+from engine.manifest import TENSOR_NAMES, read_manifest, sha256_file, verify_files
+from ssdmoe_cli.errors import BadInput
+
+ARCH_NAMES = tuple(ARCHS)
+
+
+def _expert_slice(path: Path, offset: int, stride: int, shape, dtype) -> np.ndarray:
+    """An expert's slice read straight from the file bytes (independent of the store)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return np.frombuffer(f.read(stride), dtype=dtype).reshape(shape)
+
+
+def _source_weights(src: Path) -> dict[str, mx.array]:
+    return mx.load(str(src / "model.safetensors"))
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_convert_each_arch(arch, arch_model):
+    src, dst = arch_model(arch)
+    m = read_manifest(dst)
+    cfg = json.loads((src / "config.json").read_text())
+    assert m.model_type == arch and m.num_experts == cfg[ARCHS[arch].experts_key]
+    assert m.quantization == {"bits": 4, "group_size": 64, "mode": "affine",
+                              "scales_dtype": "float32"}
+    verify_files(m, full_hash=True)
+    for rel, entry in m.files.items():
+        assert (dst / rel).stat().st_size == entry.size
+        assert sha256_file(dst / rel) == entry.sha256
+    source = _source_weights(src)
+    moe_prefixes = {k.rsplit(".switch_mlp.", 1)[0] for k in source if ".switch_mlp." in k}
+    assert sorted(int(p.split(".")[2]) for p in moe_prefixes) == m.moe_layers
+
+    # Resident: every non-expert tensor, bit-identical; no routed expert tensor.
+    resident = mx.load(str(dst / "resident.safetensors"))
+    assert set(resident) == {k for k in source if ".switch_mlp." not in k}
+    for k, v in resident.items():
+        assert np.array_equal(np.array(v), np.array(source[k])), k
+    if arch == "qwen3_next":
+        assert any(".shared_expert_gate." in k for k in resident)
+        assert any(".shared_expert.down_proj." in k for k in resident)
+    if arch == "bailing_moe":
+        assert any(k.endswith("gate.expert_bias") for k in resident)
+        assert any(".shared_experts." in k for k in resident)
+
+    # Experts: expert e's slice of each tensor, read from its byte range, equals mx.quantize of
+    # the source float expert; tensors start 4096-aligned in the file's data section.
+    for layer, entry in m.layers.items():
+        path = dst / entry.file
+        data_start, header = read_safetensors_header(path)
+        assert data_start % 4096 == 0
+        assert [k for k in header if k != "__metadata__"] == list(TENSOR_NAMES)
+        assert entry.bundle_bytes == sum(t.stride for t in entry.tensors.values())
+        prefix = f"model.layers.{layer}.{entry.module}.switch_mlp"
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            w = source[f"{prefix}.{proj}.weight"]
+            for e in (0, m.num_experts - 1):
+                q, s, b = mx.quantize(w[e], 64, 4)
+                for part, ref in (("weight", q), ("scales", s), ("biases", b)):
+                    t = entry.tensors[f"{proj}.{part}"]
+                    got = _expert_slice(path, t.offset + e * t.stride, t.stride, t.shape[1:],
+                                        t.dtype)
+                    assert np.array_equal(got, np.array(ref)), (layer, proj, part, e)
+
+
+def test_quantized_source_is_copied_or_requantized(tiny_random_converted, tmp_path):
+    # An mlx-lm quantized checkpoint (experts int4 g64) converts to byte-identical expert files.
+    exported = export_mlx(tiny_random_converted, tmp_path / "q")
+    again = convert(exported, tmp_path / "again")
+    first = read_manifest(tiny_random_converted)
+    for layer, entry in first.layers.items():
+        assert again.files[entry.file].sha256 == first.files[entry.file].sha256, layer
+    # With another group size it is dequantized and requantized.
+    g32 = convert(exported, tmp_path / "g32", group_size=32)
+    layer = g32.moe_layers[0]
+    src = load_file(str(exported / "model.safetensors"))
+    out = load_file(str(tmp_path / "g32" / g32.layers[layer].file))
+    prefix = f"model.layers.{layer}.mlp.switch_mlp.up_proj"
+    deq = mx.dequantize(mx.array(src[f"{prefix}.weight"]), mx.array(src[f"{prefix}.scales"]),
+                        mx.array(src[f"{prefix}.biases"]), 64, 4)
+    q, s, b = mx.quantize(deq, 32, 4)
+    assert np.array_equal(out["up_proj.weight"], np.array(q))
+    assert np.array_equal(out["up_proj.scales"], np.array(s))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_per_expert_source_names(arch, arch_model, tmp_path):
+    """A Hugging Face style source with one tensor per expert (mixtral: w1/w2/w3) goes through
+    mlx-lm's sanitize and converts to the same expert bytes as the stacked source."""
+    src, dst = arch_model(arch)
+    weights = dict(_source_weights(src))
+    unstacked = {}
+    names = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"} if arch == "mixtral" \
+        else {p: p for p in ("gate_proj", "up_proj", "down_proj")}
+    for k, v in weights.items():
+        if ".switch_mlp." not in k:
+            unstacked[k] = v
+            continue
+        prefix, rest = k.split(".switch_mlp.")
+        proj = rest.split(".")[0]
+        for e in range(v.shape[0]):
+            unstacked[f"{prefix}.experts.{e}.{names[proj]}.weight"] = v[e]
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    mx.save_safetensors(str(hf / "model.safetensors"), unstacked)
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            (hf / f.name).write_bytes(f.read_bytes())
+    m = convert(hf, tmp_path / "out")
+    ref = read_manifest(dst)
+    for layer, entry in ref.layers.items():
+        assert m.files[entry.file].sha256 == ref.files[entry.file].sha256
+
+
+def _fixture_copy(src: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "src"
+    out.mkdir()
+    for f in src.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    return out
+
+
+def test_bad_sources(tiny_random_dir, tmp_path):
+    with pytest.raises(BadInput, match="config.json: missing"):
+        convert(tmp_path, tmp_path / "o1")
+
+    src = _fixture_copy(tiny_random_dir, tmp_path)
+    cfg = json.loads((src / "config.json").read_text())
+
+    (src / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
+    with pytest.raises(BadInput, match=r"config.json: unsupported architecture 'llama'"):
+        convert(src, tmp_path / "o2")
+
+    (src / "config.json").write_text(json.dumps({**cfg, "moe_intermediate_size": 192}))
+    with pytest.raises(BadInput, match=r"model.safetensors: config does not match tensors"):
+        convert(src, tmp_path / "o3")
+
+    (src / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 5}))
+    with pytest.raises(BadInput, match=r"config does not match tensors: \d+ missing"):
+        convert(src, tmp_path / "o4")
+
+    (src / "config.json").write_text(json.dumps(cfg))
+    data = (src / "model.safetensors").read_bytes()
+    (src / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(BadInput, match=r"model.safetensors: truncated"):
+        convert(src, tmp_path / "o5")
+
+    (src / "model.safetensors").unlink()
+    with pytest.raises(BadInput, match=r"no model\*.safetensors"):
+        convert(src, tmp_path / "o6")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).parent / "ssdmoe"
+    cmd = [str(exe), *args] if exe.exists() else \
+        [sys.executable, "-c", "from ssdmoe_cli.main import main; main()", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_convert(tiny_random_dir, tmp_path):
+    r = _cli("convert", str(tiny_random_dir), str(tmp_path / "c"))
+    assert r.returncode == 0, r.stderr
+    assert "4 MoE layers x 32 experts" in r.stdout
+    verify_files(read_manifest(tmp_path / "c"), full_hash=True)
+    assert not (tmp_path / "c.partial").exists()
+    # Refuses to overwrite without --force; one line on stderr, exit 2.
+    r = _cli("convert", str(tiny_random_dir), str(tmp_path / "c"))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert "--force" in r.stderr
+
+    src = _fixture_copy(tiny_random_dir, tmp_path)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    r = _cli("convert", str(src), str(tmp_path / "c2"))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "config.json" in lines[0] and "unsupported architecture" in lines[0]
+    assert not (tmp_path / "c2").exists() and not (tmp_path / "c2.partial").exists()

@@ -1,0 +1,129 @@
+"""TraceWriter / read_trace: atomic periodic flush, half-written traces, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from trace_handmade import load_rows, routing_rows, run_info, step_rows, write_handmade
+
+from ssdmoe_cli.errors import BadInput
+from traces.reader import read_trace
+from traces.schema import (
+    LOAD_COLUMNS,
+    LOADS_FILE,
+    ROUTING_COLUMNS,
+    ROUTING_FILE,
+    RUN_FILE,
+    SCHEMA_VERSION,
+    STEP_COLUMNS,
+    STEPS_FILE,
+)
+from traces.writer import TraceWriter
+
+
+def _write_steps(writer: TraceWriter, n: int) -> None:
+    """Like a recorder: a step's routing and load rows are added after its step row."""
+    for s in range(n):
+        writer.add_step({"step": s, "request": 0, "phase": "decode", "tokens": 1,
+                         "start_ns": 10 * s, "end_ns": 10 * s + 5})
+        writer.add_routing({"step": s, "layer": 0, "token": 0, "experts": [s % 4, 4],
+                            "weights": [0.5, 0.5], "source": "router"})
+        writer.add_load({"step": s, "layer": 0, "expert": s % 4, "bytes": 100,
+                         "thread": "reader-0"})
+
+
+def test_round_trip_keeps_rows_and_types(tmp_path):
+    trace = read_trace(write_handmade(tmp_path / "t"))
+    assert trace.complete and trace.kind == "measured"
+    assert trace.run["schema_version"] == SCHEMA_VERSION
+    assert trace.run["model"]["experts"] == 4
+    assert dict(trace.steps.schema) == STEP_COLUMNS
+    assert dict(trace.routing.schema) == ROUTING_COLUMNS
+    assert dict(trace.loads.schema) == LOAD_COLUMNS
+    assert trace.steps.height == len(step_rows())
+    assert trace.routing.height == len(routing_rows())
+    assert trace.loads.height == len(load_rows())
+    assert trace.routing.filter(pl.col("step") == 3, pl.col("layer") == 0)["experts"].to_list() \
+        == [[2, 1]]
+    assert trace.steps["rss_bytes"].to_list()[-1] is None
+
+
+def test_killed_run_opens_with_what_was_flushed(tmp_path):
+    writer = TraceWriter(tmp_path / "t", run_info(), flush_every=2)
+    _write_steps(writer, 5)
+    # No close(): as if the process were killed here. Flushes happened as steps 2 and 4
+    # began, so steps 0-3 are on disk, each with its routing and load rows.
+    trace = read_trace(tmp_path / "t")
+    assert not trace.complete
+    assert trace.steps["step"].to_list() == [0, 1, 2, 3]
+    assert trace.routing["step"].to_list() == [0, 1, 2, 3]
+    assert trace.loads["step"].to_list() == [0, 1, 2, 3]
+    assert not list(tmp_path.glob("t/.*.tmp"))  # no temporary files left behind
+    writer.close()
+    trace = read_trace(tmp_path / "t")
+    assert trace.complete and trace.steps.height == 5 and trace.routing.height == 5
+
+
+def test_fresh_writer_is_an_empty_valid_trace(tmp_path):
+    TraceWriter(tmp_path / "t", run_info())
+    trace = read_trace(tmp_path / "t")
+    assert not trace.complete
+    assert trace.steps.height == trace.routing.height == trace.loads.height == 0
+
+
+def test_exception_inside_with_keeps_rows_and_stays_incomplete(tmp_path):
+    with pytest.raises(KeyboardInterrupt), TraceWriter(tmp_path / "t", run_info(),
+                                                       flush_every=100) as writer:
+        _write_steps(writer, 3)
+        raise KeyboardInterrupt
+    trace = read_trace(tmp_path / "t")
+    assert not trace.complete and trace.steps.height == 3
+
+
+def _one_line(err: BadInput, name: str) -> None:
+    message = str(err)
+    assert "\n" not in message and name in message
+
+
+def test_newer_schema_version_is_bad_input(tmp_path):
+    path = write_handmade(tmp_path / "t")
+    run = json.loads((path / RUN_FILE).read_text())
+    run["schema_version"] = SCHEMA_VERSION + 1
+    (path / RUN_FILE).write_text(json.dumps(run))
+    with pytest.raises(BadInput, match="newer") as err:
+        read_trace(path)
+    _one_line(err.value, RUN_FILE)
+
+
+@pytest.mark.parametrize("name", [STEPS_FILE, ROUTING_FILE, LOADS_FILE])
+def test_truncated_parquet_is_bad_input_naming_the_file(tmp_path, name):
+    path = write_handmade(tmp_path / "t")
+    data = (path / name).read_bytes()
+    (path / name).write_bytes(data[: len(data) // 2])
+    with pytest.raises(BadInput, match="unreadable parquet") as err:
+        read_trace(path)
+    _one_line(err.value, str(path / name))
+
+
+@pytest.mark.parametrize("name", [RUN_FILE, STEPS_FILE, LOADS_FILE])
+def test_missing_file_is_bad_input(tmp_path, name):
+    path = write_handmade(tmp_path / "t")
+    (path / name).unlink()
+    with pytest.raises(BadInput, match="missing") as err:
+        read_trace(path)
+    _one_line(err.value, str(path / name))
+
+
+def test_missing_directory_and_bad_json_and_missing_column(tmp_path):
+    with pytest.raises(BadInput, match="does not exist"):
+        read_trace(tmp_path / "nope")
+    path = write_handmade(tmp_path / "t")
+    pl.read_parquet(path / STEPS_FILE).drop("blocked_ns").write_parquet(path / STEPS_FILE)
+    with pytest.raises(BadInput, match="missing columns blocked_ns"):
+        read_trace(path)
+    (path / RUN_FILE).write_text("{not json")
+    with pytest.raises(BadInput, match="not valid JSON") as err:
+        read_trace(path)
+    _one_line(err.value, RUN_FILE)

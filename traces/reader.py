@@ -1,0 +1,74 @@
+"""Open a trace directory. Every failure is a one-line BadInput naming the file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from ssdmoe_cli.errors import BadInput
+from traces.schema import RUN_FILE, SCHEMA_VERSION, TABLES
+
+
+@dataclass
+class Trace:
+    path: Path
+    run: dict[str, Any]
+    steps: pl.DataFrame
+    routing: pl.DataFrame
+    loads: pl.DataFrame
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.run.get("complete", False))
+
+    @property
+    def kind(self) -> str:
+        return str(self.run.get("kind", "measured"))
+
+
+def read_run(directory: Path) -> dict[str, Any]:
+    path = directory / RUN_FILE
+    if not directory.is_dir():
+        raise BadInput(f"{directory}: trace directory does not exist")
+    if not path.is_file():
+        raise BadInput(f"{path}: missing (not a trace directory?)")
+    try:
+        run = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BadInput(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(run, dict):
+        raise BadInput(f"{path}: expected a JSON object")
+    version = run.get("schema_version")
+    if not isinstance(version, int):
+        raise BadInput(f"{path}: no schema_version")
+    if version > SCHEMA_VERSION:
+        raise BadInput(
+            f"{path}: schema_version {version} is newer than this ssdmoe reads ({SCHEMA_VERSION});"
+            " upgrade ssdmoe"
+        )
+    return run
+
+
+def read_table(path: Path, columns: dict[str, pl.DataType]) -> pl.DataFrame:
+    if not path.is_file():
+        raise BadInput(f"{path}: missing")
+    try:
+        frame = pl.read_parquet(path)
+    except Exception as err:  # polars raises several error types for corrupt files
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise BadInput(f"{path}: unreadable parquet ({reason})") from None
+    missing = [name for name in columns if name not in frame.columns]
+    if missing:
+        raise BadInput(f"{path}: missing columns {', '.join(missing)}")
+    return frame
+
+
+def read_trace(directory: str | Path) -> Trace:
+    directory = Path(directory)
+    run = read_run(directory)
+    frames = {name: read_table(directory / name, cols) for name, cols in TABLES.items()}
+    return Trace(directory, run, *frames.values())
