@@ -314,14 +314,15 @@ def convert(src: Path, dst: Path, bits: int = 4, group_size: int = 64,
     routed = {k for i in layers for k in expected if k.startswith(layers[i] + ".")}
 
     num_experts = int(cfg[ARCHS[mt].experts_key])
-    first = next(iter(layers))
-    out_in = {}
-    for p in PROJECTIONS:
-        sw = getattr(getattr(model.layers[first], ARCHS[mt].moe_attr).switch_mlp, p)
-        out_in[p] = (sw.output_dims, sw.input_dims)
-        if sw.input_dims % group_size:
-            raise BadInput(f"{cfg_path}: {p} input size {sw.input_dims} is not a multiple of "
-                           f"--group-size {group_size}")
+    out_in: dict[int, dict[str, tuple[int, int]]] = {}  # layer -> projection -> (out, in)
+    for i in layers:
+        out_in[i] = {}
+        for p in PROJECTIONS:
+            sw = getattr(getattr(model.layers[i], ARCHS[mt].moe_attr).switch_mlp, p)
+            out_in[i][p] = (sw.output_dims, sw.input_dims)
+            if sw.input_dims % group_size:
+                raise BadInput(f"{cfg_path}: {p} input size {sw.input_dims} is not a multiple "
+                               f"of --group-size {group_size}")
 
     dst.mkdir(parents=True, exist_ok=True)
     (dst / EXPERTS_DIR).mkdir(exist_ok=True)
@@ -351,7 +352,7 @@ def convert(src: Path, dst: Path, bits: int = 4, group_size: int = 64,
                                         where, src))
             return cache.pop(part)
 
-        specs = _expert_specs(num_experts, out_in, bits, group_size)
+        specs = _expert_specs(num_experts, out_in[i], bits, group_size)
         files[rel], offsets = write_safetensors(dst / rel, specs, produce)
         tensors = {}
         for name, shape, dt in specs:
@@ -451,11 +452,3 @@ def export_mlx(converted: Path, out_dir: Path) -> Path:
         if "/" not in rel and rel not in (RESIDENT_FILE, CONFIG_FILE):
             shutil.copyfile(m.path(rel), out_dir / rel)
     return out_dir
-
-
-def ensure_dir_empty_or_converted(dst: Path) -> None:
-    """Refuse to convert into a directory holding something other than a conversion."""
-    if dst.exists() and any(dst.iterdir()) and not (dst / MANIFEST_FILE).exists() \
-            and not (dst / RESIDENT_FILE).exists():
-        raise BadInput(f"{dst}: exists and is not empty (choose a new directory)")
-

@@ -73,6 +73,7 @@ class MainThread:
         self.gpu_free = 0.0
         self.log = StepLog()
         self.executed_log: list[list[int]] = []  # per decode step and layer, the executed set
+        self.warnings: list[str] = []
         self._reset()
 
     # -- primitives -------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 scenarios (scenarios/*.toml), and apply `--set key=value` overrides with type checking.
 
 A scenario file names a hardware and a model profile and sets engine/run keys; optional
-[hardware] and [model] tables override profile values. Every problem is a BadInput naming the
-file (or --set), the key and what is wrong, in one line.
+[hardware_overrides] and [model_overrides] tables override profile values. Every problem is a
+BadInput naming the file (or --set), the key and what is wrong, in one line.
 """
 
 from __future__ import annotations
@@ -111,6 +111,8 @@ def coerce(where: str, key: str, value: Any, typ: Any) -> Any:
             raise BadInput(f"{where}: {key}: expected a number, got {value!r}")
         return float(value)
     if typ is str:
+        if key == "lead" and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
         if not isinstance(value, str):
             raise BadInput(f"{where}: {key}: expected a string, got {value!r}")
         return value
@@ -254,6 +256,7 @@ def load_scenario(name_or_path: str, sets: list[str] | None = None) -> Scenario:
                   notes={"description": description, **notes}, **values)
     if sets:
         sc = apply_overrides(sc, sets)
+        sc.source = f"{where} (with --set {' '.join(sets)})"
     check_scenario(sc)
     return sc
 
@@ -275,10 +278,10 @@ def apply_overrides(sc: Scenario, sets: list[str]) -> Scenario:
                "model": (sc.model, MODEL_KEYS)}
     for item in sets:
         key, text = _split(item)
-        where = f"--set {key}"
+        where = "--set"
         section, _, field = key.rpartition(".")
         if section and section not in targets:
-            raise BadInput(f"{where}: unknown section {section!r} (hardware or model)")
+            raise BadInput(f"--set {key}: unknown section {section!r} (hardware or model)")
         order = [section] if section else ["scenario", "hardware", "model"]
         for name in order:
             obj, keys = targets[name]
@@ -290,7 +293,7 @@ def apply_overrides(sc: Scenario, sets: list[str]) -> Scenario:
                 break
         else:
             known = sorted(set(SCENARIO_KEYS) | set(HARDWARE_KEYS) | set(MODEL_KEYS))
-            raise BadInput(f"{where}: unknown key (known: {', '.join(known)})")
+            raise BadInput(f"--set {key}: unknown key (known: {', '.join(known)})")
     if sc.k == 0:
         sc.k = sc.model.k
     return sc

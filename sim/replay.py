@@ -37,15 +37,19 @@ class SimResult:
     extra: dict[str, Any] = field(default_factory=dict)  # sim-only figures
 
 
-def check_memory(sc: Scenario, mem: MemoryBudget) -> None:
+def check_memory(sc: Scenario, mem: MemoryBudget) -> list[str]:
+    """BadInput when RAM cannot even hold the resident weights; a warning (returned) when the
+    engine and OS reserve oversubscribe RAM, in which case the page cache is empty."""
     where = sc.source or sc.name
     if mem.ram < mem.resident:
         raise BadInput(f"{where}: ram_gib: {sc.hardware.ram_gib} GiB is smaller than the resident "
                        f"weights of {sc.model.name} ({mem.resident / 2**30:.2f} GiB)")
     if mem.page_cache <= 0:
-        raise BadInput(f"{where}: ram_gib: {sc.hardware.ram_gib} GiB leaves no page cache: "
-                       f"unreclaimable memory is {mem.unreclaimable / 2**30:.2f} GiB "
-                       f"({', '.join(f'{k} {v / 2**30:.2f}' for k, v in _parts(mem).items())})")
+        parts = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in _parts(mem).items())
+        return [f"memory oversubscribed by {-mem.page_cache / 2**30:.2f} GiB (unreclaimable "
+                f"{mem.unreclaimable / 2**30:.2f} GiB: {parts}): page cache empty, every read "
+                "is cold"]
+    return []
 
 
 def _parts(mem: MemoryBudget) -> dict[str, int]:
@@ -58,17 +62,18 @@ def simulate(sc: Scenario, routing: RoutingInput) -> tuple[MainThread, Fetcher, 
                                                              ReaderPool | None, MemoryBudget]:
     m, hw = sc.model, sc.hardware
     mem = budget(sc)
-    check_memory(sc, mem)
+    warnings = check_memory(sc, mem)
     if sc.policy == "hot" and sc.lru_bytes < m.bundle_bytes:
         raise BadInput(f"{sc.source or sc.name}: lru_bytes: policy hot needs a bundle LRU of at "
                        f"least one bundle ({m.bundle_bytes} bytes)")
     device = Device(hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9, hw.queue_depth)
-    pc = PageCache(mem.page_cache, m.bundle_bytes, m.experts, enabled=not sc.o_direct)
+    pc = PageCache(max(mem.page_cache, 0), m.bundle_bytes, m.experts, enabled=not sc.o_direct)
     fetcher = Fetcher(hw, device, pc, m.experts, m.bundle_bytes)
     pool = ReaderPool(sc.readers, fetcher) if sc.readers > 0 else None
     lru = BundleLRU(sc.lru_bytes, m.bundle_bytes)
     policy = make_policy(sc, routing.router, routing.predicted)
     main = MainThread(sc, policy, fetcher, pool, lru)
+    main.warnings = warnings
     env = simpy.Environment()
     env.process(main.run(env, routing.plan))
     env.run()
@@ -143,6 +148,7 @@ def run_scenario(sc: Scenario, trace: Trace | None = None,
         "build_ms_per_step": _mean_ms(steps, "build_ns"),
         "eval_ms_per_step": _mean_ms(steps, "eval_ns"),
         "memory": mem.as_dict(),
+        "warnings": main.warnings,
     }
     sim_trace.run["extra"]["sim"] = {k: v for k, v in extra.items() if k != "memory"}
     return SimResult(sim_trace, metrics, extra)

@@ -37,8 +37,15 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ssdmoe_cli.errors import BadInput
 from traces.reader import Trace
-from traces.schema import LOAD_COLUMNS, ROUTING_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS
+from traces.schema import (
+    LOAD_COLUMNS,
+    ROUTING_COLUMNS,
+    ROUTING_FILE,
+    SCHEMA_VERSION,
+    STEP_COLUMNS,
+)
 
 # No expert is in more than this fraction of the tokens' sets (see module docstring).
 MAX_INCLUSION = 0.5
@@ -291,6 +298,10 @@ def routing_sets(trace: Trace) -> RoutingSets:
     lay = rows["layer"].to_numpy().astype(np.int64)
 
     def dense(col: pl.Series) -> np.ndarray:
+        lengths = col.list.len()
+        if len(col) and (lengths.min() != k or lengths.max() != k):
+            raise BadInput(f"{trace.path / ROUTING_FILE}: {col.name} lists must all have "
+                           f"K={k} entries, found lengths {lengths.min()}..{lengths.max()}")
         return col.list.to_array(k).to_numpy()
 
     is_pred = (rows["source"] == "prediction").to_numpy()

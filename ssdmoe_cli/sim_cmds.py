@@ -1,5 +1,105 @@
-"""Placeholder: this sub-app's commands are defined here."""
+"""`ssdmoe sim run`: simulate a scenario (no MLX). Sweep and compare come later."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer(no_args_is_help=True)
+from ssdmoe_cli.errors import BadInput
+
+app = typer.Typer(no_args_is_help=True, help="Simulate other hardware, caches and policies.")
+
+MAIN_EXTRA = ("page_cache_bytes", "page_cache_capacity_bytes", "sim_steps_per_s")
+
+
+def flat_json(result: Any) -> dict[str, Any]:
+    """SUMMARY_KEYS first (same names and units as `trace summary --json`), then sim figures."""
+    sc_run = result.trace.run
+    out: dict[str, Any] = dict(result.metrics)
+    out["page_cache_bytes"] = result.extra["page_cache_capacity_bytes"]
+    out["peak_engine_bytes"] = result.extra["memory"]["engine"]
+    out["sim_steps_per_s"] = result.extra["sim_steps_per_s"]
+    out["scenario"] = sc_run["extra"]["scenario"]
+    out["sim"] = {k: v for k, v in result.extra.items() if k not in ("memory",)}
+    out["memory"] = result.extra["memory"]
+    return out
+
+
+@app.command()
+def run(
+    scenario: Annotated[str, typer.Argument(help="Scenario name (scenarios/NAME.toml) or path.")],
+    trace: Annotated[Path | None, typer.Option("--trace", help="Replay this trace's routing "
+                                               "(default: synthetic routing).")] = None,
+    sets: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a scenario/hardware/model key: key=value (repeatable), e.g. "
+        "k=8, policy=on-demand, ram_gib=24, ssd_bandwidth_gbps=3, lru_bytes=1GiB, lead=2.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print metrics as JSON.")] = False,
+    chrome: Annotated[Path | None, typer.Option("--chrome", help="Also write a Chrome trace "
+                                                "of the simulated run.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the simulated trace "
+                                             "directory here.")] = None,
+) -> None:
+    """Simulate SCENARIO; prints the same metrics as `trace summary` plus simulator figures."""
+    from sim.profiles import load_scenario
+    from sim.replay import run_scenario
+
+    sc = load_scenario(scenario, sets or [])
+    measured = None
+    if trace is not None:
+        from traces.reader import read_trace
+
+        measured = read_trace(trace)
+    if chrome is not None and not chrome.parent.is_dir():
+        raise BadInput(f"{chrome}: output folder {chrome.parent} does not exist")
+    result = run_scenario(sc, trace=measured, out=out)
+    if chrome is not None:
+        from traces.chrome import write_chrome
+
+        write_chrome(result.trace, chrome)
+    if as_json:
+        for warning in result.extra["warnings"]:
+            print(f"warning: {warning}", file=sys.stderr)
+        print(json.dumps(flat_json(result), indent=2, default=str))
+        return
+    _print(sc, result, chrome, out)
+
+
+def _print(sc: Any, result: Any, chrome: Path | None, out: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ssdmoe_cli.trace_cmds import format_metric, metrics_table
+
+    console = Console()
+    title = (f"{sc.name}: {sc.model.name} K={sc.k} on {sc.hardware.name}, policy {sc.policy}"
+             f"{' lead ' + sc.lead if sc.policy == 'prerouter' else ''}, readers {sc.readers}")
+    console.print(metrics_table(title, {"simulated": result.metrics}))
+    e, mem = result.extra, result.extra["memory"]
+    table = Table(title="simulator")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    rows = [
+        ("page cache (capacity)", format_metric("x_bytes", e["page_cache_capacity_bytes"])),
+        ("engine memory (MLX model)", format_metric("x_bytes", mem["engine"])),
+        ("OS reserve", format_metric("x_bytes", mem["os_reserve"])),
+        ("page-cache hit rate", format_metric("", e["page_cache_hit_rate"])),
+        ("bundle LRU hit rate", format_metric("", e["lru_hit_rate"])),
+        ("device busy", format_metric("", e["device_busy_fraction"])),
+        ("build ms/step", format_metric("", e["build_ms_per_step"])),
+        ("eval ms/step", format_metric("", e["eval_ms_per_step"])),
+        ("simulated steps/s", f"{e['sim_steps_per_s']:.0f}"),
+        ("simulation wall s", f"{e['sim_wall_s']:.2f}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    for warning in e["warnings"]:
+        console.print(f"[yellow]warning[/yellow]: {warning}")
+    if out is not None:
+        console.print(f"simulated trace written to {out}")
+    if chrome is not None:
+        console.print(f"chrome trace written to {chrome}")

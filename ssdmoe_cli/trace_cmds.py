@@ -15,7 +15,9 @@ from ssdmoe_cli.errors import BadInput
 
 app = typer.Typer(no_args_is_help=True, help="Read, compare and export recorded traces.")
 
-DirArg = Annotated[Path, typer.Argument(metavar="DIR", help="Trace directory (run.json + *.parquet).")]
+DirArg = Annotated[
+    Path, typer.Argument(metavar="DIR", help="Trace directory (run.json + *.parquet).")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the metrics as JSON.")]
 
 

@@ -10,6 +10,8 @@ Tests must not modify these directories: copy them first (`model_copy(src)`)."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,36 @@ def model_copy(tmp_path):
         return Path(shutil.copytree(src, tmp_path / f"copy{count[0]}"))
 
     return copy
+
+
+@pytest.fixture
+def ssdmoe(monkeypatch, capsys):
+    """ssdmoe(*args) runs the CLI in this process through ssdmoe_cli.main.main (fast: MLX is
+    already imported) -> CompletedProcess(returncode, stdout, stderr)."""
+    from ssdmoe_cli.main import main
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        monkeypatch.setattr(sys, "argv", ["ssdmoe", *args])
+        capsys.readouterr()
+        code = 0
+        try:
+            main()
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+    return run
+
+
+@pytest.fixture
+def ssdmoe_subprocess():
+    """ssdmoe_subprocess(*args) runs the installed console script (a few seconds each)."""
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        exe = Path(sys.executable).parent / "ssdmoe"
+        cmd = [str(exe), *args] if exe.exists() else \
+            [sys.executable, "-c", "from ssdmoe_cli.main import main; main()", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+    return run

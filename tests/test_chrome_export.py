@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import polars as pl
 import pytest
 from trace_handmade import write_handmade
 
-from traces.chrome import write_chrome
-from traces.reader import read_trace
+from traces.chrome import chrome_trace, write_chrome
+from traces.reader import Trace, read_trace
 
 
 @pytest.fixture
@@ -80,7 +81,7 @@ def test_every_track_nests(chrome):
         stack: list[float] = []  # end times of the open spans
         for e in sorted(spans, key=lambda e: (e["ts"], -e["dur"])):
             start, end = e["ts"], e["ts"] + e["dur"]
-            while stack and stack[-1] <= start:
+            while stack and stack[-1] <= start + 1e-6:
                 stack.pop()
             assert not stack or end <= stack[-1] + 1e-6, (tid, e["name"])
             stack.append(end)
@@ -88,3 +89,19 @@ def test_every_track_nests(chrome):
             ordered = sorted(spans, key=lambda e: e["ts"])
             for a, b in zip(ordered, ordered[1:], strict=False):
                 assert a["ts"] + a["dur"] <= b["ts"] + 1e-6
+
+
+def test_overlapping_waits_are_serialised(tmp_path):
+    """Waits on loads that finish close together: each wait starts where the previous ended;
+    a wait hidden entirely behind another is not drawn and is counted."""
+    trace = read_trace(write_handmade(tmp_path / "t"))
+    extra = trace.loads.filter(trace.loads["step"] == 6).with_columns(
+        finished_ns=pl.Series([138_000_000]), wait_ns=pl.Series([10_000_000]))  # 128..138 ms
+    hidden = extra.with_columns(finished_ns=pl.Series([137_000_000]),
+                                wait_ns=pl.Series([2_000_000]))  # 135..137 ms: covered
+    loads = pl.concat([trace.loads, extra, hidden])
+    data = chrome_trace(Trace(trace.path, trace.run, trace.steps, trace.routing, loads))
+    waits = sorted((e["ts"], e["dur"]) for e in data["traceEvents"]
+                   if e["ph"] == "X" and e["cat"] == "wait" and e["ts"] >= 120_000)
+    assert waits == [(128_000, 10_000), (138_000, 2_000)]  # 132..140 clipped to 138..140
+    assert data["otherData"]["waits_dropped"] == 1

@@ -58,7 +58,6 @@ def test_math_contract(arch, tokens, arch_model):
             ref = _reference(x, inds, load_file(str(dst / m.layers[layer].file)))
             rel = np.linalg.norm(y - ref) / np.linalg.norm(ref)
             assert y.shape == (tokens, m.top_k, d)
-            print(arch, layer, rel)
             assert rel < 0.01, (arch, layer, rel)
             # dedupe: one load per distinct routed expert
             assert sorted(r["expert"] for r in loads) == sorted(set(inds.ravel().tolist()))

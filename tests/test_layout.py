@@ -124,7 +124,7 @@ def test_per_expert_source_names(arch, arch_model, tmp_path):
             (hf / f.name).write_bytes(f.read_bytes())
     m = convert(hf, tmp_path / "out")
     ref = read_manifest(dst)
-    for layer, entry in ref.layers.items():
+    for entry in ref.layers.values():
         assert m.files[entry.file].sha256 == ref.files[entry.file].sha256
 
 
@@ -166,29 +166,52 @@ def test_bad_sources(tiny_random_dir, tmp_path):
         convert(src, tmp_path / "o6")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).parent / "ssdmoe"
-    cmd = [str(exe), *args] if exe.exists() else \
-        [sys.executable, "-c", "from ssdmoe_cli.main import main; main()", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-
-
-def test_cli_convert(tiny_random_dir, tmp_path):
-    r = _cli("convert", str(tiny_random_dir), str(tmp_path / "c"))
+def test_cli_convert(tiny_random_dir, tmp_path, ssdmoe, ssdmoe_subprocess):
+    r = ssdmoe_subprocess("convert", str(tiny_random_dir), str(tmp_path / "c"))
     assert r.returncode == 0, r.stderr
     assert "4 MoE layers x 32 experts" in r.stdout
     verify_files(read_manifest(tmp_path / "c"), full_hash=True)
     assert not (tmp_path / "c.partial").exists()
     # Refuses to overwrite without --force; one line on stderr, exit 2.
-    r = _cli("convert", str(tiny_random_dir), str(tmp_path / "c"))
+    r = ssdmoe("convert", str(tiny_random_dir), str(tmp_path / "c"))
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "--force" in r.stderr
 
     src = _fixture_copy(tiny_random_dir, tmp_path)
     cfg = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
-    r = _cli("convert", str(src), str(tmp_path / "c2"))
+    r = ssdmoe("convert", str(src), str(tmp_path / "c2"))
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "config.json" in lines[0] and "unsupported architecture" in lines[0]
     assert not (tmp_path / "c2").exists() and not (tmp_path / "c2.partial").exists()
+
+
+def test_convert_streams_tensor_by_tensor(tmp_path):
+    """Peak RSS of a conversion grows by far less than the checkpoint: one stacked tensor at a
+    time, never the model (a 300 MB float32 checkpoint here)."""
+    from engine.fixtures.random_models import build_random, small_config
+
+    cfg = small_config("qwen3_moe")
+    cfg.update(num_hidden_layers=2, hidden_size=512, num_experts=64, moe_intermediate_size=384,
+               num_attention_heads=8, head_dim=64)
+    src = build_random("qwen3_moe", tmp_path / "src", 0, cfg)
+    size = (src / "model.safetensors").stat().st_size
+    assert size > 250e6
+    code = (  # VmHWM (not ru_maxrss, which a child inherits across exec from its parent)
+        "import sys\n"
+        "import mlx.core, mlx_lm.models.qwen3_moe\n"
+        "from engine.layout import convert\n"
+        "def hwm():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmHWM:'):\n"
+        "            return int(line.split()[1]) * 1024\n"
+        "base = hwm()\n"
+        "convert(sys.argv[1], sys.argv[2])\n"
+        "print(base, hwm())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(src), str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    base, peak = map(int, r.stdout.split())
+    assert peak - base < 0.4 * size, (base, peak, size)

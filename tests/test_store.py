@@ -144,3 +144,25 @@ def test_read_errors_name_layer_expert_file(tiny_random_converted, model_copy):
             buf = _buffers(s, 0)
             buf["up_proj.scales"] = buf["up_proj.scales"][:1]
             s.read_bundle(0, 1, buf)
+
+
+def test_o_direct_refused_falls_back_clearly(tiny_random_converted, monkeypatch):
+    import errno
+
+    real_open = os.open
+
+    def refusing_open(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr("engine.store.os.open", refusing_open)
+    m = read_manifest(tiny_random_converted)
+    with pytest.warns(UserWarning, match="O_DIRECT unavailable"):
+        s = ExpertStore(m, o_direct=True)
+    assert not s.direct and "Invalid argument" in s.direct_fallback
+    buf = _buffers(s, 0)
+    s.read_bundle(0, 2, buf)
+    ref = load_file(str(tiny_random_converted / m.layers[0].file))
+    assert all(np.array_equal(buf[n], ref[n][2]) for n in buf)
+    s.close()

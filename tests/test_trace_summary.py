@@ -100,3 +100,11 @@ def test_single_decode_step_has_no_overlap(trace):
     assert s["adjacent_overlap"] is None
     assert s["step_ms_p50"] == pytest.approx(10.0)
     assert s["decode_tok_s"] == pytest.approx(1 / (10 * MS / 1e9))
+
+
+def test_duplicate_routing_rows_are_bad_input(trace):
+    from ssdmoe_cli.errors import BadInput
+
+    routing = pl.concat([trace.routing, trace.routing.filter(pl.col("step") == 2)])
+    with pytest.raises(BadInput, match="routing.parquet: several rows for step 2"):
+        summarize(Trace(trace.path, trace.run, trace.steps, routing, trace.loads))

@@ -43,7 +43,8 @@ def _span(name: str, cat: str, tid: int, start_ns: int, end_ns: int, t0: int,
           args: dict[str, Any], cname: str | None = None) -> dict[str, Any]:
     event = {
         "name": name, "cat": cat, "ph": "X", "pid": PID, "tid": tid,
-        "ts": (start_ns - t0) / 1000, "dur": max(end_ns - start_ns, 0) / 1000, "args": args,
+        "ts": round((start_ns - t0) / 1000, 3), "dur": round(max(end_ns - start_ns, 0) / 1000, 3),
+        "args": args,
     }
     if cname:
         event["cname"] = cname

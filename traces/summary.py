@@ -92,11 +92,19 @@ def _peak(steps: pl.DataFrame, columns: tuple[str, ...]) -> int | None:
 def _decode_routing(trace: Trace) -> pl.DataFrame:
     """Decode routing rows with their request, in token order."""
     keys = trace.steps.filter(pl.col("phase") == "decode").select("step", "request")
-    return (
+    routing = (
         trace.routing.filter(pl.col("experts").is_not_null())
         .join(keys, on="step", how="inner")
         .sort("request", "step", "token")
     )
+    # One row per (step, layer, token) is the schema's contract; two would pair a token with
+    # itself in the overlap, so refuse rather than guess which one the layer executed.
+    dup = routing.select("step", "layer", "token").is_duplicated()
+    if dup.any():
+        first = routing.filter(dup).row(0, named=True)
+        raise BadInput(f"{trace.path / ROUTING_FILE}: several rows for step {first['step']} "
+                       f"layer {first['layer']} token {first['token']}")
+    return routing
 
 
 def _topk(experts: pl.Series, layer: int, trace: Trace) -> np.ndarray:

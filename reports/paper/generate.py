@@ -1,0 +1,393 @@
+"""Reproduce the edge0 paper's streaming results from its component figures (issue 5, item 5).
+
+    uv run python reports/paper/generate.py            # writes reports/paper/README.md + paper.json
+
+1. derive profile values in closed form from digest figures (printed, and checked against the
+   committed TOML files, which are what every prediction uses);
+2. calibrate the two values the digest gives no direct figure for, each from ONE component
+   figure of the on-demand K=4 arm on the M2: routing skew (bytes/step 50.9 MiB) and the OS
+   reserve (cold fraction 17%);
+3. predict, with `sim run` exactly as the CLI runs it: on-demand vs prerouter at K=2, 4, 8 on
+   the M2 16 GB, and K=4 on the M4 Pro 24 GB; plus what-ifs. K=2 and K=8 are not in the digest
+   on purpose: they are predictions, nothing was tuned toward them.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from sim.memory import budget  # noqa: E402
+from sim.profiles import load_scenario  # noqa: E402
+from sim.replay import run_scenario  # noqa: E402
+from sim.scenario import GIB, MIB  # noqa: E402
+
+OUT = Path(__file__).resolve().parent
+SEEDS = (0, 1, 2)
+KEYS = ("decode_tok_s", "blocked_ms_per_step", "loads_per_step", "mib_per_load",
+        "cold_fraction", "mib_per_step", "step_ms_p50")
+
+# The digest's figures (../shared/reference/edge0-paper-digest.md).
+PAPER = {
+    "m2_k4": {"on-demand": {"decode_tok_s": 3.5, "blocked_ms_per_step": 244.0,
+                            "mib_per_step": 50.9, "mib_per_load": 0.27, "cold_fraction": 0.17},
+              "prerouter": {"decode_tok_s": 6.4, "blocked_ms_per_step": 101.9,
+                            "mib_per_step": 58.9, "mib_per_load": 1.32, "cold_fraction": 0.84}},
+    "m4pro_k4": {"on-demand": {"decode_tok_s": 19.9}, "prerouter": {"decode_tok_s": 20.4}},
+    "load_cost_ms": (1.17, 1.33),
+    "graph_build_ms_per_step": 44.0,
+    "disk_share_max": 0.12,
+    "peak_active_gib": 2.9,
+    "k8_stager_fill_ms_per_step": 62.5,
+}
+
+
+def run(name: str, sets: list[str], seeds=SEEDS) -> dict[str, Any]:
+    """Median over seeds of the summary metrics (seed 0 is what the CLI command prints)."""
+    runs = [run_scenario(load_scenario(name, [*sets, f"seed={s}"])) for s in seeds]
+    out: dict[str, Any] = {}
+    for key in KEYS:
+        values = [r.metrics[key] for r in runs]
+        out[key] = statistics.median(values)
+        out[key + "_seed0"] = values[0]
+        out[key + "_range"] = [min(values), max(values)]
+    out["page_cache_gib"] = runs[0].extra["page_cache_capacity_bytes"] / GIB
+    out["page_cache_hit_rate"] = runs[0].extra["page_cache_hit_rate"]
+    out["lru_hit_rate"] = runs[0].extra["lru_hit_rate"]
+    out["eval_ms_per_step"] = runs[0].extra["eval_ms_per_step"]
+    out["build_ms_per_step"] = runs[0].extra["build_ms_per_step"]
+    out["warnings"] = runs[0].extra["warnings"]
+    return out
+
+
+def derive() -> dict[str, Any]:
+    """Closed-form derivations from digest figures (section 1 of the report)."""
+    sc = load_scenario("paper-m2-16gb")
+    m = sc.model
+    bundle_mib = m.bundle_bytes / MIB
+    warm, cold = PAPER["load_cost_ms"]
+    pre = PAPER["m2_k4"]["prerouter"]
+    step_ms = 1e3 / pre["decode_tok_s"]
+    loads = pre["mib_per_step"] / pre["mib_per_load"]
+    device_ms = PAPER["disk_share_max"] * step_ms / (loads * pre["cold_fraction"])
+    latency = sc.hardware.ssd_latency_ms
+    bandwidth = pre["mib_per_load"] * MIB / ((device_ms - latency) / 1e3) / 1e9
+    mem = budget(sc)  # prerouter, K=4
+    lru = (PAPER["peak_active_gib"] * GIB - mem.resident - mem.heads - mem.slots
+           - mem.slot_views)
+    return {
+        "bundle_mib": bundle_mib,
+        "demand_pieces": round(bundle_mib / PAPER["m2_k4"]["on-demand"]["mib_per_load"]),
+        "device_ms_per_cold_load": device_ms,
+        "ssd_bandwidth_gbps": bandwidth,
+        "cold_overhead_ms": cold - device_ms,
+        "lru_bytes": lru,
+        "build_ms_per_layer": PAPER["graph_build_ms_per_step"] / m.layers,
+        "committed": {
+            "demand_pieces": sc.demand_pieces,
+            "ssd_bandwidth_gbps": sc.hardware.ssd_bandwidth_gbps,
+            "cold_overhead_ms": sc.hardware.cold_overhead_ms,
+            "lru_bytes": sc.lru_bytes,
+            "build_ms_per_layer": m.build_ms_per_layer,
+            "load_overhead_ms": sc.hardware.load_overhead_ms,
+        },
+    }
+
+
+def bisect(f, lo: float, hi: float, target: float, increasing: bool, iters: int = 9) -> float:
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        above = f(mid) >= target
+        if above == increasing:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
+
+
+def calibrate() -> dict[str, Any]:
+    """Two values from two on-demand K=4 component figures (section 2 of the report)."""
+    base = ["policy=on-demand", "k=4", "seed=0"]
+    target_mib = PAPER["m2_k4"]["on-demand"]["mib_per_step"]
+
+    def mib(skew: float) -> float:
+        return run_scenario(load_scenario("paper-m2-16gb", [*base, f"skew={skew}"])
+                            ).metrics["mib_per_step"]
+
+    skew = bisect(mib, 1.0, 3.0, target_mib, increasing=False)
+    # 17% cold reported to 2 digits: >= 16.5%; with ~6 reads per bundle and readahead that is
+    # >= 99% of app-LRU misses also missing the page cache. Largest page cache that allows it:
+    target_cold = 0.165
+    sc = load_scenario("paper-m2-16gb", base)
+    engine_gib = budget(sc).engine / GIB
+
+    def cold(reserve: float) -> float:
+        return run_scenario(load_scenario("paper-m2-16gb", [
+            *base, f"skew={skew:.3f}", f"os_reserve_gib={reserve}"])).metrics["cold_fraction"]
+
+    hi = sc.hardware.ram_gib - engine_gib - 0.01
+    reserve = bisect(cold, 6.0, hi, target_cold, increasing=True)
+    return {"skew": skew, "skew_committed": load_scenario("paper-m2-16gb").skew,
+            "os_reserve_gib": reserve,
+            "os_reserve_committed": load_scenario("paper-m2-16gb").hardware.os_reserve_gib,
+            "page_cache_gib_at_calibration": sc.hardware.ram_gib - engine_gib - reserve}
+
+
+def predict() -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for machine, name, ks in (("m2-16gb", "paper-m2-16gb", (2, 4, 8)),
+                              ("m4pro-24gb", "paper-m4pro-24gb", (2, 4, 8))):
+        for k in ks:
+            for policy in ("on-demand", "prerouter"):
+                table[f"{machine}/k{k}/{policy}"] = run(name, [f"k={k}", f"policy={policy}"])
+    whatif = {
+        "m2 K=4 prerouter, 2 background readers (this project's engine)":
+            ("paper-m2-16gb", ["policy=prerouter", "readers=2"]),
+        "m2 K=4 on-demand, 2 background readers":
+            ("paper-m2-16gb", ["policy=on-demand", "readers=2"]),
+        "m2 K=4 prerouter, OS reserve 6 GiB (uncalibrated bound)":
+            ("paper-m2-16gb", ["policy=prerouter", "os_reserve_gib=6"]),
+        "m2 K=4 on-demand, OS reserve 6 GiB (uncalibrated bound)":
+            ("paper-m2-16gb", ["policy=on-demand", "os_reserve_gib=6"]),
+        "m2 K=8 on-demand, bundle LRU doubled (1.83 GB)":
+            ("paper-m2-16gb", ["policy=on-demand", "k=8", "lru_bytes=1830000000"]),
+        "m2 K=8 prerouter, bundle LRU doubled (1.83 GB)":
+            ("paper-m2-16gb", ["policy=prerouter", "k=8", "lru_bytes=1830000000"]),
+        "m4pro K=4 prerouter, warm load 0.155 ms (machine-notes pread)":
+            ("paper-m4pro-24gb", ["policy=prerouter", "load_overhead_ms=0.155"]),
+        "m4pro K=4 on-demand, warm load 0.155 ms (machine-notes pread)":
+            ("paper-m4pro-24gb", ["policy=on-demand", "load_overhead_ms=0.155"]),
+    }
+    table["whatif"] = {label: {"scenario": name, "set": sets, **run(name, sets, seeds=(0,))}
+                       for label, (name, sets) in whatif.items()}
+    return table
+
+
+def _f(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _rng(v: dict[str, Any]) -> str:
+    lo, hi = v["decode_tok_s_range"]
+    return f"{lo:.2f}-{hi:.2f}"
+
+
+def _free(v: dict[str, Any]) -> float:
+    return 1e3 / v["decode_tok_s"] - v["blocked_ms_per_step"]
+
+
+def _err(pred: float, paper: float) -> str:
+    return f"{(pred - paper) / paper * 100:+.0f}%"
+
+
+def write_readme(result: dict[str, Any]) -> str:
+    d, c, p = result["derived"], result["calibrated"], result["predictions"]
+    pm = PAPER["m2_k4"]
+    lines = [
+        "# The edge0 paper, predicted from its component figures",
+        "",
+        "Generated by `uv run python reports/paper/generate.py` "
+        f"({result['generated_at']}, {result['wall_s']:.0f} s); numbers also in `paper.json`.",
+        "Every prediction is `ssdmoe sim run` on the committed scenarios, e.g.",
+        "",
+        "    uv run ssdmoe sim run paper-m2-16gb --set k=4 --set policy=on-demand --json",
+        "    uv run ssdmoe sim run paper-m2-16gb --set k=4 --set policy=prerouter --json",
+        "    uv run ssdmoe sim run paper-m4pro-24gb --set k=4 --set policy=prerouter --json",
+        "",
+        "Tables give the median over routing seeds 0-2 (1,000 decode steps each); the CLI",
+        "commands above print seed 0 (the `_seed0` fields of paper.json). Source of all paper",
+        "figures: `../shared/reference/edge0-paper-digest.md`.",
+        "",
+        "## Headline: MacBook M2 16 GB, edge0-35b K=4 (paper Table 3)",
+        "",
+        "| | paper on-demand | predicted | paper prerouter | predicted |",
+        "|---|---|---|---|---|",
+    ]
+    od, pr = p["m2-16gb/k4/on-demand"], p["m2-16gb/k4/prerouter"]
+    for key, label, digits in (("decode_tok_s", "decode tok/s", 2),
+                               ("blocked_ms_per_step", "blocked ms/step", 1),
+                               ("mib_per_step", "MiB read/step", 1),
+                               ("mib_per_load", "MiB/load", 2),
+                               ("cold_fraction", "cold fraction (by load)", 2)):
+        a, b = pm["on-demand"].get(key), pm["prerouter"].get(key)
+        lines.append(f"| {label} | {_f(a, digits)} | {_f(od[key], digits)} ({_err(od[key], a)}) "
+                     f"| {_f(b, digits)} | {_f(pr[key], digits)} ({_err(pr[key], b)}) |")
+    gain_p = pm["prerouter"]["decode_tok_s"] / pm["on-demand"]["decode_tok_s"] - 1
+    gain_s = pr["decode_tok_s"] / od["decode_tok_s"] - 1
+    lines += [
+        f"| loads/step | {_f(pm['on-demand']['mib_per_step'] / 0.27, 0)} (derived) | "
+        f"{_f(od['loads_per_step'], 0)} | {_f(58.9 / 1.32, 0)} (derived) | "
+        f"{_f(pr['loads_per_step'], 0)} |",
+        "",
+        f"Prerouter gain: paper {gain_p * 100:+.0f}%, predicted {gain_s * 100:+.0f}%. Spread over"
+        f" routing seeds 0-2: on-demand {_rng(od)} tok/s, prerouter {_rng(pr)} tok/s.",
+        "",
+        "What was calibrated (section 2) and what is a prediction: on the on-demand arm, bytes/",
+        "step (skew), MiB/load (6 pieces) and cold fraction (OS reserve) were fitted, so its",
+        "blocked time and tok/s follow largely from the load-cost fit; every prerouter figure,",
+        "every K=2/K=8 figure and the M4 Pro are predictions.",
+        "",
+        "## K=2 and K=8 (paper has them; withheld from the digest: pure predictions)",
+        "",
+        "| machine | K | on-demand tok/s | prerouter tok/s | gain | blocked ms/step on-demand"
+        " -> prerouter | MiB/step | cold fraction | page cache GiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for machine in ("m2-16gb", "m4pro-24gb"):
+        for k in (2, 4, 8):
+            o, q = p[f"{machine}/k{k}/on-demand"], p[f"{machine}/k{k}/prerouter"]
+            gain = q["decode_tok_s"] / o["decode_tok_s"] - 1
+            lines.append(
+                f"| {machine} | {k} | {_f(o['decode_tok_s'])} | {_f(q['decode_tok_s'])} | "
+                f"{gain * 100:+.0f}% | {_f(o['blocked_ms_per_step'], 1)} -> "
+                f"{_f(q['blocked_ms_per_step'], 1)} | {_f(o['mib_per_step'], 1)} / "
+                f"{_f(q['mib_per_step'], 1)} | {_f(o['cold_fraction'])} / "
+                f"{_f(q['cold_fraction'])} | {_f(o['page_cache_gib'])} / "
+                f"{_f(q['page_cache_gib'])} |")
+    lines += [
+        "",
+        "How K is scaled (fixed before looking at any K=2/8 result): the same per-expert",
+        "popularity (Zipf exponent) and the same 25% adjacent reuse, the same bundle LRU bytes,",
+        "staged slots growing with K. At K=8 a layer's hot set (~13 experts) is about the LRU's",
+        "share per layer (517 bundles / 40 layers), so K=8 sits on an LRU cliff: the bytes per",
+        "step jump ~5x over K=4 and the prediction is very sensitive to the LRU size (see the",
+        "doubled-LRU what-if). The digest's K=8 stager fill figure (62.5 ms/step, below) suggests",
+        "the real K=8 working set is far more cacheable than this synthetic one.",
+    ]
+    warn = [f"{key}: {w}" for key, v in p.items() if key != "whatif" for w in v["warnings"]]
+    if warn:
+        lines += ["", "Memory warnings:", ""] + [f"- {w}" for w in warn]
+    m4o, m4p = p["m4pro-24gb/k4/on-demand"], p["m4pro-24gb/k4/prerouter"]
+    k8 = p["m2-16gb/k8/prerouter"]
+    lines += [
+        "",
+        "## Mac mini M4 Pro 24 GB, K=4 (paper Table 1)",
+        "",
+        "| | paper | predicted |",
+        "|---|---|---|",
+        f"| prerouter off (on-demand) tok/s | 19.9 | {_f(m4o['decode_tok_s'])} "
+        f"({_err(m4o['decode_tok_s'], 19.9)}) |",
+        f"| prerouter tok/s | 20.4 | {_f(m4p['decode_tok_s'])} "
+        f"({_err(m4p['decode_tok_s'], 20.4)}) |",
+        "",
+        "The M4 Pro profile reuses the only per-load cost in the digest (1.17 ms warm, measured",
+        "in the M2 campaign). The paper's 19.9-20.4 tok/s (49-50 ms/step against a 44 ms",
+        "graph-build floor) leaves at most ~0.03 ms per on-demand load, so on the 24 GB machine a",
+        "warm load must cost far less than 1.17 ms; the what-if below with this project's own",
+        "measured warm read (0.155 ms) shows how much of the error is that one figure.",
+        "",
+        "## Component checks (not fitted)",
+        "",
+        f"- Prerouter bytes/step: paper 58.9 MiB vs predicted {_f(pr['mib_per_step'], 1)} "
+        "(the model gives both arms the same routing statistics; the paper's prerouter moved",
+        "  16% more bytes than on-demand, which a less cacheable predicted routing would explain).",
+        f"- Prerouter MiB/load: paper 1.32 vs predicted {_f(pr['mib_per_load'])}: the 8 layers",
+        "  without heads (0-6, 39) still read 6 pieces per bundle in the model; the paper's",
+        "  figure implies they missed the LRU less often than the average layer.",
+        f"- Prerouter cold fraction: paper 0.84 vs predicted {_f(pr['cold_fraction'])}.",
+        f"- K=8 stager fill: paper 62.5 ms/step synchronous (machine not stated); predicted "
+        f"blocked time of the M2 K=8 prerouter arm {_f(k8['blocked_ms_per_step'], 1)} ms/step.",
+        f"- Time not blocked on loads (1000 / tok/s - blocked ms): paper 41.7 ms on demand and "
+        f"54.4 ms with the prerouter; predicted {_f(_free(od), 1)} and {_f(_free(pr), 1)} "
+        f"(graph build {_f(od['build_ms_per_step'], 1)} / {_f(pr['build_ms_per_step'], 1)} ms, "
+        f"accelerator waits {_f(od['eval_ms_per_step'], 1)} / {_f(pr['eval_ms_per_step'], 1)} ms:"
+        " on demand every layer syncs on its router, which the paper's figure suggests costs"
+        " less than modelled).",
+        "",
+        "## What-ifs (seed 0)",
+        "",
+        "| what-if | tok/s | blocked ms/step | cold fraction |",
+        "|---|---|---|---|",
+    ]
+    for label, v in p["whatif"].items():
+        lines.append(f"| {label} | {_f(v['decode_tok_s'])} | {_f(v['blocked_ms_per_step'], 1)} "
+                     f"| {_f(v['cold_fraction'])} |")
+    lines += [
+        "",
+        "## 1. Derived from digest figures (closed form)",
+        "",
+        f"- Bundle: 453 MB per layer / 256 experts = {d['bundle_mib']:.4f} MiB.",
+        f"- On-demand reads per bundle: 1.6875 MiB / 0.27 MiB per load = {d['demand_pieces']}"
+        " (demand_pieces; prerouter loads are whole bundles). With readahead the first piece of",
+        "  a page-cache miss is cold and brings the bundle in: 1 cold + 5 warm pieces = 17% cold,",
+        "  exactly the digest's on-demand cold fraction when every LRU miss is a page-cache miss.",
+        "- Per load: 1.17 ms on the thread doing it (warm part of the fit); a cold load adds "
+        "1.33 ms,",
+        f"  split into device time {d['device_ms_per_cold_load']:.3f} ms (from \"disk reads at "
+        "most 12% of a step\": 0.12 x 156.25 ms / (44.6 loads x 0.84 cold)) and",
+        f"  {d['cold_overhead_ms']:.3f} ms of CPU (page faults). Device bandwidth: 1.32 MiB in "
+        f"(device time - 0.05 ms latency) = {d['ssd_bandwidth_gbps']:.2f} GB/s. This split uses"
+        " the",
+        "  prerouter arm's step time, but it cannot move synchronous-fill predictions (the sum is",
+        "  the fit); it only matters for the background-reader what-ifs.",
+        "- Bundle LRU: peak active 2.9 GiB - resident 1.38 GB - 33 heads x 4 MiB - staged slots",
+        f"  (2 x 32 layers x 4 x 1.6875 MiB) - duplicate views (32 x 4 x 1.6875 MiB) = "
+        f"{d['lru_bytes'] / 1e6:.0f} MB.",
+        f"- Graph build: 44 ms / 40 layers = {d['build_ms_per_layer']:.2f} ms per layer.",
+        f"- Committed values used by the predictions: {json.dumps(d['committed'])}.",
+        "",
+        "## 2. Calibrated on the on-demand K=4 arm (one figure each)",
+        "",
+        "- Routing skew (Zipf exponent of per-layer expert popularity, synthetic routing with",
+        f"  25% adjacent overlap): {c['skew']:.3f} gives the digest's 50.9 MiB/step on demand"
+        f" (committed: {c['skew_committed']}).",
+        f"- OS reserve: the smallest reserve for which on-demand is >= 16.5% cold: "
+        f"{c['os_reserve_gib']:.2f} GiB (committed: {c['os_reserve_committed']}); the expert",
+        f"  files then get ~{c['page_cache_gib_at_calibration']:.2f} GiB of page cache on demand."
+        " The digest's own",
+        "  bound (resident mlx-lm at 18.2 GiB pages on 24 GB) only says > 5.8 GiB; the what-ifs",
+        "  show the prediction with 6 GiB. The same reserve is used on the 24 GB machine.",
+        "",
+        "## Assumptions (each also commented in the TOML files)",
+        "",
+        "- Synthetic routing: per-layer Zipf popularity + 25% adjacent reuse; predicted sets",
+        "  (executed under the prerouter) have the same statistics as routed ones.",
+        "- The paper's engine: every load synchronous on the main thread (the digest: the",
+        "  stager's fill runs synchronously on the main thread); staged prefetches for all 32",
+        "  consumer layers issued at the step boundary; non-consumer layers read on demand.",
+        "- Accelerator work overlaps graph building (async eval); each on-demand layer syncs on",
+        "  its router. Memory bandwidth / TFLOPS are Apple spec figures (not in the digest); they",
+        "  matter little because compute hides under the 44 ms build.",
+        "- Head graph build 0.14 ms per head; KV 20 KiB/token; SSD latency 0.05 ms (assumptions).",
+        "",
+        "## What this says",
+        "",
+        "The M2 arms are dominated by the per-load cost: on demand, ~30 bundles per step each",
+        "read as ~6 loads of 1.17 ms; the prerouter reads whole bundles (1 load each) and takes",
+        "the router sync off 32 layers. The model reproduces the size of that gain from",
+        "components alone. Where it misses (prerouter MiB/load and cold fraction, the M4 Pro",
+        "on-demand arm) the digest figures themselves disagree with a single per-load cost",
+        "across machines; those are the places to measure, not to tune.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {"generated_at": time.strftime("%Y-%m-%d %H:%M"),
+                              "paper": PAPER}
+    result["derived"] = derive()
+    print("derived:", json.dumps(result["derived"], indent=1), flush=True)
+    result["calibrated"] = calibrate()
+    print("calibrated:", json.dumps(result["calibrated"], indent=1), flush=True)
+    result["predictions"] = predict()
+    result["wall_s"] = time.perf_counter() - t0
+    result["command"] = "uv run python reports/paper/generate.py"
+    (OUT / "paper.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (OUT / "README.md").write_text(write_readme(result))
+    print(f"wrote {OUT / 'README.md'} and paper.json in {result['wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Simulator speed (issue 5, item 8): 1,000 decode steps of edge0-35b (40 layers, K=4) on one
+core, per policy. Pinned to one CPU with polars limited to one thread.
+
+    uv run python reports/sim/speed.py        # writes reports/sim/speed.json and speed.md
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ["POLARS_MAX_THREADS"] = "1"
+if hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from sim.profiles import load_scenario  # noqa: E402
+from sim.replay import run_scenario  # noqa: E402
+
+OUT = Path(__file__).resolve().parent
+CASES = {
+    "on-demand (paper engine)": ["policy=on-demand"],
+    "prerouter (paper engine)": ["policy=prerouter"],
+    "prerouter, 2 readers": ["policy=prerouter", "readers=2"],
+    "hot, 2 readers": ["policy=hot", "readers=2"],
+    "prerouter lead=2 layers, speculative": ["policy=prerouter", "lead=2",
+                                            "prediction_is_routing=false",
+                                            "prediction_accuracy=0.7"],
+}
+
+
+def main() -> None:
+    rows = []
+    for label, sets in CASES.items():
+        walls, cores, routings, steps_s = [], [], [], []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            result = run_scenario(load_scenario("paper-m2-16gb", ["decode_steps=1000", *sets]))
+            walls.append(time.perf_counter() - t0)
+            cores.append(result.extra["sim_core_s"])
+            routings.append(result.extra["routing_s"])
+            steps_s.append(result.extra["sim_steps_per_s"])
+        row = {"case": label, "set": sets, "decode_steps": 1000,
+               "wall_s_median": statistics.median(walls), "wall_s": walls,
+               "core_s_median": statistics.median(cores),
+               "routing_s_median": statistics.median(routings),
+               "sim_steps_per_s_median": statistics.median(steps_s),
+               "loads_per_step": result.metrics["loads_per_step"]}
+        rows.append(row)
+        print(f"{label:40s} wall {row['wall_s_median']:.2f} s  core {row['core_s_median']:.2f} s"
+              f"  routing {row['routing_s_median']:.2f} s  "
+              f"{row['sim_steps_per_s_median']:.0f} steps/s", flush=True)
+    data = {"command": "uv run python reports/sim/speed.py", "scenario": "paper-m2-16gb",
+            "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+            "generated_at": time.strftime("%Y-%m-%d %H:%M"), "one_core": True, "rows": rows}
+    (OUT / "speed.json").write_text(json.dumps(data, indent=1) + "\n")
+    lines = ["# Simulator speed: 1,000 decode steps of edge0-35b (40 layers, K=4), one core", "",
+             f"`{data['command']}` ({data['generated_at']}; pinned to one CPU, polars 1 thread;"
+             " median of 3). Wall = everything `run_scenario` does: synthetic routing, the SimPy",
+             "run, building the trace tables and the summary. Target: <= 5 s.", "",
+             "| case | wall s | SimPy core s | routing s | simulated steps/s | loads/step |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['wall_s_median']:.2f} | {r['core_s_median']:.2f} | "
+                     f"{r['routing_s_median']:.2f} | {r['sim_steps_per_s_median']:.0f} | "
+                     f"{r['loads_per_step']:.0f} |")
+    (OUT / "speed.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Storage device and reader queue against closed forms and hand-worked timelines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import simpy
+from sim_helpers import hardware
+
+from sim.loads import DEMAND, PREFETCH, Fetcher, Load
+from sim.page_cache import PageCache
+from sim.readers import DEMAND_PRIORITY, PREFETCH_PRIORITY, ReaderPool
+from sim.storage import Device
+
+
+def _poisson_run(device: Device, rate: float, nbytes_fn, n: int, seed: int) -> None:
+    """SimPy source: Poisson arrivals submitted to the device at env.now."""
+    env = simpy.Environment()
+    rng = np.random.default_rng(seed)
+
+    def source():
+        for _ in range(n):
+            yield env.timeout(rng.exponential(1.0 / rate))
+            device.read(env.now, nbytes_fn(rng))
+
+    env.process(source())
+    env.run()
+
+
+@pytest.mark.parametrize("rho", [0.5, 0.8])
+def test_single_queue_matches_md1_waiting_time(rho):
+    # deterministic service D = latency + bytes / bandwidth = 1 ms
+    device = Device(latency_s=0.0004, bandwidth_bps=1e9, queue_depth=1, record=True)
+    service = device.service_s(600_000)
+    assert service == pytest.approx(1e-3)
+    rate = rho / service
+    _poisson_run(device, rate, lambda rng: 600_000, 200_000, seed=1)
+    log = np.asarray(device.log)
+    wq = (log[:, 1] - log[:, 0]).mean()
+    mu = 1.0 / service
+    closed_form = rho / (2 * mu * (1 - rho))  # Pollaczek-Khinchine for M/D/1
+    assert wq == pytest.approx(closed_form, rel=0.05)
+    assert np.allclose(log[:, 2] - log[:, 1], service)  # no waiting inside service
+
+
+def test_littles_law_on_the_storage_queue():
+    device = Device(latency_s=0.0002, bandwidth_bps=2e9, queue_depth=4, record=True)
+    sizes = (64_000, 1_000_000, 1_769_472)
+    _poisson_run(device, 1500.0, lambda rng: sizes[rng.integers(3)], 50_000, seed=2)
+    log = np.asarray(device.log)
+    arrivals, finishes = log[:, 0], log[:, 2]
+    horizon = finishes.max() - arrivals.min()
+    # time-average number in system, by sweeping the +1/-1 events (independent of W)
+    times = np.concatenate([arrivals, finishes])
+    steps = np.concatenate([np.ones(len(arrivals)), -np.ones(len(finishes))])
+    order = np.argsort(times, kind="stable")
+    in_system = np.cumsum(steps[order])
+    L = (in_system[:-1] * np.diff(times[order])).sum() / horizon
+    lam = len(arrivals) / horizon
+    W = (finishes - arrivals).mean()
+    assert L == pytest.approx(lam * W, rel=1e-6)
+    assert 0.3 < L < 10  # a busy but stable queue, not a degenerate one
+
+
+def test_queue_depth_overlaps_latency_but_shares_bandwidth():
+    device = Device(latency_s=0.001, bandwidth_bps=1e9, queue_depth=2)
+    # two tiny reads at once: both pay latency in parallel
+    assert device.read(0.0, 0)[1] == pytest.approx(0.001)
+    assert device.read(0.0, 0)[1] == pytest.approx(0.001)
+    # two 1 MB reads at t=1: latency overlaps, transfers share the pipe
+    assert device.read(1.0, 1_000_000)[1] == pytest.approx(1.002)
+    assert device.read(1.0, 1_000_000)[1] == pytest.approx(1.003)
+    # a third waits for a free slot (the first finishes at 1.002), then for the pipe
+    start, finish = device.read(1.0, 1_000_000)
+    assert start == pytest.approx(1.002)
+    assert finish == pytest.approx(1.004)
+    with pytest.raises(AssertionError):
+        device.read(0.5, 10)  # arrivals must be in time order
+
+
+def _pool(readers: int, latency: float = 0.001, bandwidth: float = 1e9) -> ReaderPool:
+    hw = hardware(ssd_latency_ms=latency * 1e3, ssd_bandwidth_gbps=bandwidth / 1e9)
+    device = Device(latency, bandwidth, queue_depth=8)
+    pc = PageCache(0, 1_000_000, 16, enabled=False)
+    return ReaderPool(readers, Fetcher(hw, device, pc, 16, 1_000_000))
+
+
+def _load(expert: int, t: float, source: str = PREFETCH) -> Load:
+    prio = DEMAND_PRIORITY if source == DEMAND else PREFETCH_PRIORITY
+    return Load(0, 0, expert, expert, 1_000_000, 1, source, t, prio)
+
+
+def test_demand_reads_go_ahead_of_queued_prefetches():
+    pool = _pool(1)  # one reader; every read takes 1 ms latency + 1 ms transfer
+    prefetches = [_load(e, 0.0) for e in range(3)]
+    for ld in prefetches:
+        pool.advance(0.0)
+        pool.submit(ld)
+    pool.advance(0.0005)  # reader has started prefetch 0 at t=0
+    demand = _load(9, 0.0005, DEMAND)
+    pool.submit(demand)
+    assert pool.finish(demand) == pytest.approx(0.004)  # right after prefetch 0 (ends 0.002)
+    assert prefetches[0].finished == pytest.approx(0.002)
+    assert pool.finish(prefetches[1]) == pytest.approx(0.006)
+    assert pool.finish(prefetches[2]) == pytest.approx(0.008)
+
+
+def test_two_readers_overlap_latency_and_promote_a_needed_prefetch():
+    pool = _pool(2)
+    loads = [_load(e, 0.0) for e in range(4)]
+    for ld in loads:
+        pool.submit(ld)
+    # the main thread needs the last prefetch now: promoted, it is the first one started
+    pool.promote(loads[3])
+    assert pool.finish(loads[3]) == pytest.approx(0.002)
+    assert all(ld.started < 0 for ld in loads[:3])  # nothing else decided yet
+    # the second reader takes prefetch 0 at t=0: latency overlaps, the transfer waits for the
+    # pipe (busy until 2 ms); then reader 0 (free at 2 ms) takes prefetch 1
+    assert pool.finish(loads[0]) == pytest.approx(0.003)
+    assert loads[0].started == 0.0 and loads[0].thread == "reader1"
+    assert pool.finish(loads[1]) == pytest.approx(0.004)
+    assert loads[1].started == pytest.approx(0.002) and loads[1].thread == "reader0"

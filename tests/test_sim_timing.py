@@ -1,0 +1,93 @@
+"""Main-thread timing against hand-worked step times."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from sim_helpers import MB, hardware, model, routing_input, scenario, uniform_routing
+
+from sim.replay import run_scenario
+
+FREE_IO = dict(ssd_latency_ms=0.0, ssd_bandwidth_gbps=1e12, load_overhead_ms=0.0,
+               cold_overhead_ms=0.0, memcpy_gbps=0.0)
+
+
+def _decode(result) -> pl.DataFrame:
+    return result.trace.steps.filter(pl.col("phase") == "decode")
+
+
+def test_zero_latency_storage_gives_the_compute_bound_rate_on_demand():
+    # 4 layers; per layer: build b = 1 ms, attention a = R/L/B, experts x = K*bundle/B.
+    m = model(layers=4, experts=16, k=2, resident_bytes=200 * MB, build_ms_per_layer=1.0)
+    hw = hardware(mem_bandwidth_gbps=400.0, **FREE_IO)
+    B = 400e9
+    a, x, b = 200 * MB / 4 / B, 2 * MB / B, 1e-3
+    assert x < b  # the accelerator is idle by the time the next layer syncs on its router
+    router = uniform_routing(300, 4, 16, 2, seed=1)
+    result = run_scenario(scenario(hw=hw, m=m, policy="on-demand", decode_steps=300),
+                          routing=routing_input(router))
+    step = 4 * (b + a) + x  # each layer: build, then wait for its router; last: the experts
+    assert result.metrics["decode_tok_s"] == pytest.approx(1 / step, rel=1e-9)
+    assert result.metrics["blocked_ms_per_step"] == pytest.approx(0.0, abs=1e-9)
+    assert result.extra["eval_ms_per_step"] == pytest.approx((4 * a + x) * 1e3, abs=2e-6)  # ns
+
+
+def test_zero_latency_storage_gives_the_compute_bound_rate_with_the_prerouter():
+    # layers 1-3 consume predictions (no router sync), heads owned by layers 0-2
+    m = model(layers=4, experts=16, k=2, resident_bytes=200 * MB, build_ms_per_layer=1.0,
+              consumer_first=1, consumer_last=3, heads=3, head_bytes=8 * MB, head_build_ms=0.25)
+    hw = hardware(mem_bandwidth_gbps=400.0, **FREE_IO)
+    B = 400e9
+    a, x, hs, b, hb = 200 * MB / 4 / B, 2 * MB / B, 8 * MB / B, 1e-3, 0.25e-3
+    router = uniform_routing(300, 4, 16, 2, seed=2)
+    result = run_scenario(scenario(hw=hw, m=m, policy="prerouter", decode_steps=300),
+                          routing=routing_input(router))
+    # layer 0 (owner, router): b+hb, wait a+hs; layers 1-2 (owners, staged): b+hb each;
+    # layer 3 (staged): b; then the accelerator finishes layer 3's a+x
+    step = (b + hb) + (a + hs) + 2 * (b + hb) + b + (a + x)
+    assert result.metrics["decode_tok_s"] == pytest.approx(1 / step, rel=1e-9)
+    routing = result.trace.routing
+    assert set(routing.filter(pl.col("layer") >= 1)["source"]) == {"prediction"}
+    assert set(routing.filter(pl.col("layer") == 0)["source"]) == {"router"}
+
+
+@pytest.mark.parametrize("readahead", [True, False])
+def test_synchronous_cold_load_cost_by_hand(readahead):
+    # 1 layer, K=1, alternating experts (no sticky hit), no caches, O_DIRECT: every load cold.
+    m = model(layers=1, experts=16, k=1, build_ms_per_layer=1.0)
+    hw = hardware(ssd_latency_ms=0.1, ssd_bandwidth_gbps=1.0, load_overhead_ms=0.5,
+                  cold_overhead_ms=0.3, mem_bandwidth_gbps=1e9, readahead=readahead)
+    router = (pl.Series([0, 1] * 50).to_numpy().reshape(-1, 1, 1)).astype("int16")
+    sc = scenario(hw=hw, m=m, policy="on-demand", decode_steps=100, o_direct=True,
+                  demand_pieces=4)
+    result = run_scenario(sc, routing=routing_input(router))
+    steps = _decode(result)
+    device_reads = 1 if readahead else 4  # readahead: the first piece's read brings the bundle
+    load_ms = 0.1 * device_reads + MB / 1e9 * 1e3 + 4 * 0.5 + 0.3 * device_reads
+    assert steps["blocked_ns"].to_list() == [round(load_ms * 1e6)] * 100
+    assert steps["loads"].to_list() == [4] * 100
+    assert steps["cold_loads"].to_list() == [device_reads] * 100
+    assert steps["bytes_read"].to_list() == [MB] * 100
+    loads = result.trace.loads.filter(pl.col("step") == 0)
+    assert loads["wait_ns"].sum() == round(load_ms * 1e6)  # the wait sits on the last piece
+    assert loads["waited"].to_list() == [False, False, False, True]
+    assert loads["thread"].to_list() == ["main"] * 4
+
+
+def test_background_readers_take_prefetch_off_the_main_thread():
+    m = model(layers=8, experts=64, k=4, build_ms_per_layer=1.0, consumer_first=2,
+              consumer_last=7, heads=6, head_bytes=0)
+    hw = hardware(ssd_latency_ms=0.05, ssd_bandwidth_gbps=4.0, load_overhead_ms=0.1,
+                  queue_depth=4, mem_bandwidth_gbps=1e9)
+    router = uniform_routing(200, 8, 64, 4, seed=5)
+    runs = {}
+    for readers in (0, 2):
+        sc = scenario(hw=hw, m=m, policy="prerouter", decode_steps=200, readers=readers,
+                      o_direct=True)
+        runs[readers] = run_scenario(sc, routing=routing_input(router))
+    sync, bg = runs[0].metrics, runs[2].metrics
+    assert sync["loads_per_step"] == bg["loads_per_step"]  # same reads, different threads
+    assert bg["blocked_ms_per_step"] < 0.5 * sync["blocked_ms_per_step"]
+    assert bg["decode_tok_s"] > sync["decode_tok_s"]
+    threads = set(runs[2].trace.loads["thread"])
+    assert threads == {"reader0", "reader1"}
