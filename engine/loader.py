@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.archs import ARCHS, routing_spec
+from engine.config import EngineConfig
 from engine.layout import build_skeleton, moe_layers, quantize_like_source, read_safetensors_header
 from engine.manifest import (
     CONFIG_FILE,
@@ -21,7 +22,6 @@ from engine.manifest import (
     verify_files,
 )
 from engine.moe import RoutingCallback, StreamingMoE
-from engine.paths.exact import ExactPath
 from engine.paths.kernel import ExpertPath
 from engine.store import ExpertStore, LoadCallback
 from ssdmoe_cli.errors import BadInput
@@ -121,27 +121,42 @@ def load_streaming(
     path_factory: PathFactory | None = None,
     prefill_path_factory: PathFactory | None = None,
     float32: bool = True,
+    config: EngineConfig | None = None,
 ):
     """-> (model, tokenizer, store). The model is an ordinary mlx-lm model (use it with
     mlx_lm.generate_step or engine.generate) whose MoE blocks are `StreamingMoE`s reading
-    experts through `store`. `path_factory(store, layer)` builds each layer's path (default
-    ExactPath); `prefill_path_factory` optionally a separate one for multi-token calls."""
+    experts through `store`. `config` (an EngineConfig, e.g. `EngineConfig.from_preset(
+    "staged")`) chooses each layer's path per phase and sets o_direct / page_cache_budget
+    (the keyword arguments are used when no config is given: preset "on-demand").
+    `path_factory(store, layer)` / `prefill_path_factory` override the config's paths.
+    The shared runtime (config, readers, counters, paths) is `store.runtime`."""
     import mlx.core as mx
 
+    from engine.runtime import build_runtime
+
+    if config is None:
+        config = EngineConfig.from_preset("on-demand", o_direct=o_direct,
+                                          page_cache_budget=page_cache_budget)
     manifest = open_manifest(converted_dir, verify)
+    config.validate(manifest)
     weights = _resident_weights(manifest, mx.float32 if float32 else None)
     model, layers = _model(manifest, weights)
-    store = ExpertStore(manifest, o_direct=o_direct, page_cache_budget=page_cache_budget,
-                        on_load=on_load)
+    store = ExpertStore(manifest, o_direct=config.o_direct,
+                        page_cache_budget=config.page_cache_budget, on_load=on_load)
+    rt = build_runtime(config, store)
     arch = ARCHS[manifest.model_type]
     spec = routing_spec(manifest.config)
-    make = path_factory or ExactPath
     for i in layers:
         layer = model.layers[i]
-        block = StreamingMoE(
-            i, getattr(layer, arch.moe_attr), arch, spec, make(store, i),
-            prefill_path_factory(store, i) if prefill_path_factory else None, on_routing,
-        )
+        path = path_factory(store, i) if path_factory else rt.path(i, "decode")
+        if prefill_path_factory:
+            prefill = prefill_path_factory(store, i)
+        elif path_factory:
+            prefill = None
+        else:
+            prefill = rt.path(i, "prefill")
+        block = StreamingMoE(i, getattr(layer, arch.moe_attr), arch, spec, path,
+                             None if prefill is path else prefill, on_routing)
         setattr(layer, arch.moe_attr, block)
     _load_weights(model, weights, manifest)
     return model, load_tokenizer(manifest), store

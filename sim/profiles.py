@@ -234,7 +234,8 @@ def check_scenario(sc: Scenario) -> None:
 
 
 def load_scenario(name_or_path: str, sets: list[str] | None = None) -> Scenario:
-    """Scenario from scenarios/NAME.toml (or a path), with `--set key=value` overrides."""
+    """Scenario from scenarios/NAME.toml (or a path), with `--set key=value` overrides
+    (`hardware=NAME` and `model=NAME` replace a whole profile before the other keys apply)."""
     path = _resolve(name_or_path, "")
     data = read_toml(path)
     where = str(path)
@@ -243,6 +244,15 @@ def load_scenario(name_or_path: str, sets: list[str] | None = None) -> Scenario:
             raise BadInput(f"{where}: {key}: missing (name of a scenarios/{key}"
                            f"{'' if key == 'hardware' else 's'}/*.toml profile)")
     hw_name, model_name = data.pop("hardware"), data.pop("model")
+    rest = []
+    for item in sets or []:  # --set hardware=NAME / model=NAME swap a whole profile
+        key, value = _split(item)
+        if key == "hardware":
+            hw_name = value.strip()
+        elif key == "model":
+            model_name = value.strip()
+        else:
+            rest.append(item)
     hw_over = data.pop("hardware_overrides", {})
     model_over = data.pop("model_overrides", {})
     if not isinstance(hw_name, str) or not isinstance(model_name, str):
@@ -255,7 +265,7 @@ def load_scenario(name_or_path: str, sets: list[str] | None = None) -> Scenario:
     sc = Scenario(name=path.stem, hardware=hardware, model=model, source=where,
                   notes={"description": description, **notes}, **values)
     if sets:
-        sc = apply_overrides(sc, sets)
+        sc = apply_overrides(sc, rest)
         sc.source = f"{where} (with --set {' '.join(sets)})"
     check_scenario(sc)
     return sc

@@ -1,7 +1,101 @@
-"""Placeholder: commands are registered here by the module's owner."""
+"""`ssdmoe bench MODEL --arms resident,on-demand,hot,staged [--page-cache-budget BYTES]
+[--rounds 3] [--json OUT]`: every arm on the same prompts, each in its own process, arm order
+rotated per round, warm-up excluded; prints medians, writes JSON and a PNG under reports/bench/.
+The engine is imported by the worker processes; this process only orchestrates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from ssdmoe_cli.errors import BadInput
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("bench")(bench)
+
+
+def bench(
+    model: Annotated[Path, typer.Argument(help="Converted model directory (ssdmoe convert).")],
+    arms: Annotated[str, typer.Option(
+        "--arms", help="Comma-separated: resident, engine-resident, on-demand, hot, staged, "
+        "staged-oracle.")] = "resident,on-demand,hot,staged",
+    page_cache_budget: Annotated[str | None, typer.Option(
+        "--page-cache-budget", help="Expert bytes kept in the page cache by streaming arms: "
+        "bytes, 64M, 1G, or 25% (of the expert bytes). Default: no budget, warm.")] = None,
+    rounds: Annotated[int, typer.Option("--rounds", help="Rounds (arm order rotates).")] = 3,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Decode tokens/prompt.")] = 64,
+    prompts: Annotated[Path | None, typer.Option(
+        "--prompts", help="JSONL prompts file (default: traces/prompts/default.jsonl).")] = None,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", help="Prompts used.")] = 2,
+    json_out: Annotated[Path | None, typer.Option(
+        "--json", help="Write the result JSON here (default reports/bench/NAME.json).")] = None,
+    png: Annotated[Path | None, typer.Option(
+        "--png", help="Bar chart path (default: next to the JSON, .png).")] = None,
+) -> None:
+    """Benchmark resident mlx-lm against the streaming presets on one model."""
+    from engine.bench import (
+        ARMS,
+        PROMPTS,
+        BenchSpec,
+        expert_bytes,
+        load_prompts,
+        markdown_table,
+        parse_bytes,
+        plot,
+        run_bench,
+    )
+    from engine.loader import open_manifest
+
+    arm_list = [a.strip() for a in arms.split(",") if a.strip()]
+    bad = [a for a in arm_list if a not in ARMS]
+    if bad or not arm_list:
+        raise BadInput(f"--arms: unknown arm {bad[0] if bad else '(none)'!r} "
+                       f"(valid: {', '.join(ARMS)})")
+    if len(set(arm_list)) != len(arm_list):
+        raise BadInput("--arms: an arm is listed twice")
+    if rounds < 1 or max_tokens < 2 or num_prompts < 1:
+        raise BadInput("--rounds and --num-prompts must be >= 1, --max-tokens >= 2")
+    manifest = open_manifest(model, verify=False)
+    total = expert_bytes(model)
+    budget = None if page_cache_budget is None else parse_bytes(page_cache_budget, total)
+    if budget is not None:
+        need = manifest.top_k * manifest.bundle_bytes
+        if budget < need:
+            raise BadInput(f"--page-cache-budget {budget} bytes is smaller than one layer's "
+                           f"working set: minimum {need} bytes")
+    spec = BenchSpec(model=str(model), arms=arm_list,
+                     prompts=load_prompts(prompts or PROMPTS, num_prompts),
+                     max_tokens=max_tokens, rounds=rounds, page_cache_budget=budget)
+    name = Path(model).name + ("" if budget is None else f"-budget{round(100 * budget / total)}")
+    json_path = json_out or Path("reports/bench") / f"{name}.json"
+    png_path = png or json_path.with_suffix(".png")
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  transient=True) as bar:
+        task = bar.add_task("measuring disk bandwidth", total=rounds * len(arm_list))
+        seen = [0]
+
+        def step(msg: str) -> None:
+            if seen[0]:
+                bar.advance(task)
+            seen[0] += 1
+            bar.update(task, description=msg)
+
+        result = run_bench(spec, progress=step)
+        bar.advance(task)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, png_path)
+    typer.echo(f"{Path(model).name}: {len(spec.prompts)} prompts x {max_tokens} tokens, "
+               f"{rounds} rounds, disk {result['disk_bandwidth_bytes_s'] / 1e9:.2f} GB/s, "
+               + ("page cache warm" if budget is None else
+                  f"page-cache budget {budget} bytes ({100 * budget / total:.0f}% of experts)"))
+    typer.echo(markdown_table(result))
+    typer.echo(f"greedy tokens identical across arms: {result['tokens_identical']}")
+    typer.echo(f"wrote {json_path} and {png_path}")

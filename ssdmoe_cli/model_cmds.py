@@ -73,20 +73,32 @@ def generate(
     verify: Annotated[bool | None, typer.Option(
         "--verify/--no-verify",
         help="sha256 every file (default: files up to 256 MiB; sizes always).")] = None,
+    preset: Annotated[str, typer.Option(
+        "--preset", help="Engine preset: on-demand (exact), hot, staged.")] = "on-demand",
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="Record a trace (steps, routing, loads) into this new directory.")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace an existing trace in the --trace directory.")] = False,
 ) -> None:
-    """Generate text from a converted model, streaming experts from disk (exact path)."""
+    """Generate text from a converted model, streaming experts from disk (--preset picks the
+    execution paths; every preset gives the same tokens)."""
     if max_tokens < 1:
         raise BadInput(f"--max-tokens: must be >= 1, got {max_tokens}")
     if temp < 0:
         raise BadInput(f"--temp: must be >= 0, got {temp}")
     if page_cache_mb is not None and page_cache_mb <= 0:
         raise BadInput(f"--page-cache-mb: must be > 0, got {page_cache_mb}")
+    from engine.config import EngineConfig
     from engine.generate import generate as run_generate
     from engine.loader import load_streaming
 
+    if trace is not None:
+        from engine.capture import prepare_out_dir, start_recorder
+
+        trace = prepare_out_dir(trace, force, "--trace")
     budget = None if page_cache_mb is None else int(page_cache_mb * 2**20)
-    lm, tokenizer, store = load_streaming(model, o_direct=o_direct, page_cache_budget=budget,
-                                          verify=verify)
+    config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget)
+    lm, tokenizer, store = load_streaming(model, verify=verify, config=config)
     if not tokenizer.encode(prompt):
         raise BadInput("--prompt: encodes to no tokens")
 
@@ -94,11 +106,19 @@ def generate(
         sys.stdout.write(segment)
         sys.stdout.flush()
 
+    rec = None if trace is None else start_recorder(trace, lm, store, config=config)
     try:
         result = run_generate(lm, tokenizer, prompt, max_tokens, temp=temp, seed=seed,
-                              store=store, on_text=None if json_out else show)
+                              store=store, on_text=None if json_out else show,
+                              **(rec.hooks() if rec is not None else {}))
+    except BaseException:
+        if rec is not None:
+            rec.close(complete=False)  # keeps what was captured; run.json says incomplete
+        raise
     finally:
         store.close()
+    if rec is not None:
+        rec.close()
     if json_out:
         typer.echo(json.dumps(result.summary()))
         return

@@ -1,4 +1,5 @@
-"""`ssdmoe sim run`: simulate a scenario (no MLX). Sweep and compare come later."""
+"""`ssdmoe sim run | sweep | compare | profile-model`: simulate scenarios, grids of them, and
+measured traces next to their simulation (no MLX)."""
 
 from __future__ import annotations
 
@@ -103,3 +104,42 @@ def _print(sc: Any, result: Any, chrome: Path | None, out: Path | None) -> None:
         console.print(f"simulated trace written to {out}")
     if chrome is not None:
         console.print(f"chrome trace written to {chrome}")
+
+
+@app.command()
+def sweep(
+    grid: Annotated[Path, typer.Argument(help="Grid file (scenarios/grids/NAME.toml).")],
+    workers: Annotated[int | None, typer.Option(
+        "--workers", help="Worker processes (default: one per core).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Output folder (default reports/sweeps/<grid name>).")] = None,
+) -> None:
+    """Run every point of GRID in parallel; write results.parquet, one PNG per axis and a
+    README.md. A failing point is reported as failed with its reason; the others still run."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from sim.sweep import check_grid, load_grid, results_frame, run_grid, write_outputs
+
+    if workers is not None and workers < 1:
+        raise BadInput(f"--workers: must be >= 1, got {workers}")
+    g = load_grid(grid)
+    check_grid(g)
+    out = out if out is not None else Path("reports") / "sweeps" / g.name
+    total = len(g.points())
+    console = Console(stderr=True)
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task(f"sweep {g.name}", total=total)
+        rows = run_grid(g, workers, lambda done, _: bar.update(task, completed=done))
+    frame = results_frame(g, rows)
+    command = "ssdmoe sim sweep " + str(grid) + (f" --workers {workers}" if workers else "") + \
+        (f" --out {out}" if out != Path("reports") / "sweeps" / g.name else "")
+    written = write_outputs(g, frame, out, command)
+    failed = frame.filter(frame["status"] != "ok")
+    console = Console(soft_wrap=True)
+    console.print(f"{g.name}: {frame.height} points, {frame.height - failed.height} ok, "
+                  f"{failed.height} failed; wrote {', '.join(str(p) for p in written)}")
+    for r in failed.iter_rows(named=True):
+        axes = ", ".join(f"{k}={r[k]}" for k in [*g.axes, *(["seed"] if g.seeds else [])])
+        console.print(f"[yellow]failed[/yellow] point {r['point']} ({axes}): {r['error']}")

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from engine.fixtures.bpe import EOS, train_bpe
-from engine.fixtures.corpus import CorpusConfig, _interleave, assemble_corpus
+from engine.fixtures.corpus import CorpusConfig, _interleave, assemble_corpus, heldout_key
 from engine.fixtures.train_loop import forward_with_taps, switch_balance_loss
 from engine.fixtures.trained import build_tiny_trained
 
 TINY = dict(num_layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32, experts=8, top_k=2,
             moe_intermediate=32, vocab_size=384, seq_len=32, batch=4, warmup=2,
-            code_bytes=120_000, per_file_bytes=2_048, prose_bytes=30_000, eval_windows=8)
+            code_bytes=120_000, per_file_bytes=2_048, docstring_bytes=60_000, prose_bytes=30_000,
+            eval_windows=8)
 STEPS = 6
 
 
@@ -41,7 +42,7 @@ def test_mlx_lm_loads_it_and_tokenizer_round_trips(builds):
     config = json.loads((builds["a"] / "config.json").read_text())
     assert config["model_type"] == "qwen3_moe"
     assert tok.eos_token == EOS and tok.eos_token_id == config["eos_token_id"]
-    text = 'def f(x):\n    """Return x + 1."""\n    return x + 1  # café, naïve\n\nThe "if" statement'
+    text = 'def f(x):\n    """Return x + 1."""\n    return x + 1  # café\n\nThe "if" statement'
     ids = tok.encode(text)
     assert tok.decode(ids) == text
     logits = model(mx.array([ids]))
@@ -92,13 +93,19 @@ def test_switch_balance_loss_hand_worked():
 
 
 def test_corpus_is_deterministic_and_excludes_tests():
-    cfg = CorpusConfig(code_bytes=150_000, per_file_bytes=4_096, prose_bytes=40_000)
+    cfg = CorpusConfig(code_bytes=150_000, per_file_bytes=4_096, docstring_bytes=80_000,
+                       prose_bytes=40_000)
     one, two = assemble_corpus(cfg), assemble_corpus(cfg)
     assert one.train == two.train and one.heldout == two.heldout
     names = [n for n, _ in one.train + one.heldout]
     assert not any("/test/" in f"/{n}" or n.rsplit("/", 1)[-1].startswith("test_") for n in names)
     assert {n for n, _ in one.train}.isdisjoint(n for n, _ in one.heldout)
-    assert all(zlib.crc32(n.encode()) % cfg.heldout_mod == 0 for n, _ in one.heldout)
+    assert all(zlib.crc32(heldout_key(n).encode()) % cfg.heldout_mod == 0 for n, _ in one.heldout)
+    # A file's code and its docstrings-only document land on the same side.
+    held = {heldout_key(n) for n, _ in one.heldout}
+    assert not any(heldout_key(n) in held for n, _ in one.train)
+    assert any(n.endswith("#docstrings") for n, _ in one.train)
+    assert any("#" not in n for n, _ in one.heldout)
     assert all(len(t.encode()) <= cfg.per_file_bytes for n, t in one.train if "#" not in n)
     assert one.code_bytes <= 2 * cfg.code_bytes and one.prose_bytes <= cfg.prose_bytes
 

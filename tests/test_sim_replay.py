@@ -83,3 +83,15 @@ def test_thousand_decode_steps_of_edge0_35b_in_under_five_seconds():
         assert result.extra["decode_steps"] == 1000 and sc.model.layers == 40 and sc.k == 4
         core = result.extra["sim_core_s"]
         assert wall <= 5.0, f"{policy}: {wall:.2f} s (simulator core {core:.2f} s)"
+
+
+def test_the_simulator_never_imports_mlx():
+    import subprocess
+    import sys
+
+    code = ("import sys, sim.replay, sim.profiles, ssdmoe_cli.sim_cmds; "
+            "from sim.profiles import load_scenario; from sim.replay import run_scenario; "
+            "run_scenario(load_scenario('paper-m2-16gb', ['decode_steps=3'])); "
+            "bad = [m for m in sys.modules if m == 'mlx' or m.startswith(('mlx.', 'mlx_lm'))]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

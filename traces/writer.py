@@ -1,14 +1,21 @@
 """TraceWriter: buffers rows column-wise (cheap appends on the hot path) and flushes every
 `flush_every` steps by rewriting each table under a temporary name and renaming it, so a
-crash or Ctrl-C leaves a trace that opens with everything up to the last flush."""
+crash or Ctrl-C leaves a trace that opens with everything up to the last flush.
+
+Each flush rewrites whole tables, so its cost grows with the trace. `min_interval_s` and
+`max_flush_fraction` bound the time spent flushing: a flush that is due by step count waits
+until at least max(min_interval_s, last flush cost / max_flush_fraction) has passed since the
+previous one ended (defaults 0 / None: flush strictly every `flush_every` steps)."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from traces.run_info import RunInfo
@@ -36,22 +43,57 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str) + "\n"))
 
 
+_NUMPY = {pl.Int16(): np.int16, pl.Int32(): np.int32, pl.Int64(): np.int64,
+          pl.Float32(): np.float32, pl.Float64(): np.float64}
+
+
+def _series(name: str, values: list[Any], dtype: pl.DataType) -> pl.Series:
+    """A column from Python values. Lists of equal-length lists (routing's experts/weights) go
+    through one 2-D NumPy array: polars converts nested Python lists row by row (~40 us each)."""
+    inner = getattr(dtype, "inner", None) if isinstance(dtype, pl.List) else None
+    if values and inner in _NUMPY and values[0] is not None:
+        try:
+            arr = np.array(values, dtype=_NUMPY[inner])
+        except (ValueError, TypeError):  # ragged, or holds None
+            arr = None
+        if arr is not None and arr.ndim == 2 and arr.shape[1] > 0:
+            return pl.Series(name, arr).cast(dtype)
+    return pl.Series(name, values, dtype=dtype, strict=False)
+
+
 class _Table:
-    """Rows kept as per-column Python lists; frozen into DataFrame chunks at each flush."""
+    """Rows kept as they come (dicts from `add`, by reference: do not mutate a row after adding
+    it; column lists from `extend`) and frozen into DataFrame chunks at each flush, where polars
+    converts them in bulk. Row order within one flush is not significant."""
 
     def __init__(self, columns: dict[str, pl.DataType]) -> None:
         self.columns = columns
+        self.rows: list[dict[str, Any]] = []
         self.pending: dict[str, list[Any]] = {name: [] for name in columns}
         self.chunks: list[pl.DataFrame] = []
 
     def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)  # ~0.05 us; the per-column split happens at flush time
+
+    def extend(self, columns: dict[str, list[Any]], n: int) -> None:
+        """Append n rows given column-wise; a column absent from `columns` gets nulls."""
+        for name in self.columns:  # check all first: a bad call must not half-append
+            values = columns.get(name)
+            if values is not None and len(values) != n:
+                raise ValueError(f"column {name}: {len(values)} values for {n} rows")
         pending = self.pending
         for name in self.columns:
-            pending[name].append(row.get(name))
+            values = columns.get(name)
+            pending[name].extend([None] * n if values is None else values)
 
     def frame(self) -> pl.DataFrame:
+        if self.rows:
+            self.chunks.append(pl.from_dicts(self.rows, schema=self.columns, strict=False))
+            self.rows = []
         if self.pending[next(iter(self.columns))]:
-            self.chunks.append(pl.DataFrame(self.pending, schema=self.columns, strict=False))
+            self.chunks.append(pl.DataFrame(
+                [_series(name, self.pending[name], dtype) for name, dtype in self.columns.items()]
+            ))
             self.pending = {name: [] for name in self.columns}
         if not self.chunks:
             return pl.DataFrame(schema=self.columns)
@@ -61,11 +103,18 @@ class _Table:
 
 
 class TraceWriter:
-    def __init__(self, directory: str | Path, run: RunInfo, flush_every: int = 16) -> None:
+    def __init__(self, directory: str | Path, run: RunInfo, flush_every: int = 16,
+                 min_interval_s: float = 0.0, max_flush_fraction: float | None = None) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.run = run
         self.flush_every = flush_every
+        self.min_interval_s = min_interval_s
+        self.max_flush_fraction = max_flush_fraction
+        self.flushes = 0
+        self.flush_s = 0.0  # total time spent in flush()
+        self._last_flush_cost = 0.0
+        self._last_flush_end = 0.0
         self.steps = _Table(STEP_COLUMNS)
         self.routing = _Table(ROUTING_COLUMNS)
         self.loads = _Table(LOAD_COLUMNS)
@@ -76,7 +125,7 @@ class TraceWriter:
     def add_step(self, row: dict[str, Any]) -> None:
         # Flush when the NEXT step arrives, not right after this one: routing and load rows a
         # recorder adds after a step's row then land in the same flush as that step.
-        if self._steps_since_flush >= self.flush_every:
+        if self._steps_since_flush >= self.flush_every and self._due():
             self.flush()
         self.steps.add(row)
         self._steps_since_flush += 1
@@ -87,13 +136,30 @@ class TraceWriter:
     def add_load(self, row: dict[str, Any]) -> None:
         self.loads.add(row)
 
+    def add_routing_columns(self, columns: dict[str, list[Any]], n: int) -> None:
+        """Add n routing rows given column-wise (cheaper than n dicts for wide prefills)."""
+        self.routing.extend(columns, n)
+
+    def _due(self) -> bool:
+        if self.min_interval_s <= 0 and not self.max_flush_fraction:
+            return True
+        gap = self.min_interval_s
+        if self.max_flush_fraction:
+            gap = max(gap, self._last_flush_cost / self.max_flush_fraction)
+        return time.perf_counter() - self._last_flush_end >= gap
+
     def flush(self) -> None:
+        t0 = time.perf_counter()
         for name, table in ((STEPS_FILE, self.steps), (ROUTING_FILE, self.routing),
                             (LOADS_FILE, self.loads)):
             frame = table.frame()
             write_atomic(self.dir / name, frame.write_parquet)
         write_json_atomic(self.dir / RUN_FILE, self.run.to_dict())
         self._steps_since_flush = 0
+        self._last_flush_end = time.perf_counter()
+        self._last_flush_cost = self._last_flush_end - t0
+        self.flush_s += self._last_flush_cost
+        self.flushes += 1
 
     def close(self) -> None:
         if self.closed:

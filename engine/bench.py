@@ -1,0 +1,439 @@
+"""`ssdmoe bench`: every arm on the same prompts in one invocation, each arm in its own process,
+arm order rotated per round, warm-up excluded, medians over rounds.
+
+Arms:
+  resident         plain mlx-lm: the model fully loaded, `mlx_lm.generate_step` (its one-step
+                   async lookahead included): the honest baseline
+  engine-resident  the same resident model through engine.generate (no lookahead, per-step
+                   timing): separates the loop's cost from the streaming machinery's
+  on-demand        streaming, exact path everywhere (preset on-demand)
+  hot              whole-layer prefill + hot LRU decode (preset hot)
+  staged           whole-layer prefill + staged decode filled on demand (preset staged)
+  staged-oracle    staged decode filled one token ahead from routing recorded in an untimed
+                   identical run: what a perfect prerouter would give (an upper bound)
+
+Per arm: decode and prefill tok/s, MLX peak and process peak RSS (reset after warm-up),
+blocked ms per decode step (main thread waiting on expert loads), loads and cold MiB per
+decode step, app-cache hits/misses, ratio to `resident`, and the bound
+max(compute time, cold bytes / disk bandwidth) per decode step, where compute time is the
+resident arm's step time and disk bandwidth is measured in the same run (O_DIRECT sequential
+reads of the expert files, which do not touch the page cache).
+
+Warm: the parent reads every expert file before each streaming arm (page cache warm).
+With a page-cache budget: the streaming arm's store drops the expert files' pages when it
+opens and keeps them within the budget; after warm-up it drops them again, so every arm's
+timed run starts from the same (cold) state."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ARMS = ("resident", "engine-resident", "on-demand", "hot", "staged", "staged-oracle")
+DEFAULT_ARMS = ("resident", "on-demand", "hot", "staged")
+STREAMING = {"on-demand": "on-demand", "hot": "hot", "staged": "staged",
+             "staged-oracle": "staged"}
+PROMPTS = Path(__file__).resolve().parents[1] / "traces" / "prompts" / "default.jsonl"
+
+
+@dataclass
+class BenchSpec:
+    model: str
+    arms: list[str] = field(default_factory=lambda: list(DEFAULT_ARMS))
+    prompts: list[str] = field(default_factory=list)
+    max_tokens: int = 64
+    rounds: int = 3
+    page_cache_budget: int | None = None
+    warmup_tokens: int = 8
+    timeout_s: int = 900
+
+
+# ---------------------------------------------------------------- helpers (no MLX)
+
+
+def expert_files(model: Path) -> list[Path]:
+    from engine.manifest import read_manifest
+
+    m = read_manifest(model)
+    return [m.path(m.layers[i].file) for i in m.moe_layers]
+
+
+def expert_bytes(model: Path) -> int:
+    from engine.manifest import read_manifest
+
+    m = read_manifest(model)
+    return m.bundle_bytes * m.num_experts * len(m.layers)
+
+
+def disk_bandwidth(files: list[Path], min_bytes: int = 256 << 20, min_s: float = 1.0,
+                   block: int = 4 << 20) -> float:
+    """Bytes/s of O_DIRECT sequential reads of `files` (cycled until both `min_bytes` and
+    `min_s` are reached, at most 1 GiB): the disk, not the page cache (O_DIRECT never hits it).
+    Where O_DIRECT is refused, buffered reads after dropping each file's pages."""
+    buf = mmap.mmap(-1, block)  # page aligned, as O_DIRECT needs
+    total, t0 = 0, time.perf_counter()
+    while total < min(min_bytes, 1 << 30) or (time.perf_counter() - t0 < min_s
+                                              and total < 1 << 30):
+        for f in files:
+            try:
+                fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+            except OSError:
+                fd = os.open(f, os.O_RDONLY)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            try:
+                off = 0
+                while (n := os.preadv(fd, [buf], off)) > 0:
+                    off += n
+                    total += n
+            finally:
+                os.close(fd)
+    return total / max(time.perf_counter() - t0, 1e-9)
+
+
+def warm_files(files: list[Path]) -> None:
+    """Read every file once, buffered: its pages end up in the page cache."""
+    for f in files:
+        with open(f, "rb") as fh:
+            while fh.read(8 << 20):
+                pass
+
+
+def parse_bytes(text: str, expert_total: int) -> int:
+    """'123', '64M', '1.5G', '256MiB' or 'N%' (of the model's expert bytes)."""
+    from ssdmoe_cli.errors import BadInput
+
+    t = text.strip()
+    try:
+        if t.endswith("%"):
+            return int(expert_total * float(t[:-1]) / 100)
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        t = t.removesuffix("iB").removesuffix("B")
+        if t and t[-1].upper() in units:
+            return int(float(t[:-1]) * units[t[-1].upper()])
+        return int(t)
+    except ValueError:
+        raise BadInput(f"--page-cache-budget {text!r}: not a size (bytes, 64M, 1G or 25%)") \
+            from None
+
+
+def load_prompts(path: Path, n: int) -> list[str]:
+    from ssdmoe_cli.errors import BadInput
+
+    if not path.is_file():
+        raise BadInput(f"{path}: missing (prompts file, one JSON object with 'prompt' a line)")
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(str(json.loads(line)["prompt"]))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise BadInput(f"{path}: line {i}: expected {{\"prompt\": ...}}") from None
+    if not out:
+        raise BadInput(f"{path}: no prompts")
+    return out[:n]
+
+
+# ---------------------------------------------------------------- worker (one arm, own process)
+
+
+def _rss_peak() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _reset_rss_peak() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _resident_run(model, tok, prompt: str, n: int) -> dict:
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    ids = tok.encode(prompt)
+    tokens = []
+    t0 = time.perf_counter()
+    t1 = t0
+    for i, (t, _) in enumerate(generate_step(mx.array(ids), model, max_tokens=n)):
+        if i == 0:
+            t1 = time.perf_counter()
+        tokens.append(int(t))
+    t2 = time.perf_counter()
+    return {"prompt_tokens": len(ids), "prefill_s": t1 - t0, "decode_s": t2 - t1,
+            "decode_steps": len(tokens) - 1, "tokens": tokens}
+
+
+def run_arm(spec: dict) -> dict:
+    """Worker body: load the arm's model, warm up, run the prompts, return measurements."""
+    import mlx.core as mx
+
+    from engine.config import EngineConfig
+    from engine.generate import generate
+    from engine.loader import load_resident, load_streaming, streaming_blocks
+    from engine.prefetch import RoutingReplay
+
+    arm, model_dir, n = spec["arm"], spec["model"], spec["max_tokens"]
+    prompts = spec["prompts"]
+    t_load = time.perf_counter()
+    loads: list[dict] = []
+    store = rt = None
+    if arm in ("resident", "engine-resident"):
+        model, tok = load_resident(model_dir)
+    else:
+        config = EngineConfig.from_preset(STREAMING[arm],
+                                          page_cache_budget=spec["page_cache_budget"],
+                                          lead=1 if arm == "staged-oracle" else 0)
+        model, tok, store = load_streaming(model_dir, config=config, on_load=loads.append)
+        rt = store.runtime
+    load_s = time.perf_counter() - t_load
+
+    def engine_run(prompt: str, tokens: int, **kw) -> dict:
+        r = generate(model, tok, prompt, tokens, stop_at_eos=False, store=store, **kw)
+        steps = [s for s in r.steps if s["phase"] == "decode"]
+        return {"prompt_tokens": r.prompt_tokens, "prefill_s": r.prefill_s,
+                "decode_s": r.decode_s, "decode_steps": len(steps), "tokens": r.tokens,
+                "decode_step_ids": [s["step"] for s in steps]}
+
+    def run(prompt: str, tokens: int, replay=None) -> dict:
+        if arm == "resident":
+            return _resident_run(model, tok, prompt, tokens)
+        if replay is not None:
+            return engine_run(prompt, tokens, on_step_start=replay.driver(rt.staged()))
+        return engine_run(prompt, tokens)
+
+    # Warm-up (JIT-compiles MLX kernels, fills slots/LRU rows): not timed.
+    run(prompts[0], spec["warmup_tokens"])
+    replays = []
+    if arm == "staged-oracle":  # record each prompt's routing in an identical untimed run
+        for p in prompts:
+            replay = RoutingReplay()
+            on_start, on_routing, finish = replay.recorder()
+            for b in streaming_blocks(model).values():
+                b.on_routing = on_routing
+            engine_run(p, n, on_step_start=on_start)
+            finish()
+            replays.append(replay)
+        for b in streaming_blocks(model).values():
+            b.on_routing = None
+    if store is not None and spec["page_cache_budget"] is not None:
+        store.drop_page_cache()
+    mx.reset_peak_memory()
+    _reset_rss_peak()
+    loads.clear()
+    before = rt.stats.snapshot() if rt else {}
+    results = []
+    for i, p in enumerate(prompts):
+        first = len(loads)
+        r = run(p, n, replays[i] if replays else None)
+        if arm == "staged-oracle":
+            for path in rt.staged().values():
+                path.verify()
+        decode_ids = set(r.pop("decode_step_ids", []))
+        rows = [x for x in loads[first:] if x["step"] in decode_ids]
+        r["decode_loads"] = len(rows)
+        r["decode_blocked_ns"] = sum(x["wait_ns"] for x in rows)
+        r["decode_cold_bytes"] = sum(x["bytes"] for x in rows if x["cold"])
+        r["decode_bytes"] = sum(x["bytes"] for x in rows)
+        results.append(r)
+    stats = rt.stats.delta(rt.stats.snapshot(), before) if rt else {}
+    out = {
+        "arm": arm, "load_s": load_s, "prompts": results, "stats": stats,
+        "peak_mlx_bytes": int(mx.get_peak_memory()), "peak_rss_bytes": _rss_peak(),
+        "buffer_bytes": rt.buffer_bytes() if rt else {},
+        "config": rt.config.to_dict() if rt else None,
+    }
+    if store is not None:
+        store.close()
+    return out
+
+
+def worker_main(argv: list[str]) -> None:
+    spec = json.loads(Path(argv[0]).read_text())
+    result = run_arm(spec)
+    Path(argv[1]).write_text(json.dumps(result))
+
+
+# ---------------------------------------------------------------- parent
+
+
+def summarize_arm(runs: list[dict]) -> dict:
+    """Medians over rounds of the per-round totals."""
+    def per_round(r: dict) -> dict:
+        ps = r["prompts"]
+        steps = sum(p["decode_steps"] for p in ps)
+        dec_s = sum(p["decode_s"] for p in ps)
+        return {
+            "decode_tok_s": steps / dec_s if dec_s > 0 else 0.0,
+            "prefill_tok_s": sum(p["prompt_tokens"] for p in ps) / sum(p["prefill_s"] for p in ps),
+            "step_ms": 1e3 * dec_s / max(steps, 1),
+            "blocked_ms_per_step": sum(p["decode_blocked_ns"] for p in ps) / 1e6 / max(steps, 1),
+            "loads_per_step": sum(p["decode_loads"] for p in ps) / max(steps, 1),
+            "cold_mib_per_step": sum(p["decode_cold_bytes"] for p in ps) / 2**20 / max(steps, 1),
+            "mib_per_step": sum(p["decode_bytes"] for p in ps) / 2**20 / max(steps, 1),
+            "peak_mlx_bytes": r["peak_mlx_bytes"], "peak_rss_bytes": r["peak_rss_bytes"],
+            "cache_hits": r["stats"].get("cache_hits", 0),
+            "cache_misses": r["stats"].get("cache_misses", 0),
+        }
+    rows = [per_round(r) for r in runs]
+    out = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+    out["decode_tok_s_rounds"] = [row["decode_tok_s"] for row in rows]
+    out["buffer_bytes"] = runs[0]["buffer_bytes"]
+    return out
+
+
+def add_bounds(summary: dict[str, dict], bandwidth: float) -> None:
+    """ratio to resident, and the bound max(compute, cold bytes / bandwidth) per step."""
+    base = summary.get("resident")
+    compute_ms = base["step_ms"] if base else None
+    for s in summary.values():
+        s["ratio_to_resident"] = s["decode_tok_s"] / base["decode_tok_s"] if base else None
+        if compute_ms is None:
+            continue
+        disk_ms = 1e3 * s["cold_mib_per_step"] * 2**20 / bandwidth
+        bound_ms = max(compute_ms, disk_ms)
+        s["bound_ms_per_step"] = bound_ms
+        s["bound_tok_s"] = 1e3 / bound_ms
+        s["of_bound"] = s["decode_tok_s"] / s["bound_tok_s"]
+
+
+def run_bench(spec: BenchSpec, progress=None) -> dict:
+    import tempfile
+
+    model = Path(spec.model)
+    files = expert_files(model)
+    bandwidth = disk_bandwidth(files)
+    runs: dict[str, list[dict]] = {a: [] for a in spec.arms}
+    order_log = []
+    tokens: dict[str, list] = {}
+    with tempfile.TemporaryDirectory(prefix="ssdmoe-bench-") as tmp:
+        for r in range(spec.rounds):
+            order = spec.arms[r % len(spec.arms):] + spec.arms[:r % len(spec.arms)]
+            order_log.append(order)
+            for arm in order:
+                if progress:
+                    progress(f"round {r + 1}/{spec.rounds}: {arm}")
+                if arm in STREAMING and spec.page_cache_budget is None:
+                    warm_files(files)
+                result = _spawn(arm, spec, Path(tmp))
+                runs[arm].append(result)
+                tokens.setdefault(arm, [p["tokens"] for p in result["prompts"]])
+    summary = {a: summarize_arm(runs[a]) for a in spec.arms}
+    add_bounds(summary, bandwidth)
+    ref = next(iter(tokens.values()))
+    return {
+        "model": str(model), "arms": spec.arms, "rounds": spec.rounds,
+        "max_tokens": spec.max_tokens, "prompts": spec.prompts,
+        "page_cache_budget": spec.page_cache_budget, "expert_bytes": expert_bytes(model),
+        "disk_bandwidth_bytes_s": bandwidth, "order": order_log,
+        "tokens_identical": all(t == ref for t in tokens.values()),
+        "summary": summary, "runs": runs, "machine": _machine(),
+    }
+
+
+def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
+    from ssdmoe_cli.errors import BadInput
+
+    spec_file, out_file = tmp / f"{arm}.spec.json", tmp / f"{arm}.out.json"
+    out_file.unlink(missing_ok=True)
+    spec_file.write_text(json.dumps({
+        "arm": arm, "model": spec.model, "prompts": spec.prompts, "max_tokens": spec.max_tokens,
+        "page_cache_budget": spec.page_cache_budget, "warmup_tokens": spec.warmup_tokens}))
+    cmd = [sys.executable, "-m", "engine.bench", str(spec_file), str(out_file)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=spec.timeout_s)
+    except subprocess.TimeoutExpired:
+        raise BadInput(f"bench arm {arm}: timed out after {spec.timeout_s} s") from None
+    if p.returncode != 0 or not out_file.exists():
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BadInput(f"bench arm {arm}: worker failed ({last})")
+    return json.loads(out_file.read_text())
+
+
+def _machine() -> dict:
+    import platform
+
+    return {"platform": platform.platform(), "cpus": os.cpu_count(),
+            "python": platform.python_version()}
+
+
+# ---------------------------------------------------------------- report
+
+
+def table_rows(result: dict) -> list[list[str]]:
+    rows = []
+    for arm, s in result["summary"].items():
+        ratio = s.get("ratio_to_resident")
+        rows.append([
+            arm, f"{s['decode_tok_s']:.1f}", f"{s['prefill_tok_s']:.1f}",
+            "-" if ratio is None else f"{ratio:.2f}x",
+            f"{s['blocked_ms_per_step']:.2f}", f"{s['loads_per_step']:.1f}",
+            f"{s['cold_mib_per_step']:.2f}",
+            f"{s['peak_mlx_bytes'] / 2**20:.0f}", f"{s['peak_rss_bytes'] / 2**20:.0f}",
+            "-" if "bound_tok_s" not in s else f"{s['bound_tok_s']:.1f}",
+            "-" if "of_bound" not in s else f"{s['of_bound']:.2f}",
+        ])
+    return rows
+
+
+HEADERS = ["arm", "decode tok/s", "prefill tok/s", "vs resident", "blocked ms/step",
+           "loads/step", "cold MiB/step", "MLX peak MiB", "RSS peak MiB", "bound tok/s",
+           "of bound"]
+
+
+def markdown_table(result: dict) -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(result)]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = list(result["summary"])
+    s = result["summary"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    x = range(len(arms))
+    a1.bar(x, [s[a]["decode_tok_s"] for a in arms], color="tab:blue", label="measured")
+    bounds = [s[a].get("bound_tok_s") for a in arms]
+    if all(b is not None for b in bounds):
+        a1.scatter(x, bounds, color="black", marker="_", s=600, label="bound", zorder=3)
+    a1.set_xticks(list(x), arms, rotation=30, ha="right")
+    a1.set_ylabel("decode tok/s (median)")
+    a1.legend()
+    a2.bar(x, [s[a]["prefill_tok_s"] for a in arms], color="tab:orange")
+    a2.set_xticks(list(x), arms, rotation=30, ha="right")
+    a2.set_ylabel("prefill tok/s (median)")
+    budget = result["page_cache_budget"]
+    fig.suptitle(f"{Path(result['model']).name}: "
+                 + ("page cache warm" if budget is None else f"page-cache budget "
+                    f"{budget / 2**20:.0f} MiB ({100 * budget / result['expert_bytes']:.0f}% "
+                    "of experts)"))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    worker_main(sys.argv[1:])

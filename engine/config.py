@@ -1,0 +1,120 @@
+"""Engine configuration, one dataclass: which execution path runs each layer in each phase,
+cache sizes, readers, I/O mode. Presets name the usual combinations; `to_dict()` is what a
+trace's run.json records. No MLX here.
+
+Paths: "exact" (on-demand, the correctness baseline), "hot" (shared byte-bounded LRU),
+"staged" (fixed sticky slots, filled by reader threads), "whole-layer" (nine large reads per
+layer, read ahead of compute; meant for prefill). The phase of a call is "prefill" when it
+carries more than one token, else "decode" (the StreamingMoE rule). Every path computes the
+same numbers, so any mix gives the same tokens."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+
+from ssdmoe_cli.errors import BadInput
+
+PATHS = ("exact", "hot", "staged", "whole-layer")
+PHASES = ("prefill", "decode")
+HOT_FRACTION = 0.25  # default hot LRU budget: this fraction of all expert bytes
+
+PRESETS: dict[str, dict] = {
+    "on-demand": {"prefill": "exact", "decode": "exact"},
+    "hot": {"prefill": "whole-layer", "decode": "hot"},
+    "staged": {"prefill": "whole-layer", "decode": "staged"},
+}
+
+
+@dataclass
+class EngineConfig:
+    preset: str = "custom"
+    prefill: str = "exact"  # path of multi-token calls
+    decode: str = "exact"  # path of single-token calls
+    layers: dict[int, dict[str, str]] = field(default_factory=dict)  # {layer: {phase: path}}
+    hot_bytes: int | None = None  # hot LRU budget in bytes; None: HOT_FRACTION of the experts
+    staged_headroom: int | None = None  # staged slots = K + headroom; None: K (double buffer)
+    readers: int = 2  # reader threads
+    help_reads: bool = True  # main thread does a needed read no reader has started yet
+    o_direct: bool = False
+    page_cache_budget: int | None = None  # bytes of expert pages kept in the page cache
+    prerouter: bool = False  # placeholder: no prerouter yet
+    lead: int = 0  # tokens of staged lookahead (1 with a prerouter); 0 = fill on demand
+
+    def __post_init__(self) -> None:
+        self.layers = {int(k): dict(v) for k, v in self.layers.items()}
+        for where, p in [("prefill", self.prefill), ("decode", self.decode)] + [
+                (f"layer {i} {ph}", p) for i, d in self.layers.items() for ph, p in d.items()]:
+            if p not in PATHS:
+                raise BadInput(f"engine config: {where} path {p!r} unknown "
+                               f"(one of: {', '.join(PATHS)})")
+        for i, d in self.layers.items():
+            bad = set(d) - set(PHASES)
+            if bad:
+                raise BadInput(f"engine config: layer {i}: unknown phase {sorted(bad)[0]!r}")
+        if self.readers < 1:
+            raise BadInput(f"engine config: readers must be >= 1, got {self.readers}")
+        if self.lead not in (0, 1):
+            raise BadInput(f"engine config: lead must be 0 or 1, got {self.lead}")
+        if self.staged_headroom is not None and self.staged_headroom < 0:
+            raise BadInput(f"engine config: staged headroom must be >= 0, got "
+                           f"{self.staged_headroom}")
+
+    # ------------------------------------------------------------ construction
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> EngineConfig:
+        if name not in PRESETS:
+            raise BadInput(f"--preset {name!r}: unknown (one of: {', '.join(PRESETS)})")
+        known = {f.name for f in fields(cls)}
+        bad = set(overrides) - known
+        if bad:
+            raise TypeError(f"EngineConfig has no field {sorted(bad)[0]!r}")
+        return cls(preset=name, **{**PRESETS[name], **overrides})
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EngineConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def with_(self, **changes) -> EngineConfig:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["layers"] = {str(k): v for k, v in sorted(self.layers.items())}
+        return d
+
+    # ------------------------------------------------------------ queries
+
+    def path_for(self, layer: int, phase: str) -> str:
+        return self.layers.get(layer, {}).get(phase, self.prefill if phase == "prefill"
+                                              else self.decode)
+
+    def uses(self, path: str, layers) -> bool:
+        return any(self.path_for(i, ph) == path for i in layers for ph in PHASES)
+
+    def resolved_hot_bytes(self, expert_bytes: int) -> int:
+        return self.hot_bytes if self.hot_bytes is not None else int(expert_bytes * HOT_FRACTION)
+
+    def validate(self, manifest) -> None:
+        """Budgets against the model: each must hold at least one layer's decode working set
+        (K bundles). Raises BadInput naming the minimum."""
+        need = manifest.top_k * manifest.bundle_bytes
+        what = f"one layer's working set: K={manifest.top_k} bundles of " \
+               f"{manifest.bundle_bytes} bytes = minimum {need} bytes"
+        for i in self.layers:
+            if i not in manifest.layers:
+                raise BadInput(f"engine config: layer {i} is not a MoE layer of this model "
+                               f"(MoE layers: {manifest.moe_layers})")
+        if self.page_cache_budget is not None and self.page_cache_budget < need:
+            raise BadInput(f"page-cache budget {self.page_cache_budget} bytes is smaller than "
+                           f"{what}")
+        expert_bytes = manifest.bundle_bytes * manifest.num_experts * len(manifest.layers)
+        hot = self.resolved_hot_bytes(expert_bytes)
+        if self.uses("hot", manifest.moe_layers) and hot < need:
+            raise BadInput(f"hot LRU budget {hot} bytes is smaller than {what}")
+        headroom = manifest.top_k if self.staged_headroom is None else self.staged_headroom
+        if self.lead and self.uses("staged", manifest.moe_layers) and headroom < manifest.top_k:
+            raise BadInput(f"staged headroom {headroom} is too small for lead {self.lead}: "
+                           f"minimum {manifest.top_k} (K), so the next token's slots never "
+                           "overwrite the current token's")

@@ -1,0 +1,112 @@
+"""The hot path: one LRU of expert bundles shared by every layer, bounded in BYTES, held in one
+preallocated stacked pool (rows = budget // bundle bytes). A call brings the routed ids to the
+host (a counted, timed sync), looks each distinct (layer, expert) up: hits use their pool row,
+misses are read by reader threads into the least recently used rows (evicting them), and the
+call gathers from the pool. A call with more distinct experts than the pool holds (a long
+prefill) falls back to the exact path for that call and leaves the pool alone.
+
+Overwriting a row is safe because the sync that starts every call evaluates everything
+upstream, including earlier layers' gathers from the pool; the rows of the current call are
+pinned while its misses pick victims."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import mlx.core as mx
+
+from engine.paths.exact import ExactPath
+from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
+from engine.paths.stats import PathStats, host_routed
+from engine.prefetch import ReaderPool
+from engine.store import ExpertStore
+from ssdmoe_cli.errors import BadInput
+
+
+def min_hot_bytes(store: ExpertStore) -> int:
+    """One layer's decode working set: K bundles."""
+    return store.manifest.top_k * store.manifest.bundle_bytes
+
+
+class HotPool:
+    def __init__(self, store: ExpertStore, readers: ReaderPool, stats: PathStats,
+                 budget_bytes: int):
+        m = store.manifest
+        shapes = {store.expert_shapes(i)[n] == store.expert_shapes(m.moe_layers[0])[n]
+                  for i in m.moe_layers for n in store.expert_shapes(i)}
+        if shapes != {True}:
+            raise BadInput(f"{m.path('manifest.json')}: the hot path needs every MoE layer's "
+                           "experts to have the same shapes")
+        need = min_hot_bytes(store)
+        if budget_bytes < need:
+            raise BadInput(f"hot LRU budget {budget_bytes} bytes is smaller than one layer's "
+                           f"working set: minimum {need} bytes (K={m.top_k} bundles of "
+                           f"{m.bundle_bytes} bytes)")
+        self.store, self.readers, self.stats = store, readers, stats
+        self.rows = min(budget_bytes // m.bundle_bytes, m.num_experts * len(m.moe_layers))
+        self.budget_bytes = budget_bytes
+        self.arrays, self.views = alloc_stack(store.expert_shapes(m.moe_layers[0]), self.rows)
+        self.targets = [row_views(self.views, r) for r in range(self.rows)]  # read targets
+        self.lru: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> row
+        self.free = list(range(self.rows - 1, -1, -1))
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.store.manifest.bundle_bytes
+
+    def rows_for(self, layer: int, experts: list[int]) -> dict[int, int] | None:
+        """{expert: row} with every expert resident (reads the misses, waits for them), or
+        None when the set is larger than the pool (caller falls back to exact)."""
+        if len(experts) > self.rows:
+            return None
+        out, missing = {}, []
+        for e in experts:
+            row = self.lru.get((layer, e))
+            if row is None:
+                missing.append(e)
+            else:
+                self.lru.move_to_end((layer, e))
+                out[e] = row
+        self.stats.cache_hits += len(out)
+        self.stats.cache_misses += len(missing)
+        tickets = []
+        for e in missing:
+            if self.free:
+                row = self.free.pop()
+            else:
+                victim = next(k for k in self.lru if k[0] != layer or k[1] not in out)
+                row = self.lru.pop(victim)
+                self.stats.cache_evictions += 1
+            out[e] = row
+            tickets.append((e, row, self.readers.submit_bundle(layer, e, self.targets[row])))
+        try:
+            self.readers.wait([t for _, _, t in tickets])
+        finally:
+            for e, row, t in tickets:
+                if t.error is None:
+                    self.lru[(layer, e)] = row
+                else:
+                    self.free.append(row)
+        return out
+
+
+class HotPath:
+    name = "hot"
+
+    def __init__(self, store: ExpertStore, layer: int, pool: HotPool):
+        self.store, self.layer, self.pool, self.stats = store, layer, pool, pool.stats
+        q = store.manifest.quantization
+        self.quant = Quant(q["group_size"], q["bits"], q.get("mode", "affine"))
+        self.exact = ExactPath(store, layer)
+
+    def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
+        host = host_routed(inds, self.stats)
+        flat = host.ravel().tolist()
+        experts = sorted(set(flat))
+        rows = self.pool.rows_for(self.layer, experts)
+        if rows is None:
+            self.stats.exact_fallbacks += 1
+            self.stats.cache_misses += len(experts)
+            return self.exact(x, inds)
+        local = mx.array([rows[e] for e in flat], dtype=mx.uint32).reshape(host.shape)
+        return switch_glu(x, self.pool.arrays, local, self.quant)

@@ -1,0 +1,186 @@
+"""The staged path, the decode workhorse: per layer a fixed stack of S = K + headroom slots,
+preallocated once. A slot table (an MLX uint32 array [E], expert id -> slot) maps routed ids
+to slots on the device with `take`, so the gather never needs the ids on the host. Experts
+that stay routed keep their slot ("sticky"); only changed slots are rewritten, in place, by
+reader threads doing `os.preadv` straight into the slot rows (the paper's incr_stack without
+its main-thread copy).
+
+Two ways the slots get filled:
+- on demand (no prerouter): the call brings the router's ids to the host (`host_routed`, a
+  host sync that is counted and timed), reads the missing experts into free slots, waits for
+  them, then gathers. The sync is the honest price of not knowing the routing ahead.
+- staged ahead (`stage(experts)`, driven by a prerouter, or today by `RoutingReplay`): the
+  next call's experts are read while the current step computes; the call then waits only for
+  reads still in flight and does NOT sync: routing stays on the device. The staged set is
+  checked against the router's actual ids after the step (`verify`, on already evaluated
+  arrays); a routed expert that was not staged raises, it is never silently dropped.
+
+Double buffering is per slot: new experts are only written into slots that no queued or
+in-flight call uses, so with headroom >= K a fill for step t+1 never touches step t's slots
+(or their table entries). Row S (one past the last slot) is all zeros and the table maps
+every absent expert to it, so an unstaged expert can only produce zeros, which `verify`
+turns into an error.
+
+A call whose distinct experts exceed the slots (a multi-token call) falls back to the exact
+path for that call; slots are left untouched."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import mlx.core as mx
+import numpy as np
+
+from engine.paths.exact import ExactPath
+from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
+from engine.paths.stats import PathStats, host_routed
+from engine.prefetch import ReaderPool, Ticket
+from engine.store import ExpertStore
+
+
+class StagingError(RuntimeError):
+    """The routing that a call executed was not what was staged for it."""
+
+
+class StagedPath:
+    name = "staged"
+
+    def __init__(self, store: ExpertStore, layer: int, readers: ReaderPool, stats: PathStats,
+                 headroom: int | None = None):
+        m = store.manifest
+        self.store, self.layer, self.readers, self.stats = store, layer, readers, stats
+        self.k = m.top_k
+        self.headroom = self.k if headroom is None else int(headroom)
+        if self.headroom < 0:
+            raise ValueError(f"staged headroom must be >= 0, got {self.headroom}")
+        self.slots = self.k + self.headroom
+        q = m.quantization
+        self.quant = Quant(q["group_size"], q["bits"], q.get("mode", "affine"))
+        # Slot rows 0..S-1 plus the zero row S that absent experts map to.
+        self.arrays, self.views = alloc_stack(store.expert_shapes(layer), self.slots + 1)
+        self.sentinel = self.slots
+        self.table = mx.full((m.num_experts,), self.sentinel, dtype=mx.uint32)
+        mx.eval(self.table)
+        self.table_np = np.asarray(self.table)  # zero-copy: host writes land in MLX memory
+        self.rows = [row_views(self.views, s) for s in range(self.slots)]  # read targets
+        # Host bookkeeping in plain lists: K is small, numpy per-call overhead is not.
+        self.expert_in = [-1] * self.slots  # slot -> expert (-1 empty)
+        self.ticket_of: dict[int, Ticket] = {}  # slot -> fill in flight / not yet waited
+        self.used_at = [0] * self.slots  # recency, for the victim choice
+        self.clock = 0
+        self.queue: deque[list[int]] = deque()  # staged sets (sorted ids), one per future call
+        self.checks: list[tuple[mx.array, list[int]]] = []  # (routed ids, staged set)
+        self.exact = ExactPath(store, layer)
+
+    # ------------------------------------------------------------ slot bookkeeping
+
+    def resident(self) -> dict[int, int]:
+        """{expert: slot} of filled slots (fills in flight included)."""
+        return {e: s for s, e in enumerate(self.expert_in) if e >= 0}
+
+    def _place(self, wanted: list[int], protected: set[int], source: str) -> list[Ticket]:
+        """Give every expert of `experts` a slot: survivors keep theirs, missing ones are read
+        into the least recently used slots outside `protected`, the survivors and slots with a
+        read in flight. Returns the tickets to wait on before these slots may be used."""
+        self.clock += 1
+        where = self.resident()
+        keep = {where[e] for e in wanted if e in where}
+        missing = [e for e in wanted if e not in where]
+        self.stats.cache_hits += len(wanted) - len(missing)
+        self.stats.cache_misses += len(missing)
+        banned = keep | protected | set(self.ticket_of)
+        order = sorted(range(self.slots), key=self.used_at.__getitem__)
+        free = [s for s in order if s not in banned and self.expert_in[s] < 0]
+        free += [s for s in order if s not in banned and self.expert_in[s] >= 0]
+        if len(free) < len(missing):
+            raise StagingError(
+                f"layer {self.layer}: {len(missing)} experts to stage but only {len(free)} free "
+                f"slots of {self.slots} (K={self.k} + headroom {self.headroom}); raise the "
+                "staged headroom")
+        for e, s in zip(missing, free, strict=False):
+            old = self.expert_in[s]
+            if old >= 0:
+                self.table_np[old] = self.sentinel
+                self.stats.cache_evictions += 1
+            self.expert_in[s] = e  # the table entry stays at the sentinel until the read lands
+            self.ticket_of[s] = self.readers.submit_bundle(self.layer, e, self.rows[s],
+                                                           source=source)
+            where[e] = s
+        slots = [where[e] for e in wanted]
+        for slot in slots:
+            self.used_at[slot] = self.clock
+        return [self.ticket_of[s] for s in slots if s in self.ticket_of]
+
+    def _settle(self, tickets: list[Ticket]) -> None:
+        """Wait for `tickets`; publish landed experts in the table; empty slots whose read
+        failed. Raises the first read error (after all of them are done)."""
+        mine = {id(t) for t in tickets}
+        try:
+            self.readers.wait(tickets)
+        finally:
+            for s, t in list(self.ticket_of.items()):
+                if id(t) not in mine:
+                    continue
+                del self.ticket_of[s]
+                if t.error is None:
+                    self.table_np[t.expert] = s
+                else:
+                    self.expert_in[s] = -1
+
+    # ------------------------------------------------------------ ahead (prerouter) side
+
+    def stage(self, experts) -> None:
+        """Queue the expert set of a future single-token call and start reading the missing
+        ones now, into slots that no queued or in-flight call uses. Does not block."""
+        experts = sorted({int(e) for e in experts})
+        where = self.resident()
+        protected = {where[e] for staged in self.queue for e in staged if e in where}
+        self._place(experts, protected, source="prefetch")
+        self.queue.append(experts)
+
+    def verify(self) -> None:
+        """Check that every routed expert of the calls since the last verify was staged (the
+        routed ids are evaluated by now: no pipeline break). Raises StagingError otherwise."""
+        checks, self.checks = self.checks, []
+        for inds, staged in checks:
+            lost = sorted(set(np.array(inds).ravel().tolist()) - set(staged))
+            if lost:
+                raise StagingError(f"layer {self.layer}: routed experts {lost} were not "
+                                   f"staged (staged {staged}): output would be wrong")
+
+    def reset(self) -> None:
+        """Forget queued sets and settle reads in flight (after a failed request), so the
+        path is consistent for the next request."""
+        self.queue.clear()
+        self.checks.clear()
+        try:
+            self._settle(list(self.ticket_of.values()))
+        except Exception:  # noqa: BLE001 - the failed request already reported it
+            pass
+
+    # ------------------------------------------------------------ the call
+
+    def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
+        tokens = inds.size // inds.shape[-1]
+        try:
+            if self.queue and tokens == 1:
+                staged = self.queue.popleft()
+                where = self.resident()
+                slots = [where[e] for e in staged]
+                self._settle([self.ticket_of[s] for s in slots if s in self.ticket_of])
+                self.checks.append((inds, staged))
+            else:
+                if self.queue:
+                    raise StagingError(f"layer {self.layer}: a {tokens}-token call while sets "
+                                       "are staged for single-token calls")
+                experts = sorted(set(host_routed(inds, self.stats).ravel().tolist()))
+                if len(experts) > self.slots:
+                    self.stats.exact_fallbacks += 1
+                    self.stats.cache_misses += len(experts)
+                    return self.exact(x, inds)
+                self._settle(self._place(experts, set(), source="demand"))
+        except BaseException:
+            self.reset()
+            raise
+        local = mx.take(self.table, inds)
+        return switch_glu(x, self.arrays, local, self.quant)

@@ -1,0 +1,53 @@
+"""Counters the execution paths share, per loaded model: app-cache hits/misses/evictions (hot
+LRU, staged slots), main-thread time blocked on expert loads, and host syncs of routed ids.
+
+Counters are cumulative and only ever grow; a consumer (the trace recorder, the benchmark)
+takes `snapshot()` at step start and end and keeps the difference (`delta`). Only the main
+thread updates them (paths run on the main thread; readers never touch them).
+
+Reach them from the store every path holds: `stats_for(store)`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class PathStats:
+    cache_hits: int = 0  # routed experts found resident (hot LRU row, staged slot)
+    cache_misses: int = 0  # routed experts that had to be read
+    cache_evictions: int = 0  # resident experts overwritten to make room
+    blocked_ns: int = 0  # main thread blocked waiting on reader threads
+    route_syncs: int = 0  # host syncs of routed ids (np.array(inds)): each evaluates the graph
+    route_sync_ns: int = 0  # time inside them (graph evaluation up to the router included)
+    exact_fallbacks: int = 0  # calls that fell back to the exact path (set too large to hold)
+
+    def snapshot(self) -> dict[str, int]:
+        return asdict(self)
+
+    @staticmethod
+    def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+        return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def stats_for(store) -> PathStats:
+    """The PathStats shared by every path reading through `store` (created on first use)."""
+    stats = getattr(store, "path_stats", None)
+    if stats is None:
+        stats = PathStats()
+        store.path_stats = stats
+    return stats
+
+
+def host_routed(inds, stats: PathStats):
+    """The routed ids on the host (np.ndarray). This is a host sync: it evaluates the graph up
+    to this layer's router and breaks MLX's build/evaluate overlap. Counted and timed."""
+    import time
+
+    import numpy as np
+
+    t0 = time.perf_counter_ns()
+    host = np.array(inds, copy=True)
+    stats.route_sync_ns += time.perf_counter_ns() - t0
+    stats.route_syncs += 1
+    return host

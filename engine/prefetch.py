@@ -1,0 +1,230 @@
+"""Reader threads and their queue: expert reads off the main thread.
+
+A `ReaderPool` runs `n` daemon threads ("reader-0", ...) that take read jobs from one queue and
+call `ExpertStore.read_bundle` / `read_layer` into PREALLOCATED buffers (slot rows, hot-pool
+rows, whole-layer stacks): `os.preadv` releases the GIL, so reads overlap with `mx.eval` on the
+main thread (machine-notes; allocating a fresh array per read does not overlap).
+
+`submit_*` returns a `Ticket` at once. The main thread calls `wait(tickets)` only for what it
+needs now; the time it is blocked is split over the tickets without overlap (tickets in finish
+order, each charged from max(wait start, previous finish) to its own finish, the wake-up
+latency to the last), so the load rows' `wait_ns` sum to the real blocked time. Rows are
+emitted from the main thread when waited on, with `step` = the step that consumed the load.
+A failed read re-raises its `ExpertReadError` (naming layer, expert and file) from `wait`,
+after every ticket of the batch has finished, so no reader still writes into a buffer that
+the caller is about to reuse.
+
+`RoutingReplay` stands in for the (future) prerouter: it replays routing recorded from an
+earlier identical greedy run and stages each decode step's experts one token ahead."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Mapping
+
+import numpy as np
+
+from engine.paths.stats import PathStats
+from engine.store import ExpertStore
+
+
+class Ticket:
+    __slots__ = ("layer", "expert", "source", "issued_ns", "event", "row", "error", "emitted",
+                 "into", "whole", "claimed")
+
+    def __init__(self, layer: int, expert: int, source: str, into, whole: bool):
+        self.layer, self.expert, self.source = layer, expert, source
+        self.into, self.whole = into, whole
+        self.issued_ns = time.perf_counter_ns()
+        self.event = threading.Event()
+        self.row: dict | None = None
+        self.error: BaseException | None = None
+        self.emitted = False
+        self.claimed = False  # a thread (reader or main) has taken this read
+
+    def done(self) -> bool:
+        return self.event.is_set()
+
+    def finished_ns(self) -> int:
+        return self.row["finished_ns"] if self.row else 0
+
+
+class ReaderPool:
+    """`help_main`: when the main thread must wait for a read that no reader has started yet
+    (readers busy, or not yet scheduled on a loaded machine), it does that read itself instead
+    of sleeping through a thread hand-off; reads a reader has started are waited for. Rows say
+    which thread read (`thread`)."""
+
+    def __init__(self, store: ExpertStore, n: int = 2, stats: PathStats | None = None,
+                 help_main: bool = True):
+        if n < 1:
+            raise ValueError(f"readers: need at least 1, got {n}")
+        self.store = store
+        self.stats = stats or PathStats()
+        self.n = n
+        self.help_main = help_main
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._claim_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []  # started on first use
+
+    def _start(self) -> None:
+        self._threads = [threading.Thread(target=self._run, args=(f"reader-{i}",),
+                                          name=f"reader-{i}", daemon=True)
+                         for i in range(self.n)]
+        for t in self._threads:
+            t.start()
+
+    # ------------------------------------------------------------ submit (main thread)
+
+    def _submit(self, t: Ticket) -> Ticket:
+        if not self._threads:
+            self._start()
+        self._q.put(t)
+        return t
+
+    def submit_bundle(self, layer: int, expert: int, into: Mapping[str, np.ndarray],
+                      source: str = "demand") -> Ticket:
+        return self._submit(Ticket(layer, expert, source, into, False))
+
+    def submit_layer(self, layer: int, into: Mapping[str, np.ndarray],
+                     source: str = "whole_layer") -> Ticket:
+        return self._submit(Ticket(layer, -1, source, into, True))
+
+    # ------------------------------------------------------------ wait (main thread)
+
+    def wait(self, tickets: list[Ticket]) -> int:
+        """Block until every ticket is done; emit their rows; return ns blocked. Raises the
+        first read error after all are done."""
+        if not tickets:
+            return 0
+        start = time.perf_counter_ns()
+        if self.help_main:
+            for t in tickets:
+                if not t.claimed and self._claim(t):
+                    self._execute(t, "main")
+        for t in tickets:
+            t.event.wait()
+        end = time.perf_counter_ns()
+        blocked = end - start if any(t.finished_ns() > start or t.error for t in tickets) else 0
+        ok = sorted((t for t in tickets if t.row is not None), key=Ticket.finished_ns)
+        prev = start
+        for i, t in enumerate(ok):
+            fin = end if i == len(ok) - 1 else t.finished_ns()
+            w = max(0, fin - max(prev, start)) if t.finished_ns() > start else 0
+            prev = max(prev, t.finished_ns())
+            self._emit(t, w)
+        self.stats.blocked_ns += blocked
+        for t in tickets:
+            if t.error is not None:
+                raise t.error
+        return blocked
+
+    def _emit(self, t: Ticket, wait_ns: int) -> None:
+        if t.emitted:
+            return
+        t.emitted = True
+        row = t.row
+        row["step"] = self.store.step
+        row["waited"] = wait_ns > 0
+        row["wait_ns"] = wait_ns
+        self.store.emit(row)
+
+    def drain(self, tickets) -> None:
+        """Wait for tickets without raising (cleanup after a failure)."""
+        for t in tickets:
+            t.event.wait()
+
+    # ------------------------------------------------------------ threads
+
+    def _claim(self, t: Ticket) -> bool:
+        with self._claim_lock:
+            if t.claimed:
+                return False
+            t.claimed = True
+            return True
+
+    def _execute(self, t: Ticket, name: str) -> None:
+        try:
+            if t.whole:
+                t.row = self.store.read_layer(t.layer, t.into, source=t.source, thread=name,
+                                              issued_ns=t.issued_ns, waited=False, emit=False)
+            else:
+                t.row = self.store.read_bundle(t.layer, t.expert, t.into, source=t.source,
+                                               thread=name, issued_ns=t.issued_ns,
+                                               waited=False, emit=False)
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting main thread
+            t.error = err
+        t.into = None
+        t.event.set()
+
+    def _run(self, name: str) -> None:
+        while True:
+            t = self._q.get()
+            if t is None:
+                return
+            if self._claim(t):
+                self._execute(t, name)
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._q.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+        self._threads = []
+
+
+class RoutingReplay:
+    """One-token-ahead staging from recorded routing: an oracle standing in for the prerouter
+    (same interface a prerouter will drive: `StagedPath.stage(experts)` for the next call).
+
+    `record(model)` returns callbacks that capture each single-token step's routed experts per
+    layer during a reference run; `driver(paths)` returns an `on_step_start` hook that, at the
+    start of decode step s, makes sure step s is staged and stages step s+1 (read by reader
+    threads while step s computes), and checks the previous step's routing was covered."""
+
+    def __init__(self):
+        self.routes: dict[tuple[int, int], list[int]] = {}  # (step, layer) -> experts
+        self._step = -1
+        self._tokens = 0
+
+    def recorder(self):
+        """(on_step_start, on_routing) hooks for the reference run (step numbers must match
+        the replay run's: same prompt, same generate arguments, greedy)."""
+        pending: list[tuple[int, object]] = []
+
+        def on_step_start(step: int, phase: str, tokens: int) -> None:
+            self._flush(pending)
+            self._step, self._tokens = step, tokens
+
+        def on_routing(layer: int, inds, weights) -> None:
+            if self._tokens == 1:
+                pending.append((layer, inds))
+
+        def finish() -> None:
+            self._flush(pending)
+
+        return on_step_start, on_routing, finish
+
+    def _flush(self, pending) -> None:
+        for layer, inds in pending:
+            self.routes[(self._step, layer)] = sorted(set(np.array(inds).ravel().tolist()))
+        pending.clear()
+
+    def driver(self, paths: dict):
+        """on_step_start hook driving `paths` ({layer: StagedPath}) one token ahead."""
+        staged: set[tuple[int, int]] = set()
+
+        def on_step_start(step: int, phase: str, tokens: int) -> None:
+            for layer, path in paths.items():
+                path.verify()
+                if tokens != 1:
+                    continue
+                for s in (step, step + 1):
+                    key = (s, layer)
+                    if key in self.routes and key not in staged:
+                        path.stage(self.routes[key])
+                        staged.add(key)
+
+        return on_step_start

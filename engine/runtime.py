@@ -1,0 +1,104 @@
+"""The per-model objects the execution paths share, built from an `EngineConfig`: the reader
+pool, the hot LRU pool, the whole-layer double stack, the counters, and one path per (layer,
+phase). `load_streaming` builds it and hangs it on the store (`store.runtime`), so whoever
+holds the store (the trace recorder, the benchmark) reaches the config and the counters:
+
+    rt = store.runtime
+    rt.config.to_dict()        # run.json "engine"
+    rt.stats.snapshot()        # cumulative cache_hits/misses/evictions, blocked_ns, ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.config import PHASES, EngineConfig
+from engine.paths.exact import ExactPath
+from engine.paths.hot import HotPath, HotPool
+from engine.paths.kernel import ExpertPath
+from engine.paths.staged import StagedPath
+from engine.paths.stats import PathStats, stats_for
+from engine.paths.whole_layer import WholeLayerLoader, WholeLayerPath
+from engine.prefetch import ReaderPool
+from engine.store import ExpertStore
+
+
+@dataclass
+class Runtime:
+    config: EngineConfig
+    store: ExpertStore
+    stats: PathStats
+    readers: ReaderPool
+    hot: HotPool | None = None
+    whole: WholeLayerLoader | None = None
+    paths: dict[tuple[int, str], ExpertPath] = field(default_factory=dict)
+
+    def path(self, layer: int, phase: str) -> ExpertPath:
+        return self.paths[(layer, phase)]
+
+    def staged(self, phase: str = "decode") -> dict[int, StagedPath]:
+        """{layer: StagedPath} of the layers running staged in `phase` (what a prerouter, or
+        prefetch.RoutingReplay, drives)."""
+        return {i: p for (i, ph), p in self.paths.items()
+                if ph == phase and isinstance(p, StagedPath)}
+
+    def buffer_bytes(self) -> dict[str, int]:
+        """Preallocated expert buffers by component (the streaming machinery's memory)."""
+        bundle = self.store.manifest.bundle_bytes
+        seen = {id(p): p for p in self.paths.values() if isinstance(p, StagedPath)}
+        return {
+            "hot": self.hot.nbytes if self.hot else 0,
+            "whole_layer": self.whole.nbytes if self.whole else 0,
+            "staged": sum((p.slots + 1) * bundle for p in seen.values()),
+        }
+
+    def reset(self) -> None:
+        """Settle reads in flight and drop queued staging (e.g. after a failed request)."""
+        for p in {id(p): p for p in self.paths.values()}.values():
+            if hasattr(p, "reset"):
+                p.reset()
+        if self.whole:
+            self.whole.reset()
+
+    def close(self) -> None:
+        self.readers.close()
+
+
+def build_runtime(config: EngineConfig, store: ExpertStore) -> Runtime:
+    m = store.manifest
+    config.validate(m)
+    stats = stats_for(store)
+    rt = Runtime(config, store, stats, ReaderPool(store, config.readers, stats, config.help_reads))
+    layers = m.moe_layers
+    if config.uses("hot", layers):
+        expert_bytes = m.bundle_bytes * m.num_experts * len(layers)
+        rt.hot = HotPool(store, rt.readers, stats, config.resolved_hot_bytes(expert_bytes))
+    if config.uses("whole-layer", layers):
+        rt.whole = WholeLayerLoader(store, rt.readers, stats)
+    shared: dict[tuple[int, str], ExpertPath] = {}  # one exact/hot/staged per layer
+    for phase in PHASES:
+        wl = [i for i in layers if config.path_for(i, phase) == "whole-layer"]
+        for i in layers:
+            kind = config.path_for(i, phase)
+            if kind == "whole-layer":
+                nxt = wl[wl.index(i) + 1] if wl.index(i) + 1 < len(wl) else None
+                rt.paths[(i, phase)] = WholeLayerPath(store, i, rt.whole, nxt)
+                continue
+            if (i, kind) not in shared:
+                if kind == "exact":
+                    shared[(i, kind)] = ExactPath(store, i)
+                elif kind == "hot":
+                    shared[(i, kind)] = HotPath(store, i, rt.hot)
+                else:
+                    shared[(i, kind)] = StagedPath(store, i, rt.readers, stats,
+                                                   config.staged_headroom)
+            rt.paths[(i, phase)] = shared[(i, kind)]
+    store.runtime = rt
+    close = store.close
+
+    def close_all() -> None:  # the store's owner closes the store; readers go with it
+        rt.close()
+        close()
+
+    store.close = close_all
+    return rt

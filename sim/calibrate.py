@@ -1,0 +1,479 @@
+"""Calibration, the simulator's side (no MLX): measure storage with plain syscalls, turn
+measurements into hardware-profile values with small closed-form fits, and write the profile
+TOML with every value commented with how it was measured and when.
+
+The compute and graph-building measurements need the real engine: engine/calibrate.py takes
+them and hands plain numbers to `hardware_from` / `model_build_ms` here.
+
+Storage (a scratch file next to the model, dropped from the page cache with
+fdatasync + POSIX_FADV_DONTNEED before every cold batch):
+  cold(size)   buffered pread at random offsets, POSIX_FADV_RANDOM (no readahead: what the
+               engine's ExpertStore does), every page cold; median per size
+  warm(size)   the same range read again (page-cache hit): the copy cost
+  direct_4k    O_DIRECT 4 KiB random reads, QD1: the device's per-request latency
+  direct_seq   O_DIRECT sequential 4 MiB reads of the whole file: the device's transfer rate
+  queue(n)     n threads each doing O_DIRECT random 1 MiB reads: aggregate throughput
+
+How the sim's load model (sim.loads) is fitted, per bundle load of `ranges` byte ranges (the
+streaming layout reads a bundle as 9 ranges, one per tensor):
+  warm(s) = a_w + s / memcpy                      -> memcpy_gbps; load_overhead = ranges x a_w
+  cold(s) = a_c + s / cold_rate                   -> ssd_bandwidth_gbps from 1/cold_rate - 1/memcpy
+  ssd_latency_ms = direct_4k median; cold_overhead = ranges x (a_c - a_w) - latency (the other
+  ranges' device round trips and the page-fault work of a cold read, on the reading thread)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import mmap
+import os
+import platform
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.scenario import HARDWARE_KEYS, MODEL_KEYS, Hardware, ModelProfile
+
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+ALIGN = 4096
+DEFAULT_SIZES = (64 * KIB, 256 * KIB, 1 * MIB, 2 * MIB, 4 * MIB, 8 * MIB)
+BUNDLE_RANGES = 9  # {gate,up,down} x {weight,scales,biases}: reads per bundle in the engine
+
+
+# ---------------------------------------------------------------------------------- storage
+
+
+@dataclass
+class StorageResult:
+    sizes: list[int]
+    cold_ms: list[float]  # median per size
+    warm_ms: list[float]
+    direct_4k_ms: float
+    direct_seq_gbps: float
+    queue_gbps: dict[int, float]  # threads -> aggregate GB/s (O_DIRECT random 1 MiB)
+    scratch: str
+    scratch_bytes: int
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _drop(fd: int) -> None:
+    os.fdatasync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def write_scratch(path: Path, nbytes: int, seed: int = 0) -> None:
+    """Incompressible bytes, synced to the device (dirty pages cannot be dropped)."""
+    rng = np.random.default_rng(seed)
+    chunk = 8 * MIB
+    with open(path, "wb") as f:
+        for _ in range(nbytes // chunk):
+            f.write(rng.integers(0, 256, chunk, dtype=np.uint8).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _pread_all(fd: int, buf: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(buf):
+        n = os.preadv(fd, [buf[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"short read at {offset + done}")
+        done += n
+
+
+def _offsets(rng: np.random.Generator, file_bytes: int, size: int, n: int) -> list[int]:
+    """n distinct non-overlapping aligned offsets for reads of `size` bytes."""
+    slot = -(-size // ALIGN) * ALIGN
+    slots = file_bytes // slot
+    pick = rng.choice(slots, size=min(n, slots), replace=False)
+    return [int(p) * slot for p in pick]
+
+
+def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: int,
+                   seed: int = 0) -> tuple[list[float], list[float]]:
+    """Median cold and warm buffered pread time (ms) per size."""
+    rng = np.random.default_rng(seed)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        file_bytes = os.fstat(fd).st_size
+        cold: dict[int, list[float]] = {s: [] for s in sizes}
+        warm: dict[int, list[float]] = {s: [] for s in sizes}
+        buf = np.empty(max(sizes), dtype=np.uint8)
+        for _ in range(rounds):
+            for size in sizes:
+                view = memoryview(buf)[:size]
+                offsets = _offsets(rng, file_bytes, size, per_size)
+                _drop(fd)
+                for off in offsets:
+                    t0 = time.perf_counter()
+                    _pread_all(fd, view, off)
+                    cold[size].append((time.perf_counter() - t0) * 1e3)
+                for off in offsets:
+                    t0 = time.perf_counter()
+                    _pread_all(fd, view, off)
+                    warm[size].append((time.perf_counter() - t0) * 1e3)
+        _drop(fd)
+        return ([statistics.median(cold[s]) for s in sizes],
+                [statistics.median(warm[s]) for s in sizes])
+    finally:
+        os.close(fd)
+
+
+def _direct_fd(path: Path) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except (OSError, AttributeError):
+        return None
+
+
+def direct_latency_ms(path: Path, n: int = 64, seed: int = 1) -> float | None:
+    """Median O_DIRECT 4 KiB random read, QD1 (None when O_DIRECT is refused)."""
+    fd = _direct_fd(path)
+    if fd is None:
+        return None
+    try:
+        buf = mmap.mmap(-1, ALIGN)
+        view = memoryview(buf)
+        rng = np.random.default_rng(seed)
+        times = []
+        for off in _offsets(rng, os.fstat(fd).st_size, ALIGN, n):
+            t0 = time.perf_counter()
+            _pread_all(fd, view, off)
+            times.append((time.perf_counter() - t0) * 1e3)
+        view.release()
+        return statistics.median(times)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def direct_sequential_gbps(path: Path, chunk: int = 4 * MIB) -> float | None:
+    fd = _direct_fd(path)
+    if fd is None:
+        return None
+    try:
+        buf = mmap.mmap(-1, chunk)
+        view = memoryview(buf)
+        size = os.fstat(fd).st_size // chunk * chunk
+        t0 = time.perf_counter()
+        for off in range(0, size, chunk):
+            _pread_all(fd, view, off)
+        seconds = time.perf_counter() - t0
+        view.release()
+        return size / seconds / 1e9
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def queue_throughput(path: Path, threads: tuple[int, ...] = (1, 2, 4, 8), size: int = MIB,
+                     per_thread: int = 12, seed: int = 2) -> dict[int, float]:
+    """Aggregate GB/s of n threads each doing O_DIRECT random reads of `size` (preadv releases
+    the GIL, so the threads really queue at the device)."""
+    out: dict[int, float] = {}
+    if _direct_fd_ok(path) is False:
+        return out
+    rng = np.random.default_rng(seed)
+    file_bytes = path.stat().st_size
+    for n in threads:
+        offsets = _offsets(rng, file_bytes, size, n * per_thread)
+        if len(offsets) < n * per_thread:
+            per = len(offsets) // n
+        else:
+            per = per_thread
+        parts = [offsets[i * per:(i + 1) * per] for i in range(n)]
+        barrier = threading.Barrier(n + 1)
+        errors: list[BaseException] = []
+
+        def work(mine: list[int]) -> None:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            buf = mmap.mmap(-1, size)
+            view = memoryview(buf)
+            try:
+                barrier.wait()
+                for off in mine:
+                    _pread_all(fd, view, off)
+            except BaseException as err:  # noqa: BLE001
+                errors.append(err)
+            finally:
+                view.release()
+                os.close(fd)
+
+        workers = [threading.Thread(target=work, args=(p,)) for p in parts]
+        for w in workers:
+            w.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for w in workers:
+            w.join()
+        seconds = time.perf_counter() - t0
+        if not errors and seconds > 0:
+            out[n] = n * per * size / seconds / 1e9
+    return out
+
+
+def _direct_fd_ok(path: Path) -> bool:
+    fd = _direct_fd(path)
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
+def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
+                    sizes: tuple[int, ...] = DEFAULT_SIZES, per_size: int = 8, rounds: int = 3,
+                    threads: tuple[int, ...] = (1, 2, 4, 8)) -> StorageResult:
+    """All storage measurements on a scratch file in `directory` (removed afterwards)."""
+    t0 = time.perf_counter()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f".ssdmoe-calibrate-{os.getpid()}.bin"
+    try:
+        write_scratch(path, scratch_bytes)
+        cold, warm = buffered_reads(path, sizes, per_size, rounds)
+        lat = direct_latency_ms(path)
+        seq = direct_sequential_gbps(path)
+        queue = queue_throughput(path, threads)
+    finally:
+        path.unlink(missing_ok=True)
+    notes = []
+    if lat is None or seq is None:
+        notes.append("O_DIRECT refused by this filesystem: latency and bandwidth from buffered "
+                     "cold reads only")
+    return StorageResult(list(sizes), cold, warm, lat if lat is not None else -1.0,
+                         seq if seq is not None else -1.0, queue, str(directory), scratch_bytes,
+                         time.perf_counter() - t0, notes)
+
+
+# ---------------------------------------------------------------------------------- fits
+
+
+def linear_fit(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of y = a + b x."""
+    xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if len(xs) < 2:
+        return float(ys.mean()), 0.0
+    b, a = np.polyfit(xs, ys, 1)
+    return float(a), float(b)
+
+
+@dataclass
+class ComputeResult:
+    """What engine/calibrate.py measures with the real engine (all ms, medians)."""
+    model: str  # converted model directory measured
+    layers: int
+    experts: int
+    bundle_bytes: int
+    resident_bytes: int
+    glu_ms: dict[int, float]  # K -> quantized SwiGLU of one token at K experts, one layer
+    build_ms_per_layer: float  # lazy graph of one decode step (resident mlx-lm model) / layers
+    engine_build_ms_per_layer: float  # the same through the streaming engine's exact path
+    non_moe_ms: float  # one decode step with the routed experts removed (router kept)
+    step_ms: float  # one full decode step's compute, experts resident, one eval per step
+    sync_ms: float = 0.0  # extra compute time per router host sync (one per layer)
+    synced_compute_ms: float = 0.0  # the step's compute with a host sync at every router
+    path_build_ms_per_layer: dict[str, float] = field(default_factory=dict)  # engine path ->
+    # main-thread CPU per layer net of waits on reads and router syncs
+    prefill_ms: float = 0.0  # one prefill chunk of prefill_tokens, experts resident
+    prefill_tokens: int = 0
+    warm_bundle_ms: float = 0.0  # one bundle read through the engine's store, page cache warm
+    cold_bundle_ms: float = 0.0  # the same right after dropping the expert files' pages
+    cold_bundles: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def storage_values(st: StorageResult, ranges: int = BUNDLE_RANGES) -> dict[str, tuple[Any, str]]:
+    """Hardware keys (storage part) -> (value, how it was derived)."""
+    sizes_mib = [s / MIB for s in st.sizes]
+    a_w, b_w = linear_fit(sizes_mib, st.warm_ms)
+    a_c, b_c = linear_fit(sizes_mib, st.cold_ms)
+    memcpy = MIB / (b_w / 1e3) / 1e9 if b_w > 0 else 0.0
+    dev_ms_per_mib = b_c - b_w
+    cold_rate = MIB / (dev_ms_per_mib / 1e3) / 1e9 if dev_ms_per_mib > 0 else None
+    seq = st.direct_seq_gbps if st.direct_seq_gbps > 0 else None
+    bandwidth = cold_rate or seq or 1.0
+    latency = st.direct_4k_ms if st.direct_4k_ms >= 0 else max(a_c - a_w, 0.0)
+    cold_over = max(ranges * (a_c - a_w) - latency, 0.0)
+    qd_best = max(st.queue_gbps.values()) if st.queue_gbps else 0.0
+    qd = min((n for n, g in st.queue_gbps.items() if g >= 0.9 * qd_best), default=1)
+    fmt_sizes = ", ".join(_size(s) for s in st.sizes)
+    cold_txt = ", ".join(f"{v:.3f}" for v in st.cold_ms)
+    warm_txt = ", ".join(f"{v:.3f}" for v in st.warm_ms)
+    queue_txt = ", ".join(f"{n}: {g:.2f}" for n, g in sorted(st.queue_gbps.items()))
+    return {
+        "ssd_bandwidth_gbps": (round(bandwidth, 3), (
+            f"buffered cold pread (FADV_RANDOM, after DONTNEED) slope minus warm slope: "
+            f"{dev_ms_per_mib:.3f} ms/MiB (cold {b_c:.3f}, warm {b_w:.3f} ms/MiB over sizes "
+            f"{fmt_sizes}); O_DIRECT sequential 4 MiB reads: {seq or float('nan'):.2f} GB/s")),
+        "ssd_latency_ms": (round(latency, 4), (
+            "median O_DIRECT 4 KiB random read, QD1" if st.direct_4k_ms >= 0
+            else "cold minus warm pread intercept (O_DIRECT refused)")),
+        "queue_depth": (int(qd), (
+            f"fewest threads reaching 90% of the best aggregate O_DIRECT random 1 MiB "
+            f"throughput (threads: GB/s = {queue_txt})")),
+        "load_overhead_ms": (round(ranges * max(a_w, 0.0), 4), (
+            f"{ranges} ranges per bundle x warm pread intercept {a_w * 1e3:.1f} us "
+            f"(warm pread ms by size: {warm_txt})")),
+        "cold_overhead_ms": (round(cold_over, 4), (
+            f"{ranges} x (cold - warm intercept = {(a_c - a_w) * 1e3:.1f} us) - one device "
+            f"latency (the bundle's other range round trips, page-cache fill) (cold pread ms "
+            f"by size: {cold_txt})")),
+        "memcpy_gbps": (round(memcpy, 3), "1 / slope of warm pread time vs size"),
+    }
+
+
+def compute_values(c: ComputeResult) -> dict[str, tuple[Any, str]]:
+    """Hardware keys (compute part) -> (value, how). The sim's decode compute per layer is
+    layer_overhead + resident/layers/bw (+ router sync) and expert_overhead + K x bundle/bw."""
+    ks = sorted(c.glu_ms)
+    e0, e1 = linear_fit([float(k) for k in ks], [c.glu_ms[k] for k in ks])
+    e1 = max(e1, 1e-6)
+    bw = c.bundle_bytes / (e1 / 1e3) / 1e9
+    resident_ms = c.resident_bytes / (bw * 1e9) * 1e3
+    layer_over = max((c.non_moe_ms - resident_ms) / c.layers, 0.0)
+    glu_txt = ", ".join(f"K={k}: {c.glu_ms[k]:.3f}" for k in ks)
+    return {
+        "mem_bandwidth_gbps": (round(bw, 4), (
+            f"bundle bytes ({c.bundle_bytes}) / per-expert slope {e1:.4f} ms of the quantized "
+            f"SwiGLU (engine.paths.kernel.switch_glu, 1 token) on {c.model}: ms {glu_txt}")),
+        "expert_overhead_ms": (round(max(e0, 0.0), 4), (
+            "intercept of the same fit: fixed time of one layer's expert computation")),
+        "layer_overhead_ms": (round(layer_over, 4), (
+            f"(decode step with routed experts removed {c.non_moe_ms:.2f} ms - resident bytes "
+            f"{c.resident_bytes} / mem_bandwidth = {resident_ms:.2f} ms) / {c.layers} layers; "
+            f"full step with experts {c.step_ms:.2f} ms")),
+    }
+
+
+def _size(n: int) -> str:
+    return f"{n // MIB} MiB" if n >= MIB and n % MIB == 0 else f"{n // KIB} KiB"
+
+
+# ---------------------------------------------------------------------------------- writers
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, float):
+        return repr(round(v, 6))
+    return str(v)
+
+
+def toml_text(header: list[str], values: dict[str, tuple[Any, str]], order: tuple[str, ...],
+              description: str) -> str:
+    """A profile file: header comment lines, description, then `key = value  # how`."""
+    lines = [f"# {h}" if h else "#" for h in header]
+    lines.append(f"description = {_toml_value(description)}")
+    width = max(len(f"{k} = {_toml_value(values[k][0])}") for k in order) + 2
+    for key in order:
+        value, how = values[key]
+        text = f"{key} = {_toml_value(value)}"
+        lines.append(f"{text:<{width}}# {how}" if how else text)
+    return "\n".join(lines) + "\n"
+
+
+def machine_line() -> str:
+    mem = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, "
+            f"{mem / GIB:.1f} GiB RAM, python {platform.python_version()}")
+
+
+def ram_gib() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) * 1024 / GIB, 2)
+    except OSError:
+        pass
+    return 16.0
+
+
+def hardware_values(st: StorageResult, c: ComputeResult, *, os_reserve_gib: float = 2.0,
+                    slot_update_ms: float | None = None) -> dict[str, tuple[Any, str]]:
+    values = {
+        "ram_gib": (ram_gib(), "/proc/meminfo MemTotal"),
+        "os_reserve_gib": (os_reserve_gib, "assumption (not measured): OS and other processes; "
+                           "a shared machine"),
+        **storage_values(st),
+        "readahead": (False, "the engine reads with POSIX_FADV_RANDOM: a cold read caches only "
+                      "its own pages"),
+        "cpu_factor": (1.0, "graph-building times in this machine's model profiles are measured "
+                       "here (the M-series reference is not measurable on this machine)"),
+        **compute_values(c),
+        "compute_tflops": (round(_prefill_tflops(c), 6), (
+            "prefill roofline: 2 x per-token expert FLOPs at K=8 / measured SwiGLU time "
+            "(quantized kernels are single-threaded here)")),
+        "slot_update_ms": (round(slot_update_ms if slot_update_ms is not None else 0.0, 4), (
+            "in-place write of one bundle into a stacked MLX slot buffer (preadv of a warm "
+            "bundle into np.asarray(slot row))" if slot_update_ms is not None else
+            "not measured")),
+    }
+    return values
+
+
+def _prefill_tflops(c: ComputeResult) -> float:
+    k = max(c.glu_ms)
+    # one expert = 3 projections; int4 weight bytes are 1/8 of the parameters' fp32 bytes,
+    # ~8/9 of a bundle is weight words -> params ~ 2 x bundle bytes x 8/9 ... use 2 nibbles/byte
+    params = c.bundle_bytes * 0.8 * 2
+    flops = 2 * params * k
+    return flops / (c.glu_ms[k] / 1e3) / 1e12
+
+
+HARDWARE_ORDER = tuple(k for k in HARDWARE_KEYS) + ()
+
+
+def hardware_toml(values: dict[str, tuple[Any, str]], name: str, when: str, command: str,
+                  extra_header: list[str] | None = None) -> str:
+    header = [f"{name}: measured by `{command}` on {when}.",
+              f"Machine: {machine_line()}.",
+              "Every value says how it was measured; figures drift on shared storage (re-run "
+              "to refresh).",
+              *(extra_header or [])]
+    order = tuple(k for k in HARDWARE_KEYS if k in values)
+    return toml_text(header, values, order, f"{name} (measured by ssdmoe calibrate, {when})")
+
+
+def write_hardware(path: Path, text: str) -> Path:
+    """Write atomically, then check that load_hardware accepts what was written."""
+    from sim.profiles import load_hardware
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(text)
+    try:
+        load_hardware(str(tmp))
+    except Exception:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
+    return path
+
+
+def now_text() -> str:
+    return _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+
+
+def as_dict(obj: Hardware | ModelProfile | StorageResult | ComputeResult) -> dict[str, Any]:
+    return asdict(obj)
+
+
+MODEL_ORDER = tuple(k for k in MODEL_KEYS)

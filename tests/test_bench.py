@@ -1,0 +1,75 @@
+"""`ssdmoe bench`: size parsing, the summary arithmetic against hand-computed values, and one
+small real run (two arms in their own processes, rotated order, JSON + PNG written, same
+greedy tokens in every arm)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.bench import add_bounds, parse_bytes, summarize_arm
+from ssdmoe_cli.errors import BadInput
+
+
+def test_parse_bytes():
+    assert parse_bytes("123", 0) == 123
+    assert parse_bytes("64M", 0) == 64 << 20
+    assert parse_bytes("1.5G", 0) == 3 << 29
+    assert parse_bytes("256MiB", 0) == 256 << 20
+    assert parse_bytes("25%", 1000) == 250
+    with pytest.raises(BadInput, match="not a size"):
+        parse_bytes("lots", 0)
+
+
+def _run(decode_s: float, steps: int, blocked_ns: int, cold: int) -> dict:
+    return {"prompts": [{"prompt_tokens": 10, "prefill_s": 0.5, "decode_s": decode_s,
+                         "decode_steps": steps, "decode_loads": 2 * steps,
+                         "decode_blocked_ns": blocked_ns, "decode_cold_bytes": cold,
+                         "decode_bytes": 2 * cold}],
+            "peak_mlx_bytes": 1, "peak_rss_bytes": 2, "stats": {}, "buffer_bytes": {}}
+
+
+def test_summary_medians_and_bound():
+    # three rounds of 10 decode steps: 1.0 s, 0.5 s, 0.4 s -> 10, 20, 25 tok/s; median 20
+    resident = summarize_arm([_run(1.0, 10, 0, 0), _run(0.5, 10, 0, 0), _run(0.4, 10, 0, 0)])
+    assert resident["decode_tok_s"] == 20 and resident["step_ms"] == 50
+    assert resident["prefill_tok_s"] == 20  # 10 prompt tokens in 0.5 s
+    # streaming: 4 tok/s, 3 MiB cold per step, 30 ms blocked per step
+    streamed = summarize_arm([_run(2.5, 10, 300_000_000, 30 << 20)] * 3)
+    assert streamed["decode_tok_s"] == 4
+    assert streamed["blocked_ms_per_step"] == 30 and streamed["cold_mib_per_step"] == 3
+    summary = {"resident": resident, "staged": streamed}
+    add_bounds(summary, bandwidth=30 * 2**20)  # 30 MiB/s: 3 MiB cold -> 100 ms > 50 ms compute
+    assert summary["staged"]["bound_ms_per_step"] == pytest.approx(100)
+    assert summary["staged"]["bound_tok_s"] == pytest.approx(10)
+    assert summary["staged"]["of_bound"] == pytest.approx(0.4)
+    assert summary["staged"]["ratio_to_resident"] == pytest.approx(0.2)
+    assert summary["resident"]["bound_tok_s"] == pytest.approx(20)  # compute bound
+
+
+@pytest.mark.slow  # four worker processes (one per arm and round), each imports MLX
+def test_bench_cli_small_run(tiny_random_converted, tmp_path, ssdmoe):
+    out = tmp_path / "b.json"
+    r = ssdmoe("bench", str(tiny_random_converted), "--arms", "resident,staged", "--rounds", "2",
+               "--max-tokens", "4", "--num-prompts", "1", "--page-cache-budget", "50%",
+               "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 1000
+    assert res["order"] == [["resident", "staged"], ["staged", "resident"]]
+    assert res["tokens_identical"] is True
+    assert res["page_cache_budget"] == res["expert_bytes"] // 2
+    assert res["runs"]["staged"][0]["config"]["page_cache_budget"] == res["page_cache_budget"]
+    assert res["runs"]["staged"][0]["config"]["preset"] == "staged"
+    s = res["summary"]
+    assert s["resident"]["ratio_to_resident"] == 1.0 and s["staged"]["decode_tok_s"] > 0
+    assert s["staged"]["loads_per_step"] > 0 and res["disk_bandwidth_bytes_s"] > 0
+    assert "| staged |" in r.stdout
+
+
+def test_bench_bad_input(tiny_random_converted, ssdmoe):
+    r = ssdmoe("bench", str(tiny_random_converted), "--arms", "resident,turbo")
+    assert r.returncode == 2 and "unknown arm 'turbo'" in r.stderr
+    r = ssdmoe("bench", str(tiny_random_converted), "--page-cache-budget", "10")
+    assert r.returncode == 2 and "minimum" in r.stderr

@@ -1,0 +1,148 @@
+"""The staged path: sticky slots (survivors keep their slot, only changed slots are read),
+the device slot table, exact fallback, one-token-ahead staging without host syncs, and the
+guarantees that staging never overwrites a queued set and never silently drops an expert."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from engine.config import EngineConfig
+from engine.generate import generate
+from engine.loader import load_streaming, streaming_blocks
+from engine.manifest import read_manifest
+from engine.paths.exact import ExactPath
+from engine.paths.staged import StagedPath, StagingError
+from engine.paths.stats import PathStats
+from engine.prefetch import ReaderPool, RoutingReplay
+from engine.store import ExpertStore
+
+PROMPT = "class LRUCache:\n    def __init__(self, capacity):"
+
+
+@pytest.fixture
+def env(tiny_random_converted):
+    rows: list[dict] = []
+    store = ExpertStore(read_manifest(tiny_random_converted), on_load=rows.append)
+    stats = PathStats()
+    readers = ReaderPool(store, 2, stats, help_main=False)  # fills on reader threads only
+    yield store, stats, readers, rows
+    readers.close()
+    store.close()
+
+
+def _call(path, store, experts, rng):
+    x = mx.array(rng.standard_normal((1, store.manifest.config["hidden_size"]))
+                 .astype(np.float32))
+    inds = mx.array(np.array([experts], dtype=np.uint32))
+    y = np.array(path(x, inds))
+    assert np.array_equal(y, np.array(ExactPath(store, path.layer)(x, inds)))
+
+
+def test_sticky_slots_and_table(env, tiny_random_converted):
+    store, stats, readers, rows = env
+    path = StagedPath(store, 1, readers, stats)  # K=4 + headroom 4 = 8 slots
+    rng = np.random.default_rng(0)
+    assert path.slots == 8
+    _call(path, store, [1, 2, 3, 4], rng)
+    first = path.resident()
+    rows.clear()
+    _call(path, store, [3, 4, 5, 6], rng)
+    after = path.resident()
+    assert after[3] == first[3] and after[4] == first[4]  # survivors keep their slot
+    assert sorted(r["expert"] for r in rows if r["thread"] != "main") == [5, 6]  # only changes
+    assert (stats.cache_hits, stats.cache_misses, stats.cache_evictions) == (2, 6, 0)
+    rows.clear()
+    _call(path, store, [7, 8, 9, 10], rng)  # 2 empty slots, then the 2 least recently used
+    assert stats.cache_evictions == 2 and 1 not in path.resident() and 2 not in path.resident()
+    table = np.array(path.table)
+    for e, s in path.resident().items():
+        assert table[e] == s
+    assert all(table[e] == path.sentinel for e in (1, 2))
+    ref = load_file(str(tiny_random_converted / store.manifest.layers[1].file))
+    for e, s in path.resident().items():
+        for n, v in path.views.items():
+            assert np.array_equal(v[s], ref[n][e])
+    assert all(not v[path.sentinel].any() for v in path.views.values())  # zero row
+
+
+def test_no_headroom_and_exact_fallback(env):
+    store, stats, readers, rows = env
+    path = StagedPath(store, 0, readers, stats, headroom=0)
+    rng = np.random.default_rng(1)
+    _call(path, store, [1, 2, 3, 4], rng)
+    s3 = path.resident()[3]
+    _call(path, store, [3, 4, 5, 6], rng)
+    assert path.resident()[3] == s3 and set(path.resident()) == {3, 4, 5, 6}
+    before = path.resident()
+    xs = mx.array(rng.standard_normal((3, store.manifest.config["hidden_size"]))
+                  .astype(np.float32))
+    big = mx.array(np.arange(12, dtype=np.uint32).reshape(3, 4))
+    assert np.array_equal(np.array(path(xs, big)), np.array(ExactPath(store, 0)(xs, big)))
+    assert stats.exact_fallbacks == 1 and path.resident() == before
+
+
+def test_staging_never_overwrites_queued_sets(env):
+    store, stats, readers, rows = env
+    path = StagedPath(store, 0, readers, stats)  # 8 slots
+    path.stage([1, 2, 3, 4])
+    path.stage([5, 6, 7, 8])  # the first set is queued: must land in the other 4 slots
+    assert len(set(path.resident().values())) == 8
+    with pytest.raises(StagingError, match="free slots"):
+        path.stage([9, 10, 11, 12])
+    assert all(r["source"] == "prefetch" for r in rows)
+
+
+def test_unstaged_expert_is_an_error_not_a_silent_drop(env):
+    store, stats, readers, rows = env
+    path = StagedPath(store, 0, readers, stats)
+    path.stage([1, 2, 3, 4])
+    rng = np.random.default_rng(2)
+    x = mx.array(rng.standard_normal((1, store.manifest.config["hidden_size"]))
+                 .astype(np.float32))
+    mx.eval(path(x, mx.array(np.array([[1, 2, 3, 9]], dtype=np.uint32))))
+    with pytest.raises(StagingError, match=r"routed experts \[9\] were not staged"):
+        path.verify()
+
+
+def test_one_token_ahead_no_host_sync_same_tokens(tiny_random_converted):
+    config = EngineConfig.from_preset("staged", lead=1, help_reads=False)
+    model, tok, store = load_streaming(tiny_random_converted, config=config)
+    rt = store.runtime
+    ref = generate(model, tok, PROMPT, 20, stop_at_eos=False, store=store)
+    # record the routing of an identical run, then replay it one token ahead
+    replay = RoutingReplay()
+    on_start, on_routing, finish = replay.recorder()
+    for block in streaming_blocks(model).values():
+        block.on_routing = on_routing
+    generate(model, tok, PROMPT, 20, stop_at_eos=False, store=store, on_step_start=on_start)
+    finish()
+    for block in streaming_blocks(model).values():
+        block.on_routing = None
+    loads: list[dict] = []
+    store.on_load = loads.append
+    before = rt.stats.snapshot()
+    out = generate(model, tok, PROMPT, 20, stop_at_eos=False, store=store,
+                   on_step_start=replay.driver(rt.staged()))
+    for p in rt.staged().values():
+        p.verify()
+    d = rt.stats.delta(rt.stats.snapshot(), before)
+    assert out.tokens == ref.tokens
+    assert d["route_syncs"] == 0  # routing never left the device
+    bundle_loads = [r for r in loads if r["expert"] >= 0]
+    assert bundle_loads and all(r["source"] == "prefetch" for r in bundle_loads)
+    assert all(r["thread"].startswith("reader-") for r in bundle_loads)
+    assert sum(r["wait_ns"] for r in loads if r["thread"] != "main") == d["blocked_ns"]
+    store.close()
+
+
+def test_main_thread_helps_only_with_unstarted_reads(env, monkeypatch):
+    store, stats, _, rows = env
+    idle = ReaderPool(store, 1, stats, help_main=True)
+    monkeypatch.setattr(idle, "_start", lambda: None)  # readers never run: main must read
+    path = StagedPath(store, 0, idle, stats)
+    _call(path, store, [1, 2, 3, 4], np.random.default_rng(3))
+    assert sorted(r["expert"] for r in rows if r["thread"] == "main") == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert all(r["waited"] for r in rows)
