@@ -6,6 +6,9 @@ Arms:
                    async lookahead included): the honest baseline
   engine-resident  the same resident model through engine.generate (no lookahead, per-step
                    timing): separates the loop's cost from the streaming machinery's
+  resident-sync    engine-resident plus one host sync of each MoE layer's router output per
+                   step, no loads: the price of knowing the routing only when it happens,
+                   which every on-demand arm (on-demand, hot, staged) pays
   on-demand        streaming, exact path everywhere (preset on-demand)
   hot              whole-layer prefill + hot LRU decode (preset hot)
   staged           whole-layer prefill + staged decode filled on demand (preset staged)
@@ -36,7 +39,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ARMS = ("resident", "engine-resident", "on-demand", "hot", "staged", "staged-oracle")
+ARMS = ("resident", "engine-resident", "resident-sync", "on-demand", "hot", "staged",
+        "staged-oracle")
 DEFAULT_ARMS = ("resident", "on-demand", "hot", "staged")
 STREAMING = {"on-demand": "on-demand", "hot": "hot", "staged": "staged",
              "staged-oracle": "staged"}
@@ -170,14 +174,39 @@ def _resident_run(model, tok, prompt: str, n: int) -> dict:
     ids = tok.encode(prompt)
     tokens = []
     t0 = time.perf_counter()
-    t1 = t0
+    t1, c1 = t0, time.process_time()
     for i, (t, _) in enumerate(generate_step(mx.array(ids), model, max_tokens=n)):
         if i == 0:
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
         tokens.append(int(t))
     t2 = time.perf_counter()
     return {"prompt_tokens": len(ids), "prefill_s": t1 - t0, "decode_s": t2 - t1,
-            "decode_steps": len(tokens) - 1, "tokens": tokens}
+            "decode_cpu_s": time.process_time() - c1, "decode_steps": len(tokens) - 1,
+            "tokens": tokens}
+
+
+def _sync_routers(model, model_dir: str) -> None:
+    """Make every MoE block bring its router logits to the host, as on-demand paths do."""
+    import mlx.nn as nn
+    import numpy as np
+
+    from engine.archs import ARCHS
+    from engine.manifest import read_manifest
+
+    class SyncedRouter(nn.Module):
+        def __init__(self, gate):
+            super().__init__()
+            self.inner = gate
+
+        def __call__(self, x):
+            out = self.inner(x)
+            np.array(out[0] if isinstance(out, tuple) else out)  # the host sync
+            return out
+
+    m = read_manifest(Path(model_dir))
+    for i in m.moe_layers:
+        block = getattr(model.layers[i], ARCHS[m.model_type].moe_attr)
+        block.gate = SyncedRouter(block.gate)
 
 
 def run_arm(spec: dict) -> dict:
@@ -194,8 +223,10 @@ def run_arm(spec: dict) -> dict:
     t_load = time.perf_counter()
     loads: list[dict] = []
     store = rt = None
-    if arm in ("resident", "engine-resident"):
+    if arm in ("resident", "engine-resident", "resident-sync"):
         model, tok = load_resident(model_dir)
+        if arm == "resident-sync":
+            _sync_routers(model, spec["model"])
     else:
         config = EngineConfig.from_preset(STREAMING[arm],
                                           page_cache_budget=spec["page_cache_budget"],
@@ -204,11 +235,21 @@ def run_arm(spec: dict) -> dict:
         rt = store.runtime
     load_s = time.perf_counter() - t_load
 
-    def engine_run(prompt: str, tokens: int, **kw) -> dict:
-        r = generate(model, tok, prompt, tokens, stop_at_eos=False, store=store, **kw)
+    def engine_run(prompt: str, tokens: int, on_step_start=None) -> dict:
+        cpu = []
+
+        def on_start(step: int, phase: str, n_tokens: int) -> None:
+            if phase == "decode" and not cpu:
+                cpu.append(time.process_time())
+            if on_step_start is not None:
+                on_step_start(step, phase, n_tokens)
+
+        r = generate(model, tok, prompt, tokens, stop_at_eos=False, store=store,
+                     on_step_start=on_start)
         steps = [s for s in r.steps if s["phase"] == "decode"]
         return {"prompt_tokens": r.prompt_tokens, "prefill_s": r.prefill_s,
-                "decode_s": r.decode_s, "decode_steps": len(steps), "tokens": r.tokens,
+                "decode_s": r.decode_s, "decode_cpu_s": time.process_time() - cpu[0],
+                "decode_steps": len(steps), "tokens": r.tokens,
                 "decode_step_ids": [s["step"] for s in steps]}
 
     def run(prompt: str, tokens: int, replay=None) -> dict:
@@ -254,7 +295,8 @@ def run_arm(spec: dict) -> dict:
         results.append(r)
     stats = rt.stats.delta(rt.stats.snapshot(), before) if rt else {}
     out = {
-        "arm": arm, "load_s": load_s, "prompts": results, "stats": stats,
+        "arm": arm, "load_s": load_s, "loadavg": os.getloadavg(), "prompts": results,
+        "stats": stats,
         "peak_mlx_bytes": int(mx.get_peak_memory()), "peak_rss_bytes": _rss_peak(),
         "buffer_bytes": rt.buffer_bytes() if rt else {},
         "config": rt.config.to_dict() if rt else None,
@@ -283,6 +325,8 @@ def summarize_arm(runs: list[dict]) -> dict:
             "decode_tok_s": steps / dec_s if dec_s > 0 else 0.0,
             "prefill_tok_s": sum(p["prompt_tokens"] for p in ps) / sum(p["prefill_s"] for p in ps),
             "step_ms": 1e3 * dec_s / max(steps, 1),
+            "cpu_ms_per_step": 1e3 * sum(p.get("decode_cpu_s", 0) for p in ps) / max(steps, 1),
+            "loadavg_1m": r.get("loadavg", [0])[0],
             "blocked_ms_per_step": sum(p["decode_blocked_ns"] for p in ps) / 1e6 / max(steps, 1),
             "loads_per_step": sum(p["decode_loads"] for p in ps) / max(steps, 1),
             "cold_mib_per_step": sum(p["decode_cold_bytes"] for p in ps) / 2**20 / max(steps, 1),
@@ -304,6 +348,11 @@ def add_bounds(summary: dict[str, dict], bandwidth: float) -> None:
     compute_ms = base["step_ms"] if base else None
     for s in summary.values():
         s["ratio_to_resident"] = s["decode_tok_s"] / base["decode_tok_s"] if base else None
+        # paired: arm / resident within each round (run minutes apart), then the median;
+        # steadier than the ratio of medians when the machine's load drifts
+        s["ratio_paired"] = statistics.median(
+            a / b for a, b in zip(s["decode_tok_s_rounds"], base["decode_tok_s_rounds"],
+                                  strict=True)) if base else None
         if compute_ms is None:
             continue
         disk_ms = 1e3 * s["cold_mib_per_step"] * 2**20 / bandwidth
@@ -334,17 +383,22 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
                 result = _spawn(arm, spec, Path(tmp))
                 runs[arm].append(result)
                 tokens.setdefault(arm, [p["tokens"] for p in result["prompts"]])
-    summary = {a: summarize_arm(runs[a]) for a in spec.arms}
-    add_bounds(summary, bandwidth)
     ref = next(iter(tokens.values()))
-    return {
+    return resummarize({
         "model": str(model), "arms": spec.arms, "rounds": spec.rounds,
         "max_tokens": spec.max_tokens, "prompts": spec.prompts,
         "page_cache_budget": spec.page_cache_budget, "expert_bytes": expert_bytes(model),
         "disk_bandwidth_bytes_s": bandwidth, "order": order_log,
         "tokens_identical": all(t == ref for t in tokens.values()),
-        "summary": summary, "runs": runs, "machine": _machine(),
-    }
+        "runs": runs, "machine": _machine(),
+    })
+
+
+def resummarize(result: dict) -> dict:
+    """(Re)compute `summary` from the raw per-round `runs` of a result."""
+    result["summary"] = {a: summarize_arm(result["runs"][a]) for a in result["arms"]}
+    add_bounds(result["summary"], result["disk_bandwidth_bytes_s"])
+    return result
 
 
 def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
@@ -383,7 +437,9 @@ def table_rows(result: dict) -> list[list[str]]:
         rows.append([
             arm, f"{s['decode_tok_s']:.1f}", f"{s['prefill_tok_s']:.1f}",
             "-" if ratio is None else f"{ratio:.2f}x",
-            f"{s['blocked_ms_per_step']:.2f}", f"{s['loads_per_step']:.1f}",
+            "-" if ratio is None else f"{s['ratio_paired']:.2f}x",
+            f"{s['blocked_ms_per_step']:.2f}", f"{s['cpu_ms_per_step']:.1f}",
+            f"{s['loads_per_step']:.1f}",
             f"{s['cold_mib_per_step']:.2f}",
             f"{s['peak_mlx_bytes'] / 2**20:.0f}", f"{s['peak_rss_bytes'] / 2**20:.0f}",
             "-" if "bound_tok_s" not in s else f"{s['bound_tok_s']:.1f}",
@@ -392,9 +448,9 @@ def table_rows(result: dict) -> list[list[str]]:
     return rows
 
 
-HEADERS = ["arm", "decode tok/s", "prefill tok/s", "vs resident", "blocked ms/step",
-           "loads/step", "cold MiB/step", "MLX peak MiB", "RSS peak MiB", "bound tok/s",
-           "of bound"]
+HEADERS = ["arm", "decode tok/s", "prefill tok/s", "vs resident", "paired", "blocked ms/step",
+           "CPU ms/step", "loads/step", "cold MiB/step", "MLX peak MiB", "RSS peak MiB",
+           "bound tok/s", "of bound"]
 
 
 def markdown_table(result: dict) -> str:

@@ -3,7 +3,7 @@ simulator's compute and graph-building figures for this machine come from measur
 
   glu_ms[K]        engine.paths.kernel.switch_glu for one token at K experts (layer 0's experts
                    all resident), `chain` calls per mx.eval (as inside a step: one eval per
-                   step, not per op), median per call
+                   step, not per op)
   resident step    a decode step with every expert resident behind the same kernel (a path that
                    gathers from the full stack): graph-build time (model call, no eval) and
                    eval time; build / layers is the pure graph-building cost per layer
@@ -11,17 +11,20 @@ simulator's compute and graph-building figures for this machine come from measur
                    norms, lm_head kept): the non-MoE compute per step
   exact step       the default engine path (on-demand, exact) on a warm page cache: the main
                    thread's CPU per layer besides reads and router syncs (np.unique, stack
-                   allocation, graph building), the router syncs, and the bundle reads
+                   allocation, graph building), the router syncs, and the bundle reads; its
+                   extra work over graph building is also timed alone (`exact_extra_ms`)
   cold bundles     the exact path right after dropping the expert files' pages: cold read cost
-                   through the engine's store, to check the storage fit
+                   through the engine's store
+  O_DIRECT bundles the store opened with O_DIRECT: every read goes to the device
   prefill          one prefill chunk through the resident path: prefill compute throughput
 
-Numbers go to sim.calibrate (no MLX), which fits and writes the profiles.
+The decode configurations are loaded side by side and take turns, one step each (round robin),
+so they see the same machine load. Every timing is the 10th percentile of its repeats
+(sim.calibrate.cost). Numbers go to sim.calibrate (no MLX), which fits and writes the profiles.
 """
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -32,9 +35,10 @@ import mlx.core as mx
 import numpy as np
 
 from engine.paths.exact import ExactPath
-from engine.paths.kernel import switch_glu
+from engine.paths.kernel import alloc_stack, row_views, switch_glu
 from engine.store import ExpertStore
-from sim.calibrate import ComputeResult
+from sim.calibrate import ComputeResult, cost
+from sim.model_profile import resident_figures
 
 DEFAULT_MODEL = Path("models") / "tiny-trained-stream"
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
@@ -45,10 +49,14 @@ class ResidentPath:
 
     name = "resident"
 
-    def __init__(self, store: ExpertStore, layer: int, sync: bool = False):
+    def __init__(self, store: ExpertStore, layer: int, sync: bool = False,
+                 stacks: dict | None = None):
         exact = ExactPath(store, layer)
         self.quant = exact.quant
-        self.stack = exact.fetch(np.arange(store.manifest.num_experts))
+        stacks = {} if stacks is None else stacks  # shared between instances: one copy
+        if layer not in stacks:
+            stacks[layer] = exact.fetch(np.arange(store.manifest.num_experts))
+        self.stack = stacks[layer]
         self.sync = sync  # bring the routed ids to the host first, as the engine's paths do
 
     def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
@@ -93,10 +101,6 @@ class StepTimes:
     loads: list[dict] = field(default_factory=list)
 
 
-def _median(values: list[float]) -> float:
-    return float(statistics.median(values)) if values else float("nan")
-
-
 def glu_times(converted: Path, ks: tuple[int, ...], reps: int, chain: int = 8) -> dict[int, float]:
     """ms per switch_glu call (1 token) at each K over layer 0's full expert stack."""
     from engine.loader import open_manifest
@@ -108,69 +112,143 @@ def glu_times(converted: Path, ks: tuple[int, ...], reps: int, chain: int = 8) -
         stack = exact.fetch(np.arange(manifest.num_experts))
         hidden = int(exact.shapes["down_proj.weight"][0][0])
     rng = np.random.default_rng(0)
-    out: dict[int, float] = {}
-    for k in ks:
-        if k > manifest.num_experts:
-            continue
-        times = []
-        for rep in range(reps + 2):
+    ks = tuple(k for k in ks if k <= manifest.num_experts)
+    times: dict[int, list[float]] = {k: [] for k in ks}
+    for rep in range(reps + 2):
+        for k in ks:  # K inner: load drifts hit every K alike
             x = mx.array(rng.standard_normal((1, 1, hidden)).astype(np.float32))
-            mx.eval(x)
             inds = [mx.array(rng.choice(manifest.num_experts, k, replace=False)
                              .astype(np.uint32)[None, None]) for _ in range(chain)]
-            mx.eval(inds)
+            mx.eval(x, inds)
             t0 = time.perf_counter()
             y = x
             for i in range(chain):  # each call's input depends on the last: one eval, in order
                 y = switch_glu(y, stack, inds[i], exact.quant).sum(axis=-2) * 0.1
             mx.eval(y)
             if rep >= 2:  # first calls compile kernels
-                times.append((time.perf_counter() - t0) * 1e3 / chain)
-        out[k] = _median(times)
+                times[k].append((time.perf_counter() - t0) * 1e3 / chain)
+    out = {k: cost(v) for k, v in times.items()}
     return out
 
 
-def _decode_steps(model, tokenizer, steps: int, warmup: int, store=None,
-                  drop_after_prefill: bool = False) -> StepTimes:
-    """Greedy decode after a short prompt; per measured step: the model call (graph building,
-    plus the path's main-thread work) net of the main thread's waits on reads and of router
-    syncs (TimedExact's, or the paths' PathStats), and the final eval."""
-    from mlx_lm.models.cache import make_prompt_cache
+def exact_extra_ms(converted: Path, reps: int = 200) -> float:
+    """The exact path's main-thread work per layer beyond graph building and reads: routed ids
+    to the host (already evaluated: no compute), np.unique, a fresh 9-tensor stack (allocated
+    and evaluated), the remapped ids. Timed alone, many times: each repeat is short, so its
+    10th percentile is the uncontended cost (a decode step has one per layer, and any of them
+    may wait for a core on a loaded machine)."""
+    from engine.loader import open_manifest
 
-    ids = tokenizer.encode(PROMPT)
-    cache = make_prompt_cache(model)
-    logits = model(mx.array(ids)[None], cache=cache)
-    token = mx.argmax(logits[:, -1, :], axis=-1)
-    mx.eval(token)
-    out = StepTimes()
-    rows: list[dict] = []
-    stats = getattr(store, "path_stats", None)
-    if store is not None:
-        if drop_after_prefill:
-            store.drop_page_cache()
-        store.on_load = rows.append
-    for i in range(warmup + steps):
-        rows.clear()
-        TimedExact.sync_ns = 0
-        sync0 = stats.route_sync_ns if stats is not None else 0
+    manifest = open_manifest(converted, verify=False)
+    layer = manifest.moe_layers[0]
+    rng = np.random.default_rng(4)
+    with ExpertStore(manifest) as store:
+        shapes = store.expert_shapes(layer)
+    times = []
+    for _ in range(reps + 5):
+        inds = mx.array(rng.choice(manifest.num_experts, manifest.top_k, replace=False)
+                        .astype(np.uint32)[None, None])
+        mx.eval(inds)
         t0 = time.perf_counter_ns()
-        logits = model(token.reshape(1, 1), cache=cache)
+        host = np.array(inds, copy=True)
+        experts, local = np.unique(host, return_inverse=True)
+        alloc_stack(shapes, len(experts))
+        mx.array(local.reshape(host.shape).astype(np.uint32))
+        times.append((time.perf_counter_ns() - t0) / 1e6)
+    return cost(times[5:])
+
+
+def direct_bundle_ms(converted: Path, n: int = 48) -> float:
+    """O_DIRECT bundle reads through the engine's store (every read goes to the device, the
+    9 ranges each through an aligned bounce buffer); nan when O_DIRECT is refused."""
+    from engine.loader import open_manifest
+
+    manifest = open_manifest(converted, verify=False)
+    rng = np.random.default_rng(3)
+    with ExpertStore(manifest, o_direct=True) as store:
+        if not store.direct:
+            return float("nan")
+        layers = manifest.moe_layers
+        views = {}
+        for layer in layers:
+            _, v = alloc_stack(store.expert_shapes(layer), 1)
+            views[layer] = row_views(v, 0)
+        times = []
+        for _ in range(n):
+            layer = int(rng.choice(layers))
+            row = store.read_bundle(layer, int(rng.integers(manifest.num_experts)), views[layer],
+                                    emit=False)
+            times.append((row["finished_ns"] - row["started_ns"]) / 1e6)
+    return cost(times)
+
+
+class Runner:
+    """One loaded model decoding greedily, one step at a time, so several configurations can
+    take turns (round robin): every configuration then sees the same machine load, which
+    matters for differences between them (the sync overhead) on a shared machine."""
+
+    def __init__(self, converted: Path, *, path_factory=None, preset: str | None = None):
+        from mlx_lm.models.cache import make_prompt_cache
+
+        from engine.config import EngineConfig
+        from engine.loader import load_streaming
+
+        config = EngineConfig.from_preset(preset) if preset else None
+        self.model, self.tok, self.store = load_streaming(
+            converted, verify=False, path_factory=path_factory, config=config)
+        self.stats = getattr(self.store, "path_stats", None)
+        self.rows: list[dict] = []
+        self.store.on_load = self.rows.append
+        self.times = StepTimes()
+        self.make_cache = make_prompt_cache
+        self.restart()
+
+    def restart(self, drop: bool = False) -> None:
+        """A fresh prompt (the KV cache stays short); `drop`: page cache dropped after it."""
+        self.cache = self.make_cache(self.model)
+        logits = self.model(mx.array(self.tok.encode(PROMPT))[None], cache=self.cache)
+        self.token = mx.argmax(logits[:, -1, :], axis=-1)
+        mx.eval(self.token)
+        if drop:
+            self.store.drop_page_cache()
+
+    def step(self, record: bool = True) -> None:
+        """One decode step: the model call (graph building plus the path's main-thread work)
+        net of the main thread's waits on reads and of router syncs, and the final eval."""
+        self.rows.clear()
+        TimedExact.sync_ns = 0
+        sync0 = self.stats.route_sync_ns if self.stats is not None else 0
+        t0 = time.perf_counter_ns()
+        logits = self.model(self.token.reshape(1, 1), cache=self.cache)
         t1 = time.perf_counter_ns()
-        token = mx.argmax(logits[:, -1, :], axis=-1)
-        mx.eval(token)
+        self.token = mx.argmax(logits[:, -1, :], axis=-1)
+        mx.eval(self.token)
         t2 = time.perf_counter_ns()
-        if i < warmup:
-            continue
-        wait_ns = sum(r["wait_ns"] for r in rows if r["waited"])
-        sync_ns = TimedExact.sync_ns + ((stats.route_sync_ns - sync0) if stats else 0)
-        out.build_ms.append((t1 - t0 - wait_ns - sync_ns) / 1e6)
-        out.eval_ms.append((t2 - t1) / 1e6)
-        out.sync_ms.append(sync_ns / 1e6)
-        out.read_ms.append(wait_ns / 1e6)
-        out.loads.extend(dict(r) for r in rows)
-    if store is not None:
-        store.on_load = None
-    return out
+        if not record:
+            return
+        wait_ns = sum(r["wait_ns"] for r in self.rows if r["waited"])
+        sync_ns = TimedExact.sync_ns + (
+            (self.stats.route_sync_ns - sync0) if self.stats is not None else 0)
+        t = self.times
+        t.build_ms.append((t1 - t0 - wait_ns - sync_ns) / 1e6)
+        t.eval_ms.append((t2 - t1) / 1e6)
+        t.sync_ms.append(sync_ns / 1e6)
+        t.read_ms.append(wait_ns / 1e6)
+        t.loads.extend(dict(r) for r in self.rows)
+
+    def close(self) -> None:
+        self.store.on_load = None
+        self.store.close()
+
+
+def round_robin(runners: dict[str, Runner], steps: int, warmup: int,
+                restart_every: int = 32) -> None:
+    for i in range(warmup + steps):
+        if i and i % restart_every == 0:
+            for r in runners.values():
+                r.restart()
+        for r in runners.values():
+            r.step(record=i >= warmup)
 
 
 def _prefill_ms(model, tokenizer, tokens: int, reps: int) -> float:
@@ -184,30 +262,10 @@ def _prefill_ms(model, tokenizer, tokens: int, reps: int) -> float:
         mx.eval(model(mx.array(ids)[None], cache=cache))
         if rep:
             times.append((time.perf_counter() - t0) * 1e3)
-    return _median(times)
+    return cost(times)
 
 
-def _run(converted: Path, steps: int, warmup: int, *, path_factory=None, preset: str | None = None,
-         cold: bool = False, prefill_tokens: int = 0) -> tuple[StepTimes, StepTimes | None, float]:
-    """Load the model with a path factory or an engine preset, decode; optionally a few cold
-    steps (page cache dropped after the prompt) and a prefill timing."""
-    from engine.config import EngineConfig
-    from engine.loader import load_streaming
-
-    config = EngineConfig.from_preset(preset) if preset else None
-    model, tok, store = load_streaming(converted, verify=False, path_factory=path_factory,
-                                       config=config)
-    try:
-        warm = _decode_steps(model, tok, steps, warmup, store=store)
-        cold_steps = _decode_steps(model, tok, 2, 0, store=store, drop_after_prefill=True) \
-            if cold else None
-        prefill = _prefill_ms(model, tok, prefill_tokens, reps=2) if prefill_tokens else 0.0
-    finally:
-        store.close()
-    return warm, cold_steps, prefill
-
-
-def measure_compute(converted: Path, *, steps: int = 24, warmup: int = 6,
+def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
                     ks: tuple[int, ...] = (1, 2, 4, 8), glu_reps: int = 30,
                     prefill_tokens: int = 128,
                     presets: tuple[str, ...] = ("hot", "staged")) -> tuple[ComputeResult,
@@ -222,23 +280,45 @@ def measure_compute(converted: Path, *, steps: int = 24, warmup: int = 6,
     manifest = open_manifest(converted, verify=False)
     layers = len(manifest.moe_layers)
     glu = glu_times(converted, ks, glu_reps)
-    resident, _, prefill_ms = _run(converted, steps, warmup,
-                                   path_factory=lambda s, i: ResidentPath(s, i),
-                                   prefill_tokens=prefill_tokens)
-    synced, _, _ = _run(converted, steps, warmup,
-                        path_factory=lambda s, i: ResidentPath(s, i, sync=True))
-    zero, _, _ = _run(converted, steps, warmup, path_factory=lambda s, i: ZeroPath())
-    exact, cold, _ = _run(converted, steps, warmup, path_factory=lambda s, i: TimedExact(s, i),
-                          cold=True)
-    per_path = {"exact": exact}
+    stacks: dict = {}
+    runners = {
+        "resident": Runner(converted, path_factory=lambda s, i: ResidentPath(s, i, False, stacks)),
+        "resident_synced": Runner(converted,
+                                  path_factory=lambda s, i: ResidentPath(s, i, True, stacks)),
+        "zero": Runner(converted, path_factory=lambda s, i: ZeroPath()),
+        "exact": Runner(converted, path_factory=lambda s, i: TimedExact(s, i)),
+    }
     for preset in presets:
-        per_path[preset], _, _ = _run(converted, steps, warmup, preset=preset)
+        runners[preset] = Runner(converted, preset=preset)
+    try:
+        round_robin(runners, steps, warmup)
+        prefill_ms = _prefill_ms(runners["resident"].model, runners["resident"].tok,
+                                 prefill_tokens, reps=2) if prefill_tokens else 0.0
+        cold_runner = runners["exact"]
+        warm_loads = cold_runner.times.loads
+        cold_runner.times = StepTimes()
+        for _ in range(2):  # cold reads: page cache dropped after a fresh prompt
+            cold_runner.restart(drop=True)
+            cold_runner.step()
+            cold_runner.step()
+        cold_loads = cold_runner.times.loads
+    finally:
+        for r in runners.values():
+            r.close()
+    direct_ms = direct_bundle_ms(converted)
+    exact_extra = exact_extra_ms(converted)
+    times = {name: r.times for name, r in runners.items()}
+    times["exact"] = StepTimes(*(getattr(runners["exact"].times, f) for f in (
+        "build_ms", "eval_ms", "sync_ms", "read_ms")), loads=warm_loads)
+    resident, synced, zero, exact = (times[n] for n in ("resident", "resident_synced", "zero",
+                                                        "exact"))
+    per_path = {"exact": exact, **{p: times[p] for p in presets}}
 
     def read_ms(rows: list[dict], want_cold: bool) -> float:
-        return _median([(r["finished_ns"] - r["started_ns"]) / 1e6 for r in rows
+        return cost([(r["finished_ns"] - r["started_ns"]) / 1e6 for r in rows
                         if bool(r["cold"]) == want_cold and r["expert"] >= 0])
 
-    m = _median
+    m = cost
     unsynced = m(resident.eval_ms)
     synced_compute = m([s + e for s, e in zip(synced.sync_ms, synced.eval_ms, strict=True)])
     result = ComputeResult(
@@ -246,20 +326,27 @@ def measure_compute(converted: Path, *, steps: int = 24, warmup: int = 6,
         layers=layers,
         experts=manifest.num_experts,
         bundle_bytes=manifest.bundle_bytes,
-        resident_bytes=manifest.files["resident.safetensors"].size,
+        resident_bytes=resident_figures(converted / "resident.safetensors",
+                                        (manifest.resident_quantization or {}).get("bits"))[0],
         glu_ms=glu,
         build_ms_per_layer=m(resident.build_ms) / layers,
-        engine_build_ms_per_layer=m(exact.build_ms) / layers,
+        engine_build_ms_per_layer=m(resident.build_ms) / layers + exact_extra,
         non_moe_ms=m(zero.eval_ms),  # model calls only build: the eval is all the compute
         step_ms=unsynced,
         sync_ms=(synced_compute - unsynced) / layers,
         synced_compute_ms=synced_compute,
-        path_build_ms_per_layer={p: m(t.build_ms) / layers for p, t in per_path.items()},
+        path_build_ms_per_layer={
+            **{p: m(t.build_ms) / layers for p, t in per_path.items()},
+            # exact: graph building + its extra work timed alone (robust to load; the
+            # per-step figure above is kept as "exact_stepwise")
+            "exact": m(resident.build_ms) / layers + exact_extra,
+            "exact_stepwise": m(exact.build_ms) / layers},
         prefill_ms=prefill_ms,
         prefill_tokens=prefill_tokens,
         warm_bundle_ms=read_ms(exact.loads, False),
-        cold_bundle_ms=read_ms(cold.loads, True) if cold else float("nan"),
-        cold_bundles=sum(1 for r in cold.loads if r["cold"]) if cold else 0,
+        cold_bundle_ms=read_ms(cold_loads, True),
+        cold_bundles=sum(1 for r in cold_loads if r["cold"]),
+        direct_bundle_ms=direct_ms,
     )
     engine = {name: {"build_ms": m(t.build_ms), "sync_ms": m(t.sync_ms), "read_ms": m(t.read_ms),
                      "eval_ms": m(t.eval_ms), "loads_per_step": len(t.loads) / max(steps, 1)}
@@ -281,3 +368,50 @@ def default_model(workdir: Path | None = None) -> tuple[Path, str]:
     src = build_tiny_random(root / "tiny-random", seed=0)
     convert(src, root / "tiny-random-stream")
     return root / "tiny-random-stream", "tiny-random (built and converted to a temp dir)"
+
+
+@dataclass
+class Calibration:
+    model_dir: Path
+    model_label: str
+    storage: Any  # sim.calibrate.StorageResult
+    compute: ComputeResult
+    engine: dict[str, Any]
+    hardware: dict[str, tuple[Any, str]]  # Hardware key -> (value, how)
+    model: dict[str, tuple[Any, str]]  # ModelProfile key -> (value, how)
+    when: str
+    seconds: float
+
+
+def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
+              quick: bool = False) -> Calibration:
+    """Measure storage (scratch file in `scratch_dir`, default: next to the model) and the
+    engine's compute on `model_dir` (default: models/tiny-trained-stream, else tiny-random);
+    return hardware and model profile values with how each was measured."""
+    from sim.calibrate import hardware_values, measure_storage, now_text
+    from sim.model_profile import profile_from_manifest
+
+    t0 = time.perf_counter()
+    when = now_text()
+    if model_dir is None:
+        model_dir, label = default_model()
+    else:
+        model_dir, label = Path(model_dir), str(model_dir)
+    scratch = Path(scratch_dir) if scratch_dir is not None else model_dir.resolve().parent
+    if quick:
+        storage = measure_storage(scratch, scratch_bytes=32 << 20, per_size=4, rounds=1,
+                                  threads=(1, 2))
+        compute, engine = measure_compute(model_dir, steps=4, warmup=2, ks=(1, 4), glu_reps=4,
+                                          prefill_tokens=16, presets=())
+    else:
+        storage = measure_storage(scratch)
+        compute, engine = measure_compute(model_dir)
+    build_how = (f"measured {when}: graph building of one decode step / {compute.layers} layers, "
+                 f"experts resident behind the engine's kernel (no reads, no syncs), 10th "
+                 f"percentile of the steps; the engine's paths add main-thread work per layer ("
+                 + ", ".join(f"{p} {v:.3f}" for p, v in compute.path_build_ms_per_layer.items())
+                 + " ms, net of read waits and router syncs)")
+    model = profile_from_manifest(model_dir, compute.build_ms_per_layer, build_how)
+    hardware = hardware_values(storage, compute, active_params=model["active_params"][0])
+    return Calibration(model_dir, label, storage, compute, engine, hardware, model, when,
+                       time.perf_counter() - t0)

@@ -31,8 +31,9 @@ What each step row holds (one row per forward step, written in `on_step`, after 
   DURING the step (the recorder resets MLX's process-wide peak at every step start);
   rss_bytes: /proc/self/statm.
 - page_cache_bytes: resident bytes of the expert files (store.page_cache_bytes(), mincore over
-  every file: ~0.1 ms per 4 MiB of experts here, so it is sampled: by default at most ~1% of wall
-  time, i.e. a sample is taken when 100x the last sample's cost has passed; -1 on other steps).
+  every file: ~0.1 ms per 4 MiB of experts here, so it is sampled: by default at most ~0.2% of
+  wall time, i.e. a sample is taken when 500x the last sample's cost has passed; -1 on other
+  steps).
 
 Routing: the blocks hand over lazy (inds, weights) per layer; they are kept lazy during the step
 and brought to the host once per step, after the step's eval (one `mx.eval` over all of them,
@@ -108,6 +109,11 @@ def engine_info(model, store, config: Any = None) -> dict[str, Any]:
                 "cache_budgets": {}, "prerouter": False, "lora": False, "lead": 0,
                 **(config or {})}
     base.setdefault("k", store.manifest.top_k)
+    base.setdefault("prerouter", False)
+    base.setdefault("lora", False)
+    runtime = getattr(store, "runtime", None)
+    if runtime is not None and hasattr(runtime, "buffer_bytes"):
+        base["buffer_bytes"] = runtime.buffer_bytes()  # resolved cache sizes (hot, staged, ...)
     base["paths_in_use"] = paths_in_use(model)
     base["o_direct_effective"] = store.direct
     base["o_direct_fallback"] = store.direct_fallback
@@ -147,10 +153,10 @@ class Recorder:
         run: RunInfo,
         *,
         flush_every: int = 32,
-        flush_interval_s: float = 1.0,
-        max_flush_fraction: float = 0.01,
+        flush_interval_s: float = 2.0,
+        max_flush_fraction: float = 0.005,
         page_cache_every: int | None = None,
-        page_cache_fraction: float = 0.01,
+        page_cache_fraction: float = 0.002,
         reset_peak: bool = True,
     ) -> None:
         """`flush_every` steps but at most every `flush_interval_s` (and at most
@@ -301,19 +307,27 @@ class Recorder:
             return
         lazy = [a for p in pending for a in (p[1], p[2], p[4]) if a is not None]
         mx.eval(lazy)  # one sync for the whole step (a no-op when the step's eval covered them)
-        for layer, inds, weights, source, router_inds in pending:
+        layers: list[int] = []
+        tokens: list[int] = []
+        experts: list[list[int]] = []
+        weights: list[list[float]] = []
+        sources: list[str] = []
+        routers: list[list[int] | None] = []
+        for layer, inds, w, source, router_inds in pending:  # a plain loop: cheapest at T=1
             k = inds.shape[-1]
-            experts = np.asarray(inds).reshape(-1, k)
-            n = experts.shape[0]
-            cols = {
-                "step": [step] * n, "layer": [layer] * n, "token": list(range(n)),
-                "experts": experts.tolist(),
-                "weights": np.asarray(weights, dtype=np.float32).reshape(-1, k).tolist(),
-                "source": [source] * n,
-            }
-            if router_inds is not None:
-                cols["router_experts"] = np.asarray(router_inds).reshape(n, -1).tolist()
-            self.writer.add_routing_columns(cols, n)
+            e = np.asarray(inds).reshape(-1, k).tolist()
+            n = len(e)
+            experts.extend(e)
+            weights.extend(np.asarray(w).reshape(-1, k).tolist())
+            layers.extend([layer] * n)
+            tokens.extend(range(n))
+            sources.extend([source] * n)
+            routers.extend([None] * n if router_inds is None
+                           else np.asarray(router_inds).reshape(n, -1).tolist())
+        n = len(experts)
+        cols = {"step": [step] * n, "layer": layers, "token": tokens, "experts": experts,
+                "weights": weights, "source": sources, "router_experts": routers}
+        self.writer.add_routing_columns(cols, n)
 
     # ------------------------------------------------------------ end
 

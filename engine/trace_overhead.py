@@ -42,7 +42,8 @@ def measure_overhead(
     opts = dict(recorder_opts or {})
     tmp = Path(tempfile.mkdtemp(prefix="trace-overhead-", dir=workdir))
     engine = engine_info(model, store)
-    runs: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []  # one per (round, arm)
+    gens: list[dict[str, Any]] = []  # one per (round, prompt, arm)
     try:
         def one(recorder: Recorder | None, prompt: str, request: int) -> tuple[int, float]:
             """Generate `prompt`, traced when `recorder` -> (decode steps, decode seconds)."""
@@ -67,48 +68,68 @@ def measure_overhead(
 
         for rnd in range(rounds):
             rec = Recorder(tmp / f"round{rnd}", run_info(store.manifest, engine), **opts)
-            totals = {arm: [0, 0.0] for arm in ARMS}
             for p, prompt in enumerate(prompts):
                 order = ARMS if (rnd + p) % 2 == 0 else ARMS[::-1]
                 for arm in order:
                     steps, seconds = one(rec if arm == "on" else None, prompt, p)
-                    totals[arm][0] += steps
-                    totals[arm][1] += seconds
-            overhead_ms = rec.overhead_ns / 1e6
+                    row = {"round": rnd, "prompt": p, "arm": arm, "first": order[0],
+                           "decode_steps": steps, "decode_s": seconds}
+                    gens.append(row)
+            rec_ms = rec.overhead_ns / 1e6
             flush_ms = rec.writer.flush_s * 1e3
+            rec_steps = rec.steps
             rec.close()
             for arm in ARMS:
-                steps, seconds = totals[arm]
+                mine = [g for g in gens if g["round"] == rnd and g["arm"] == arm]
+                steps = sum(g["decode_steps"] for g in mine)
+                seconds = sum(g["decode_s"] for g in mine)
                 row = {"round": rnd, "arm": arm, "first_arm": ARMS[rnd % 2],
                        "decode_steps": steps, "decode_s": seconds,
                        "decode_tok_s": steps / seconds if seconds > 0 else 0.0}
                 if arm == "on":
-                    row["recorder_ms"] = overhead_ms
-                    row["recorder_ms_per_step"] = overhead_ms / max(rec.steps, 1)
-                    row["flush_ms"] = flush_ms
+                    row.update(recorder_ms=rec_ms, flush_ms=flush_ms,
+                               recorder_ms_per_step=rec_ms / max(rec_steps, 1))
                 runs.append(row)
                 if on_run is not None:
                     on_run(row)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return summarize(runs, prompts=len(prompts), max_tokens=max_tokens, rounds=rounds)
+    return summarize(runs, gens, prompts=len(prompts), max_tokens=max_tokens, rounds=rounds)
 
 
-def summarize(runs: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
+def summarize(runs: list[dict[str, Any]], gens: list[dict[str, Any]] | None = None,
+              **params: Any) -> dict[str, Any]:
+    """Per-arm medians of the rounds' decode tok/s and overhead % = (off - on) / off; with the
+    per-prompt generations `gens`, also the paired estimate: the median over (round, prompt) of
+    1 - (on tok/s / off tok/s), the two generations of a pair having run back to back."""
     med = {arm: statistics.median(r["decode_tok_s"] for r in runs if r["arm"] == arm)
            for arm in ARMS}
     on = [r for r in runs if r["arm"] == "on"]
     ms_step = statistics.median(r["recorder_ms_per_step"] for r in on)
     step_ms_on = 1e3 / med["on"] if med["on"] else None
+    paired = None
+    spread = None
+    if gens:
+        rate = {(g["round"], g["prompt"], g["arm"]): g["decode_steps"] / g["decode_s"]
+                for g in gens if g["decode_s"] > 0}
+        ratios = [rate[(r, p, "on")] / rate[(r, p, "off")]
+                  for (r, p, arm) in rate if arm == "off" and (r, p, "on") in rate]
+        paired = 100.0 * (1.0 - statistics.median(ratios)) if ratios else None
+        if len(ratios) >= 2:  # the pair-to-pair spread: how much noise the estimate sits in
+            q = statistics.quantiles([100.0 * (1.0 - r) for r in ratios], n=10)
+            spread = (q[0], q[-1])
     return {
         **params,
         "protocol": "same process, one loaded model; warm-up excluded; per round each prompt "
-                    "once per arm, arm order alternating per prompt and per round; medians "
-                    "over rounds",
+                    "once per arm back to back, arm order alternating per prompt and per "
+                    "round; medians over rounds",
         "median_decode_tok_s": med,
         "overhead_pct": 100.0 * (med["off"] - med["on"]) / med["off"] if med["off"] else None,
+        "paired_overhead_pct": paired,
+        "paired_overhead_p10_p90": spread,
         "recorder_ms_per_step": ms_step,
         "recorder_pct_of_step": 100.0 * ms_step / step_ms_on if step_ms_on else None,
         "runs": runs,
+        "generations": gens or [],
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

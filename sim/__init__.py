@@ -13,4 +13,9 @@ simulated trace in the same schema as a measured one.
   main_thread.py  the SimPy process: graph build, accelerator timeline, waits
   routing_input.py, routing_synth.py   what is replayed
   record.py       simulated run -> trace tables; replay.py: run_scenario()
+  sweep.py        grids of scenarios in worker processes -> Parquet + PNG (`sim sweep`)
+  compare.py      a measured trace replayed with its engine config, side by side (`sim compare`)
+  model_profile.py  a model profile from a converted model's manifest (`sim profile-model`)
+  calibrate.py    storage probes, fits and profile writers for `ssdmoe calibrate` (the engine
+                  timings are engine/calibrate.py's)
 """

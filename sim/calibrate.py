@@ -8,7 +8,7 @@ them and hands plain numbers to `hardware_from` / `model_build_ms` here.
 Storage (a scratch file next to the model, dropped from the page cache with
 fdatasync + POSIX_FADV_DONTNEED before every cold batch):
   cold(size)   buffered pread at random offsets, POSIX_FADV_RANDOM (no readahead: what the
-               engine's ExpertStore does), every page cold; median per size
+               engine's ExpertStore does), every page cold; `cost` (10th percentile) per size
   warm(size)   the same range read again (page-cache hit): the copy cost
   direct_4k    O_DIRECT 4 KiB random reads, QD1: the device's per-request latency
   direct_seq   O_DIRECT sequential 4 MiB reads of the whole file: the device's transfer rate
@@ -18,7 +18,7 @@ How the sim's load model (sim.loads) is fitted, per bundle load of `ranges` byte
 streaming layout reads a bundle as 9 ranges, one per tensor):
   warm(s) = a_w + s / memcpy                      -> memcpy_gbps; load_overhead = ranges x a_w
   cold(s) = a_c + s / cold_rate                   -> ssd_bandwidth_gbps from 1/cold_rate - 1/memcpy
-  ssd_latency_ms = direct_4k median; cold_overhead = ranges x (a_c - a_w) - latency (the other
+  ssd_latency_ms = direct_4k; cold_overhead = ranges x (a_c - a_w) - latency (the other
   ranges' device round trips and the page-fault work of a cold read, on the reading thread)
 """
 
@@ -28,7 +28,6 @@ import datetime as _dt
 import mmap
 import os
 import platform
-import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,12 +36,21 @@ from typing import Any
 
 import numpy as np
 
-from sim.scenario import HARDWARE_KEYS, MODEL_KEYS, Hardware, ModelProfile
+from sim.scenario import HARDWARE_KEYS
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 ALIGN = 4096
-DEFAULT_SIZES = (64 * KIB, 256 * KIB, 1 * MIB, 2 * MIB, 4 * MIB, 8 * MIB)
+DEFAULT_SIZES = (4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 2 * MIB, 4 * MIB, 8 * MIB)
 BUNDLE_RANGES = 9  # {gate,up,down} x {weight,scales,biases}: reads per bundle in the engine
+COST_QUANTILE = 0.1
+
+
+def cost(values: list[float]) -> float:
+    """The cost of a repeated timing: its 10th percentile, i.e. what it costs when this process
+    is not competing for the cores (a shared 2-core machine: medians move with other processes'
+    load, low quantiles much less). NaN when there is nothing to measure."""
+    values = [v for v in values if v == v]
+    return float(np.quantile(values, COST_QUANTILE)) if values else float("nan")
 
 
 # ---------------------------------------------------------------------------------- storage
@@ -51,7 +59,7 @@ BUNDLE_RANGES = 9  # {gate,up,down} x {weight,scales,biases}: reads per bundle i
 @dataclass
 class StorageResult:
     sizes: list[int]
-    cold_ms: list[float]  # median per size
+    cold_ms: list[float]  # cost per size (10th percentile)
     warm_ms: list[float]
     direct_4k_ms: float
     direct_seq_gbps: float
@@ -120,8 +128,8 @@ def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: in
                     _pread_all(fd, view, off)
                     warm[size].append((time.perf_counter() - t0) * 1e3)
         _drop(fd)
-        return ([statistics.median(cold[s]) for s in sizes],
-                [statistics.median(warm[s]) for s in sizes])
+        return ([cost(cold[s]) for s in sizes],
+                [cost(warm[s]) for s in sizes])
     finally:
         os.close(fd)
 
@@ -148,7 +156,7 @@ def direct_latency_ms(path: Path, n: int = 64, seed: int = 1) -> float | None:
             _pread_all(fd, view, off)
             times.append((time.perf_counter() - t0) * 1e3)
         view.release()
-        return statistics.median(times)
+        return cost(times)
     except OSError:
         return None
     finally:
@@ -193,22 +201,8 @@ def queue_throughput(path: Path, threads: tuple[int, ...] = (1, 2, 4, 8), size: 
         parts = [offsets[i * per:(i + 1) * per] for i in range(n)]
         barrier = threading.Barrier(n + 1)
         errors: list[BaseException] = []
-
-        def work(mine: list[int]) -> None:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-            buf = mmap.mmap(-1, size)
-            view = memoryview(buf)
-            try:
-                barrier.wait()
-                for off in mine:
-                    _pread_all(fd, view, off)
-            except BaseException as err:  # noqa: BLE001
-                errors.append(err)
-            finally:
-                view.release()
-                os.close(fd)
-
-        workers = [threading.Thread(target=work, args=(p,)) for p in parts]
+        workers = [threading.Thread(target=_direct_worker, args=(path, size, p, barrier, errors))
+                   for p in parts]
         for w in workers:
             w.start()
         barrier.wait()
@@ -219,6 +213,22 @@ def queue_throughput(path: Path, threads: tuple[int, ...] = (1, 2, 4, 8), size: 
         if not errors and seconds > 0:
             out[n] = n * per * size / seconds / 1e9
     return out
+
+
+def _direct_worker(path: Path, size: int, offsets: list[int], barrier: threading.Barrier,
+                   errors: list[BaseException]) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, size)
+    view = memoryview(buf)
+    try:
+        barrier.wait()
+        for off in offsets:
+            _pread_all(fd, view, off)
+    except BaseException as err:  # noqa: BLE001 - reported by the caller
+        errors.append(err)
+    finally:
+        view.release()
+        os.close(fd)
 
 
 def _direct_fd_ok(path: Path) -> bool:
@@ -256,43 +266,49 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
 # ---------------------------------------------------------------------------------- fits
 
 
-def linear_fit(x: list[float], y: list[float]) -> tuple[float, float]:
-    """Least-squares (intercept, slope) of y = a + b x."""
+def linear_fit(x: list[float], y: list[float], relative: bool = True) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of y = a + b x; `relative` weights each point by 1/y
+    (relative error), so small reads pin the intercept and big ones do not swamp it."""
     xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if len(xs) < 2:
         return float(ys.mean()), 0.0
-    b, a = np.polyfit(xs, ys, 1)
+    w = 1.0 / np.maximum(np.abs(ys), 1e-12) if relative else np.ones_like(ys)
+    b, a = np.polyfit(xs, ys, 1, w=w)
     return float(a), float(b)
 
 
 @dataclass
 class ComputeResult:
-    """What engine/calibrate.py measures with the real engine (all ms, medians)."""
+    """What engine/calibrate.py measures with the real engine (all ms, `cost` of repeats)."""
     model: str  # converted model directory measured
     layers: int
     experts: int
     bundle_bytes: int
     resident_bytes: int
     glu_ms: dict[int, float]  # K -> quantized SwiGLU of one token at K experts, one layer
-    build_ms_per_layer: float  # lazy graph of one decode step (resident mlx-lm model) / layers
-    engine_build_ms_per_layer: float  # the same through the streaming engine's exact path
-    non_moe_ms: float  # one decode step with the routed experts removed (router kept)
+    build_ms_per_layer: float  # lazy graph of one decode step (experts resident) / layers
+    engine_build_ms_per_layer: float  # main-thread CPU per layer of the exact (on-demand) path
+    non_moe_ms: float  # one decode step's compute with the routed experts removed
     step_ms: float  # one full decode step's compute, experts resident, one eval per step
     sync_ms: float = 0.0  # extra compute time per router host sync (one per layer)
     synced_compute_ms: float = 0.0  # the step's compute with a host sync at every router
     path_build_ms_per_layer: dict[str, float] = field(default_factory=dict)  # engine path ->
-    # main-thread CPU per layer net of waits on reads and router syncs
+    # main-thread CPU per layer, net of waits on reads and router syncs
     prefill_ms: float = 0.0  # one prefill chunk of prefill_tokens, experts resident
     prefill_tokens: int = 0
     warm_bundle_ms: float = 0.0  # one bundle read through the engine's store, page cache warm
     cold_bundle_ms: float = 0.0  # the same right after dropping the expert files' pages
     cold_bundles: int = 0
+    direct_bundle_ms: float = float("nan")  # one bundle read with O_DIRECT (nan: refused)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
 
-def storage_values(st: StorageResult, ranges: int = BUNDLE_RANGES) -> dict[str, tuple[Any, str]]:
-    """Hardware keys (storage part) -> (value, how it was derived)."""
+def storage_values(st: StorageResult, c: ComputeResult | None = None,
+                   ranges: int = BUNDLE_RANGES) -> dict[str, tuple[Any, str]]:
+    """Hardware keys (storage part) -> (value, how it was derived). With engine bundle reads
+    (`c`), the per-load CPU terms are set so the sim's cold and warm load of that bundle equal
+    the measured ones; otherwise they come from the per-size fits x `ranges`."""
     sizes_mib = [s / MIB for s in st.sizes]
     a_w, b_w = linear_fit(sizes_mib, st.warm_ms)
     a_c, b_c = linear_fit(sizes_mib, st.cold_ms)
@@ -302,56 +318,102 @@ def storage_values(st: StorageResult, ranges: int = BUNDLE_RANGES) -> dict[str, 
     seq = st.direct_seq_gbps if st.direct_seq_gbps > 0 else None
     bandwidth = cold_rate or seq or 1.0
     latency = st.direct_4k_ms if st.direct_4k_ms >= 0 else max(a_c - a_w, 0.0)
-    cold_over = max(ranges * (a_c - a_w) - latency, 0.0)
     qd_best = max(st.queue_gbps.values()) if st.queue_gbps else 0.0
     qd = min((n for n, g in st.queue_gbps.items() if g >= 0.9 * qd_best), default=1)
     fmt_sizes = ", ".join(_size(s) for s in st.sizes)
     cold_txt = ", ".join(f"{v:.3f}" for v in st.cold_ms)
     warm_txt = ", ".join(f"{v:.3f}" for v in st.warm_ms)
     queue_txt = ", ".join(f"{n}: {g:.2f}" for n, g in sorted(st.queue_gbps.items()))
+    fit_load = ranges * max(a_w, 0.0)
+    fit_cold = max(ranges * (a_c - a_w) - latency, 0.0)
+    if c is not None and c.warm_bundle_ms > 0 and c.cold_bundle_ms > 0:
+        b = c.bundle_bytes
+        copy_ms = b / (memcpy * 1e9) * 1e3 if memcpy else 0.0
+        dev_ms = latency + b / (bandwidth * 1e9) * 1e3
+        load = max(c.warm_bundle_ms - copy_ms, 0.0)
+        cold = max(c.cold_bundle_ms - c.warm_bundle_ms - dev_ms, 0.0)
+        load_how = (f"engine store, warm bundle read of {c.model} ({b} bytes, {ranges} ranges): "
+                    f"{c.warm_bundle_ms:.3f} ms (10th percentile), minus its copy at memcpy_gbps "
+                    f"({copy_ms:.3f} ms); the per-size fit x {ranges} ranges gives "
+                    f"{fit_load:.3f} ms")
+        cold_how = (f"engine store, cold bundle read ({c.cold_bundles} reads after dropping the "
+                    f"files' pages): {c.cold_bundle_ms:.3f} ms (10th percentile), minus the warm "
+                    f"read and the device time latency + bytes/bandwidth ({dev_ms:.3f} ms): the "
+                    f"other ranges' round trips and page-cache fill; the per-size fit gives "
+                    f"{fit_cold:.3f} ms")
+    else:
+        load, cold = fit_load, fit_cold
+        load_how = (f"{ranges} ranges per bundle x warm pread intercept {a_w * 1e3:.1f} us")
+        cold_how = (f"{ranges} x (cold - warm pread intercept = {(a_c - a_w) * 1e3:.1f} us) - "
+                    "one device latency")
     return {
         "ssd_bandwidth_gbps": (round(bandwidth, 3), (
             f"buffered cold pread (FADV_RANDOM, after DONTNEED) slope minus warm slope: "
-            f"{dev_ms_per_mib:.3f} ms/MiB (cold {b_c:.3f}, warm {b_w:.3f} ms/MiB over sizes "
-            f"{fmt_sizes}); O_DIRECT sequential 4 MiB reads: {seq or float('nan'):.2f} GB/s")),
+            f"{dev_ms_per_mib:.3f} ms/MiB over sizes {fmt_sizes} (cold ms: {cold_txt}); "
+            f"O_DIRECT sequential 4 MiB reads gave {seq or float('nan'):.2f} GB/s")),
         "ssd_latency_ms": (round(latency, 4), (
-            "median O_DIRECT 4 KiB random read, QD1" if st.direct_4k_ms >= 0
+            "O_DIRECT 4 KiB random read, QD1 (10th percentile)" if st.direct_4k_ms >= 0
             else "cold minus warm pread intercept (O_DIRECT refused)")),
         "queue_depth": (int(qd), (
             f"fewest threads reaching 90% of the best aggregate O_DIRECT random 1 MiB "
             f"throughput (threads: GB/s = {queue_txt})")),
-        "load_overhead_ms": (round(ranges * max(a_w, 0.0), 4), (
-            f"{ranges} ranges per bundle x warm pread intercept {a_w * 1e3:.1f} us "
-            f"(warm pread ms by size: {warm_txt})")),
-        "cold_overhead_ms": (round(cold_over, 4), (
-            f"{ranges} x (cold - warm intercept = {(a_c - a_w) * 1e3:.1f} us) - one device "
-            f"latency (the bundle's other range round trips, page-cache fill) (cold pread ms "
-            f"by size: {cold_txt})")),
-        "memcpy_gbps": (round(memcpy, 3), "1 / slope of warm pread time vs size"),
+        "load_overhead_ms": (round(load, 4), load_how),
+        "cold_overhead_ms": (round(cold, 4), cold_how),
+        "memcpy_gbps": (round(memcpy, 3), f"1 / slope of warm pread time vs size (warm ms: "
+                        f"{warm_txt})"),
     }
 
 
-def compute_values(c: ComputeResult) -> dict[str, tuple[Any, str]]:
+def direct_cold_overhead(st: StorageResult, c: ComputeResult,
+                         values: dict[str, tuple[Any, str]]) -> float | None:
+    """cold_overhead_ms that makes a simulated O_DIRECT load of the measured bundle cost what
+    the engine measured (O_DIRECT reads each range through an aligned bounce buffer, so a
+    bundle costs more than a buffered cold read); None when not measured."""
+    if not c.direct_bundle_ms == c.direct_bundle_ms:  # nan
+        return None
+    b = c.bundle_bytes
+    memcpy = values["memcpy_gbps"][0]
+    dev = values["ssd_latency_ms"][0] + b / (values["ssd_bandwidth_gbps"][0] * 1e9) * 1e3
+    copy = b / (memcpy * 1e9) * 1e3 if memcpy else 0.0
+    return max(c.direct_bundle_ms - dev - copy - values["load_overhead_ms"][0], 0.0)
+
+
+def compute_values(c: ComputeResult, active_params: float | None = None
+                   ) -> dict[str, tuple[Any, str]]:
     """Hardware keys (compute part) -> (value, how). The sim's decode compute per layer is
-    layer_overhead + resident/layers/bw (+ router sync) and expert_overhead + K x bundle/bw."""
+    resident_bytes / layers / mem_bandwidth (attention, norms, router, lm_head spread over
+    layers) + expert_overhead + K x bundle / expert_gbps; with lazy_compute it runs at the
+    main thread's syncs, each costing sync_overhead_ms more."""
     ks = sorted(c.glu_ms)
-    e0, e1 = linear_fit([float(k) for k in ks], [c.glu_ms[k] for k in ks])
+    e0, e1 = linear_fit([float(k) for k in ks], [c.glu_ms[k] for k in ks], relative=False)
     e1 = max(e1, 1e-6)
-    bw = c.bundle_bytes / (e1 / 1e3) / 1e9
-    resident_ms = c.resident_bytes / (bw * 1e9) * 1e3
-    layer_over = max((c.non_moe_ms - resident_ms) / c.layers, 0.0)
+    expert_bw = c.bundle_bytes / (e1 / 1e3) / 1e9
+    mem_bw = c.resident_bytes / (c.non_moe_ms / 1e3) / 1e9 if c.non_moe_ms > 0 else 1.0
     glu_txt = ", ".join(f"K={k}: {c.glu_ms[k]:.3f}" for k in ks)
-    return {
-        "mem_bandwidth_gbps": (round(bw, 4), (
+    out = {
+        "mem_bandwidth_gbps": (round(mem_bw, 4), (
+            f"resident bytes ({c.resident_bytes}) / the compute of a decode step with the routed "
+            f"experts removed ({c.non_moe_ms:.2f} ms, router + attention + lm_head) on "
+            f"{c.model}: the non-expert compute, as a rate")),
+        "expert_gbps": (round(expert_bw, 4), (
             f"bundle bytes ({c.bundle_bytes}) / per-expert slope {e1:.4f} ms of the quantized "
-            f"SwiGLU (engine.paths.kernel.switch_glu, 1 token) on {c.model}: ms {glu_txt}")),
+            f"SwiGLU (engine.paths.kernel.switch_glu, 1 token, 8 chained calls per eval) on "
+            f"{c.model}: ms per call {glu_txt}")),
         "expert_overhead_ms": (round(max(e0, 0.0), 4), (
-            "intercept of the same fit: fixed time of one layer's expert computation")),
-        "layer_overhead_ms": (round(layer_over, 4), (
-            f"(decode step with routed experts removed {c.non_moe_ms:.2f} ms - resident bytes "
-            f"{c.resident_bytes} / mem_bandwidth = {resident_ms:.2f} ms) / {c.layers} layers; "
-            f"full step with experts {c.step_ms:.2f} ms")),
+            "intercept of that fit: fixed time of one layer's expert computation")),
+        "sync_overhead_ms": (round(max(c.sync_ms, 0.0), 4), (
+            f"(compute of a decode step with a host sync at every router {c.synced_compute_ms:.2f}"
+            f" ms - with one eval per step {c.step_ms:.2f} ms) / {c.layers} layers; load-"
+            "dependent: a sync hands work to MLX's CPU thread and waits for it")),
+        "lazy_compute": (True, "MLX evaluates lazily and the engine's generate loop has no "
+                         "async eval: compute runs at host syncs only"),
     }
+    if active_params and c.prefill_ms > 0 and c.prefill_tokens:
+        tflops = 2 * active_params * c.prefill_tokens / (c.prefill_ms / 1e3) / 1e12
+        out["compute_tflops"] = (round(tflops, 6), (
+            f"prefill of {c.prefill_tokens} tokens, experts resident: {c.prefill_ms:.1f} ms for "
+            f"2 x {active_params:.3g} active params per token"))
+    return out
 
 
 def _size(n: int) -> str:
@@ -406,39 +468,24 @@ def ram_gib() -> float:
     return 16.0
 
 
-def hardware_values(st: StorageResult, c: ComputeResult, *, os_reserve_gib: float = 2.0,
-                    slot_update_ms: float | None = None) -> dict[str, tuple[Any, str]]:
+def hardware_values(st: StorageResult, c: ComputeResult, *, active_params: float | None = None,
+                    os_reserve_gib: float = 2.0) -> dict[str, tuple[Any, str]]:
+    """Every Hardware key -> (value, how it was measured)."""
     values = {
         "ram_gib": (ram_gib(), "/proc/meminfo MemTotal"),
         "os_reserve_gib": (os_reserve_gib, "assumption (not measured): OS and other processes; "
                            "a shared machine"),
-        **storage_values(st),
+        **storage_values(st, c),
         "readahead": (False, "the engine reads with POSIX_FADV_RANDOM: a cold read caches only "
                       "its own pages"),
-        "cpu_factor": (1.0, "graph-building times in this machine's model profiles are measured "
-                       "here (the M-series reference is not measurable on this machine)"),
-        **compute_values(c),
-        "compute_tflops": (round(_prefill_tflops(c), 6), (
-            "prefill roofline: 2 x per-token expert FLOPs at K=8 / measured SwiGLU time "
-            "(quantized kernels are single-threaded here)")),
-        "slot_update_ms": (round(slot_update_ms if slot_update_ms is not None else 0.0, 4), (
-            "in-place write of one bundle into a stacked MLX slot buffer (preadv of a warm "
-            "bundle into np.asarray(slot row))" if slot_update_ms is not None else
-            "not measured")),
+        "cpu_factor": (1.0, "graph-building times in model profiles measured here are this "
+                       "machine's (the paper's M-series reference cannot be measured here)"),
+        "compute_tflops": (0.001, "not measured (no prefill timing)"),
+        "slot_update_ms": (0.0, "this engine's staged path reads straight into slot rows from "
+                           "reader threads (no main-thread copy): the write is the load itself"),
+        **compute_values(c, active_params),
     }
     return values
-
-
-def _prefill_tflops(c: ComputeResult) -> float:
-    k = max(c.glu_ms)
-    # one expert = 3 projections; int4 weight bytes are 1/8 of the parameters' fp32 bytes,
-    # ~8/9 of a bundle is weight words -> params ~ 2 x bundle bytes x 8/9 ... use 2 nibbles/byte
-    params = c.bundle_bytes * 0.8 * 2
-    flops = 2 * params * k
-    return flops / (c.glu_ms[k] / 1e3) / 1e12
-
-
-HARDWARE_ORDER = tuple(k for k in HARDWARE_KEYS) + ()
 
 
 def hardware_toml(values: dict[str, tuple[Any, str]], name: str, when: str, command: str,
@@ -472,8 +519,6 @@ def now_text() -> str:
     return _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
 
 
-def as_dict(obj: Hardware | ModelProfile | StorageResult | ComputeResult) -> dict[str, Any]:
+def as_dict(obj: StorageResult | ComputeResult) -> dict[str, Any]:
     return asdict(obj)
 
-
-MODEL_ORDER = tuple(k for k in MODEL_KEYS)

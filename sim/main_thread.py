@@ -11,7 +11,8 @@ Per decode step:
   end       sync on the accelerator (sampling needs the token)
 Per prefill step: whole-layer loads, layer L+1's load overlapping layer L's compute.
 
-The accelerator is a timeline (work starts when queued and the device is free), loads are timed
+The accelerator is a timeline (work starts when queued and the device is free; with the hardware's
+lazy_compute, queued work starts only at the next sync, plus sync_overhead_ms), loads are timed
 by sim.loads / sim.readers; the process yields one SimPy timeout per layer to move the clock.
 Times are seconds. Blocked time = main thread waiting on (or itself performing) expert loads;
 eval time = waiting on the accelerator; build time = graph building and slot rewrites.
@@ -63,7 +64,11 @@ class MainThread:
         self.head_build_s = m.head_build_ms * hw.cpu_factor / 1e3
         bw = hw.mem_bandwidth_gbps * 1e9
         self.attn_s = m.resident_bytes / m.layers / bw
-        self.expert_s = sc.k * m.bundle_bytes / bw
+        expert_bw = hw.expert_gbps * 1e9 if hw.expert_gbps else bw
+        self.expert_s = sc.k * m.bundle_bytes / expert_bw + hw.expert_overhead_ms / 1e3
+        self.lazy = hw.lazy_compute  # work queued since the last sync starts at the next one
+        self.pending = 0.0
+        self.sync_s = hw.sync_overhead_ms / 1e3
         self.head_s = m.head_bytes / bw
         self.flops = hw.compute_tflops * 1e12
         self.mem_bw = bw
@@ -87,9 +92,16 @@ class MainThread:
         self.build += seconds
 
     def gpu_submit(self, seconds: float) -> None:
+        if self.lazy:
+            self.pending += seconds
+            return
         self.gpu_free = (self.gpu_free if self.gpu_free > self.now else self.now) + seconds
 
     def gpu_sync(self) -> None:
+        if self.pending or (self.sync_s and self.gpu_free > self.now):
+            start = self.gpu_free if self.gpu_free > self.now else self.now
+            self.gpu_free = start + self.pending + self.sync_s
+            self.pending = 0.0
         if self.gpu_free > self.now:
             self.eval += self.gpu_free - self.now
             self.now = self.gpu_free

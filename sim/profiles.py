@@ -16,6 +16,7 @@ from typing import Any
 
 from sim.scenario import (
     HARDWARE_KEYS,
+    HARDWARE_OPTIONAL,
     MODEL_KEYS,
     POLICIES,
     SCENARIO_KEYS,
@@ -26,7 +27,7 @@ from sim.scenario import (
 from ssdmoe_cli.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
-OPTIONAL = {"description", "whole_layer_reads"}
+OPTIONAL = {"description", "whole_layer_reads", *HARDWARE_OPTIONAL}
 
 _SIZE = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -61,6 +62,9 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "mem_bandwidth_gbps": (_positive, "must be > 0"),
     "compute_tflops": (_positive, "must be > 0"),
     "slot_update_ms": (_nonneg, "must be >= 0"),
+    "expert_gbps": (_nonneg, "must be >= 0 (0 = mem_bandwidth_gbps)"),
+    "expert_overhead_ms": (_nonneg, "must be >= 0"),
+    "sync_overhead_ms": (_nonneg, "must be >= 0"),
     "layers": (_positive, "must be >= 1"),
     "experts": (lambda v: v >= 2, "must be >= 2"),
     "bundle_bytes": (_positive, "must be > 0"),

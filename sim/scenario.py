@@ -32,6 +32,12 @@ class Hardware:
     compute_tflops: float  # accelerator throughput: prefill compute roofline
     slot_update_ms: float  # in-place rewrite of one staged slot (incr_stack), main thread
     description: str = ""
+    # Optional (measured by `ssdmoe calibrate`; the defaults keep the plain roofline model):
+    expert_gbps: float = 0.0  # rate the expert kernel consumes bundle bytes; 0 = mem_bandwidth
+    expert_overhead_ms: float = 0.0  # fixed accelerator time of one layer's expert computation
+    sync_overhead_ms: float = 0.0  # extra accelerator time per host sync that finds work queued
+    lazy_compute: bool = False  # queued work runs only when the main thread syncs (MLX without
+    # async eval, e.g. on CPU): graph building never overlaps compute
 
 
 @dataclass
@@ -109,4 +115,5 @@ SCENARIO_KEYS = tuple(
                                                         "notes")
 )
 HARDWARE_KEYS = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "description"))
+HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

@@ -109,6 +109,8 @@ def load_grid(path: str | Path) -> Grid:
     from sim.profiles import read_toml
 
     path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"{path}: no such grid file")
     data = read_toml(path)
     where = str(path)
     for key in data:

@@ -35,6 +35,9 @@ def bench(
         "--json", help="Write the result JSON here (default reports/bench/NAME.json).")] = None,
     png: Annotated[Path | None, typer.Option(
         "--png", help="Bar chart path (default: next to the JSON, .png).")] = None,
+    from_json: Annotated[Path | None, typer.Option(
+        "--from-json", help="Re-render the table and chart of an earlier result JSON "
+        "(summary recomputed from its raw rounds); runs nothing.")] = None,
 ) -> None:
     """Benchmark resident mlx-lm against the streaming presets on one model."""
     from engine.bench import (
@@ -46,9 +49,20 @@ def bench(
         markdown_table,
         parse_bytes,
         plot,
+        resummarize,
         run_bench,
     )
     from engine.loader import open_manifest
+
+    if from_json is not None:
+        try:
+            result = resummarize(json.loads(Path(from_json).read_text()))
+        except (OSError, ValueError, KeyError) as err:
+            raise BadInput(f"{from_json}: not a bench result ({err})") from None
+        Path(from_json).write_text(json.dumps(result, indent=1) + "\n")
+        plot(result, png or Path(from_json).with_suffix(".png"))
+        typer.echo(markdown_table(result))
+        return
 
     arm_list = [a.strip() for a in arms.split(",") if a.strip()]
     bad = [a for a in arm_list if a not in ARMS]

@@ -1,7 +1,181 @@
-"""Placeholder: commands are registered here by the module's owner."""
+"""`ssdmoe calibrate --out scenarios/hardware/NAME.toml`: measure this machine's storage and the
+real engine's compute and graph building, and write a hardware profile (and optionally the
+measured model's profile and a scenario combining them). MLX is imported inside the command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
+from ssdmoe_cli.errors import BadInput
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("calibrate")(calibrate)
+
+
+def calibrate(
+    out: Annotated[Path, typer.Option(
+        "--out", help="Hardware profile to write (scenarios/hardware/NAME.toml).")],
+    model: Annotated[Path | None, typer.Option(
+        "--model", help="Converted model to time (default models/tiny-trained-stream, else "
+        "tiny-random built in a temp dir).")] = None,
+    scratch: Annotated[Path | None, typer.Option(
+        "--dir", help="Folder for the storage scratch file (default: next to the model).")] = None,
+    model_out: Annotated[Path | None, typer.Option(
+        "--model-out", help="Also write the measured model's profile "
+        "(scenarios/models/NAME.toml).")] = None,
+    scenario_out: Annotated[Path | None, typer.Option(
+        "--scenario-out", help="Also write a scenario combining both profiles with the "
+        "engine's per-path main-thread costs (needs --model-out).")] = None,
+    json_out: Annotated[Path | None, typer.Option(
+        "--json", help="Raw measurements (default reports/calibration/<NAME>.json).")] = None,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="Few repetitions (seconds, for tests; noisy).")] = False,
+) -> None:
+    """Measure storage (cold/warm reads by size, queue depth, O_DIRECT bandwidth) on a scratch
+    file and the engine's kernel, graph-building and non-MoE compute times; write the profile
+    with every value commented with how and when it was measured."""
+    if out.suffix != ".toml":
+        raise BadInput(f"--out {out}: expected a .toml path (scenarios/hardware/NAME.toml)")
+    if scenario_out is not None and model_out is None:
+        raise BadInput("--scenario-out: needs --model-out (the scenario names both profiles)")
+    if model is not None and not (model / "manifest.json").is_file():
+        raise BadInput(f"{model}: not a converted model (no manifest.json; ssdmoe convert)")
+    if scratch is not None and not scratch.is_dir():
+        raise BadInput(f"--dir {scratch}: not a directory")
+
+    from engine.calibrate import calibrate as run
+    from sim.calibrate import as_dict, hardware_toml, write_hardware
+    from sim.model_profile import model_toml, write_model
+
+    cal = run(model, scratch, quick=quick)
+    name = out.stem
+    command = " ".join(["ssdmoe calibrate", *sys.argv[2:]]) if len(sys.argv) > 1 and \
+        sys.argv[1] == "calibrate" else f"ssdmoe calibrate --out {out}"
+    json_path = json_out or Path("reports") / "calibration" / f"{name}.json"
+    header = [f"Raw measurements: {json_path}. Compute and graph building measured on "
+              f"{cal.model_label}; storage on a scratch file in {cal.storage.scratch}.",
+              f"Load average at the start: {_loadavg()} (a shared machine: compute figures "
+              "move with other processes' load)."]
+    written = [write_hardware(out, hardware_toml(cal.hardware, name, cal.when, command, header))]
+    if model_out is not None:
+        mname = model_out.stem
+        mheader = [f"{mname}: derived from {cal.model_dir}/manifest.json by `{command}` "
+                   f"({cal.when}); build_ms_per_layer measured on this machine (cpu_factor 1 "
+                   f"in {name}.toml)."]
+        written.append(write_model(model_out, model_toml(cal.model, mname, mheader)))
+    if scenario_out is not None:
+        written.append(_write_scenario(scenario_out, _ref(out, "hardware"),
+                                       _ref(model_out, "models"), cal, command))
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps({
+        "when": cal.when, "command": command, "seconds": cal.seconds,
+        "model": str(cal.model_dir), "storage": as_dict(cal.storage),
+        "compute": as_dict(cal.compute), "engine_steps": cal.engine,
+        "hardware": {k: v for k, (v, _) in cal.hardware.items()},
+        "model_profile": {k: v for k, (v, _) in cal.model.items()},
+    }, indent=1, default=str) + "\n")
+    written.append(json_path)
+    _print(cal, written)
+
+
+def _ref(path: Path, sub: str) -> str:
+    """How a scenario names a profile: its stem when it lives in scenarios/<sub>/, else the
+    path."""
+    from sim.profiles import ROOT
+
+    if path.resolve().parent == (ROOT / sub).resolve():
+        return path.stem
+    return str(path.resolve())
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+PRESET_NOTES = {
+    "exact": "on-demand preset: exact path: graph building + its extra work (np.unique, a "
+             "fresh stack per layer) timed alone",
+    "exact_stepwise": "the same measured per decode step (net of reads and syncs): inflated "
+                      "when the machine is loaded (a stack allocation per layer waits for MLX)",
+    "hot": "hot preset: shared LRU pool, misses read by reader threads",
+    "staged": "staged preset: sticky slots filled by reader threads",
+}
+
+
+def _write_scenario(path: Path, hardware: str, model: str, cal: Any, command: str) -> Path:
+    from sim.profiles import load_scenario
+
+    c = cal.compute
+    bundle = cal.model["bundle_bytes"][0]
+    exact = c.path_build_ms_per_layer.get("exact", c.engine_build_ms_per_layer)
+    lines = [
+        f"# This machine running {model} through this project's engine, as `ssdmoe sim compare`",
+        "# replays its traces. Written by `" + command + f"` ({cal.when}).",
+        "# Defaults describe the engine's default preset (on-demand: the exact path, no app",
+        "# cache, every routed bundle read on the main thread after the router's host sync);",
+        "# `sim compare` maps each trace's engine config onto these keys.",
+        f'hardware = "{hardware}"',
+        f'model = "{model}"',
+        f'description = "{Path(model).stem} on {Path(hardware).stem} through the ssdmoe engine '
+        '(on-demand preset)"',
+        'policy = "hot"                # exact path = no sticky slots; the 1-bundle LRU below '
+        "never hits",
+        f"lru_bytes = {bundle}          # one bundle: the exact path keeps no app cache",
+        "readers = 0                   # exact path: reads on the main thread",
+        "decode_steps = 200",
+        "overlap = 0.24                # synthetic routing only: machine-notes held-out adjacent "
+        "overlap of tiny-trained",
+        "",
+        "[model_overrides]",
+        f"build_ms_per_layer = {exact:.4f}   # measured: the exact path's main-thread work per "
+        "layer (graph building + np.unique + stack allocation), see [notes]",
+        "",
+        "[notes]  # per-path main-thread CPU per layer (ms), used by `sim compare` per trace",
+    ]
+    for p, v in c.path_build_ms_per_layer.items():
+        lines.append(f'"build_ms_per_layer.{p}" = "{v:.4f}"  # {PRESET_NOTES.get(p, p)}')
+    lines.append(f'"build_ms_per_layer.pure" = "{c.build_ms_per_layer:.4f}"  # graph building '
+                 "only (the model profile's value)")
+    from sim.calibrate import direct_cold_overhead
+
+    direct = direct_cold_overhead(cal.storage, c, cal.hardware)
+    if direct is not None:
+        lines.append(f'"cold_overhead_ms.o_direct" = "{direct:.4f}"  # O_DIRECT bundle read '
+                     f"{c.direct_bundle_ms:.3f} ms through the engine's store, minus device "
+                     "time, copy and load overhead (used by `sim compare` for O_DIRECT traces)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    try:
+        load_scenario(str(tmp))
+    except Exception:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
+    return path
+
+
+def _print(cal: Any, written: list[Path]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"calibration ({cal.seconds:.0f} s)")
+    table.add_column("key")
+    table.add_column("value", justify="right")
+    table.add_column("how", overflow="fold")
+    for key, (value, how) in cal.hardware.items():
+        table.add_row(key, str(value), how[:120])
+    table.add_row("build_ms_per_layer (model)", str(cal.model["build_ms_per_layer"][0]),
+                  "graph building per layer")
+    console = Console(soft_wrap=False)
+    console.print(table)
+    console.print("wrote " + ", ".join(str(p) for p in written))

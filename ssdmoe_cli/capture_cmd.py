@@ -155,6 +155,10 @@ class _progress:
             self.bar.stop()
 
 
+def _span(span) -> str:
+    return "n/a" if not span else f"{span[0]:.1f}..{span[1]:.1f}%"
+
+
 def _overhead(model_dir, lm, tokenizer, store, texts, max_tokens, rounds, report, progress):
     from rich.console import Console
     from rich.table import Table
@@ -179,9 +183,11 @@ def _overhead(model_dir, lm, tokenizer, store, texts, max_tokens, rounds, report
         runs = [f"{r['decode_tok_s']:.1f}" for r in result["runs"] if r["arm"] == arm]
         table.add_row(arm, f"{result['median_decode_tok_s'][arm]:.2f}", " ".join(runs))
     Console().print(table)
-    typer.echo(f"overhead: {result['overhead_pct']:.2f}% of decode tok/s (median off vs on); "
-               f"recorder's own time {result['recorder_ms_per_step']:.3f} ms/step = "
-               f"{result['recorder_pct_of_step']:.2f}% of a traced step")
+    typer.echo(f"overhead: {result['overhead_pct']:.2f}% of decode tok/s (median off vs on), "
+               f"{result['paired_overhead_pct']:.2f}% paired (median over back-to-back "
+               f"prompt pairs; pairs p10..p90 {_span(result['paired_overhead_p10_p90'])}); "
+               f"recorder's own time {result['recorder_ms_per_step']:.3f} "
+               f"ms/step = {result['recorder_pct_of_step']:.2f}% of a traced step")
     path = report or REPORT_DIR / f"{Path(model_dir).resolve().name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")

@@ -27,7 +27,7 @@ def fixture(
     out: Annotated[Path | None, typer.Option("--out", help="Output model directory.")] = None,
     seed: Annotated[int, typer.Option(help="Same seed (and steps) gives identical weights.")] = 0,
     steps: Annotated[int | None, typer.Option(
-        help=f"Training steps ({TRAINED} only; default 140).")] = None,
+        help=f"Training steps ({TRAINED} only; default 120).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing model dir.")] = False,
     list_: Annotated[bool, typer.Option("--list", help="List fixture names and exit.")] = False,
 ) -> None:

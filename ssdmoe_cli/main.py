@@ -11,6 +11,7 @@ from ssdmoe_cli import (
     bench_cmd,
     calibrate_cmd,
     capture_cmd,
+    demo_cmd,
     fixture_cmd,
     model_cmds,
     sim_cmds,
@@ -24,9 +25,10 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode="markdown",
 )
 
-for module in (fixture_cmd, model_cmds, capture_cmd, bench_cmd, calibrate_cmd):
+for module in (demo_cmd, fixture_cmd, model_cmds, capture_cmd, bench_cmd, calibrate_cmd):
     module.register(app)
 app.add_typer(trace_cmds.app, name="trace")
 app.add_typer(sim_cmds.app, name="sim")

@@ -114,8 +114,9 @@ def sweep(
     out: Annotated[Path | None, typer.Option(
         "--out", help="Output folder (default reports/sweeps/<grid name>).")] = None,
 ) -> None:
-    """Run every point of GRID in parallel; write results.parquet, one PNG per axis and a
-    README.md. A failing point is reported as failed with its reason; the others still run."""
+    """Run every point of GRID in worker processes; write Parquet, PNGs and a README.
+
+    A failing point is reported as failed with its reason; the others still run."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -143,3 +144,81 @@ def sweep(
     for r in failed.iter_rows(named=True):
         axes = ", ".join(f"{k}={r[k]}" for k in [*g.axes, *(["seed"] if g.seeds else [])])
         console.print(f"[yellow]failed[/yellow] point {r['point']} ({axes}): {r['error']}")
+
+
+@app.command()
+def compare(
+    trace: Annotated[Path, typer.Argument(metavar="TRACE", help="Measured trace directory.")],
+    scenario: Annotated[str | None, typer.Option(
+        "--scenario", help="Scenario to replay on (default this-machine-<model> if it exists, "
+        "else this machine's hardware + the trace's model profile).")] = None,
+    sets: Annotated[list[str] | None, typer.Option(
+        "--set", help="Extra override key=value after the trace's engine config "
+        "(repeatable).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Also write the simulated trace directory here.")] = None,
+) -> None:
+    """Replay a measured TRACE on this machine's profile; simulated next to measured.
+
+    The trace's engine configuration (run.json) sets the policy, caches, readers, K, page-cache
+    budget and O_DIRECT; its routing is replayed. Every `trace summary` metric is printed with
+    the ratio simulated/measured."""
+    from sim.compare import compare as run_compare
+    from traces.reader import read_trace
+
+    result = run_compare(read_trace(trace), scenario, sets or [], out=out)
+    if as_json:
+        for note in result.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+        return
+    from rich.console import Console
+
+    from ssdmoe_cli.trace_cmds import metrics_table
+
+    sc = result.scenario
+    console = Console(soft_wrap=True)
+    title = (f"{trace}: measured vs simulated ({sc.model.name} K={sc.k} on {sc.hardware.name}, "
+             f"policy {sc.policy}, readers {sc.readers})")
+    console.print(metrics_table(title, {"measured": result.measured,
+                                        "simulated": result.simulated},
+                                ratio=("measured", "simulated")))
+    console.print("engine config -> scenario: " + ", ".join(result.settings))
+    e = result.extra
+    console.print(f"build ms/step measured {_fmt(e['measured_build_ms_per_step'])} simulated "
+                  f"{_fmt(e['build_ms_per_step'])}; eval ms/step measured "
+                  f"{_fmt(e['measured_eval_ms_per_step'])} simulated {_fmt(e['eval_ms_per_step'])}"
+                  " (the trace's build/eval split depends on the path: see sim/compare.py)")
+    for note in result.notes:
+        console.print(f"[yellow]note[/yellow]: {note}")
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+@app.command("profile-model")
+def profile_model(
+    model_dir: Annotated[Path, typer.Argument(metavar="MODEL_DIR",
+                                              help="Converted model directory (manifest.json).")],
+    out: Annotated[Path, typer.Option("--out", help="scenarios/models/NAME.toml to write.")],
+    build_ms: Annotated[float | None, typer.Option(
+        "--build-ms", help="Graph building per layer, ms (measured by ssdmoe calibrate; "
+        "default: machine-notes' tiny-model figure).")] = None,
+) -> None:
+    """Write a simulator model profile derived from a converted model's manifest.
+
+    So its traces can be replayed (`sim run --trace`, `sim compare`)."""
+    from sim.model_profile import model_toml, profile_from_manifest, write_model
+
+    if out.suffix != ".toml":
+        raise BadInput(f"--out {out}: expected a .toml path (scenarios/models/NAME.toml)")
+    if build_ms is not None and build_ms < 0:
+        raise BadInput(f"--build-ms: must be >= 0, got {build_ms}")
+    how = None if build_ms is None else "given with --build-ms"
+    values = profile_from_manifest(model_dir, build_ms, how)
+    header = [f"{out.stem}: derived from {model_dir}/manifest.json by `ssdmoe sim profile-model "
+              f"{model_dir} --out {out}`."]
+    write_model(out, model_toml(values, out.stem, header))
+    print(f"wrote {out}")

@@ -156,9 +156,9 @@ def test_killed_capture_leaves_an_open_trace(sig, tiny_random_converted, tmp_pat
     steps = trace.steps["step"].to_list()
     assert steps == list(range(len(steps))) and len(steps) >= flushed
     assert set(trace.routing["step"]) <= set(steps) | {max(steps) + 1}
-    assert not list(out.glob(".*.tmp"))
     if sig == signal.SIGINT:
-        assert proc.returncode == 130 and "interrupted" in err
+        assert not list(out.glob(".*.tmp"))  # (SIGKILL mid-flush may leave one; it is ignored)
+        assert proc.returncode == 130, err  # typer turns KeyboardInterrupt into exit 130
         # Ctrl-C writes what was captured since the last periodic flush
         assert trace.loads["bytes"].sum() >= trace.steps["bytes_read"].sum() > 0
 
@@ -168,9 +168,14 @@ def test_overhead_summary_arithmetic():
     for rnd, (off, on) in enumerate([(100.0, 96.0), (90.0, 89.0), (110.0, 100.0)]):
         runs.append({"round": rnd, "arm": "off", "decode_tok_s": off})
         runs.append({"round": rnd, "arm": "on", "decode_tok_s": on, "recorder_ms_per_step": 0.1})
-    s = summarize(runs, rounds=3)
+    # paired: (round, prompt) generations; on/off ratios 0.9, 0.95, 1.0 -> median 0.95
+    gens = [{"round": r, "prompt": 0, "arm": arm, "decode_steps": steps, "decode_s": 1.0}
+            for r, (off, on) in enumerate([(100, 90), (100, 95), (50, 50)])
+            for arm, steps in (("off", off), ("on", on))]
+    s = summarize(runs, gens, rounds=3)
     assert s["median_decode_tok_s"] == {"off": 100.0, "on": 96.0}
     assert s["overhead_pct"] == pytest.approx(4.0)
+    assert s["paired_overhead_pct"] == pytest.approx(5.0)
     assert s["recorder_ms_per_step"] == 0.1
     assert s["recorder_pct_of_step"] == pytest.approx(100 * 0.1 / (1000 / 96.0))
 

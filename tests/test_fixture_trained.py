@@ -17,7 +17,7 @@ from engine.fixtures.trained import build_tiny_trained
 TINY = dict(num_layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32, experts=8, top_k=2,
             moe_intermediate=32, vocab_size=384, seq_len=32, batch=4, warmup=2,
             code_bytes=120_000, per_file_bytes=2_048, docstring_bytes=60_000, prose_bytes=30_000,
-            eval_windows=8)
+            eval_windows=8, compile_step=False)  # compiled kernels cost ~40 s on a fresh machine
 STEPS = 6
 
 
@@ -120,3 +120,47 @@ def test_interleave_keeps_order_and_spreads():
 def test_bpe_is_deterministic():
     texts = ["def add(a, b):\n    return a + b\n", "The quick brown fox.\n"] * 50
     assert train_bpe(texts, 300).to_str() == train_bpe(texts, 300).to_str()
+
+
+def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    import sys
+
+    from ssdmoe_cli.main import main
+
+    monkeypatch.setattr(sys, "argv", ["ssdmoe", "fixture", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_lists_and_rejects_bad_input_in_one_line(monkeypatch, capsys, tmp_path):
+    code, out, _ = _cli(monkeypatch, capsys, "--list")
+    assert code == 0 and "tiny-trained" in out and "tiny-random" in out
+    code, _, err = _cli(monkeypatch, capsys, "nope", "--out", str(tmp_path / "m"))
+    assert code == 2 and "unknown fixture 'nope'" in err and "tiny-trained" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    code, _, err = _cli(monkeypatch, capsys, "tiny-random", "--out", str(busy))
+    assert code == 2 and "not empty" in err
+    code, _, err = _cli(monkeypatch, capsys, "tiny-random", "--out", str(busy), "--force")
+    assert code == 2 and "not a model directory" in err and (busy / "notes.txt").exists()
+    code, _, err = _cli(monkeypatch, capsys, "tiny-random", "--out", str(busy), "--steps", "3")
+    assert code == 2 and "--steps" in err
+
+
+def test_cli_force_replaces_a_model_directory(monkeypatch, capsys, tmp_path):
+    out_dir = tmp_path / "model"
+    out_dir.mkdir()
+    (out_dir / "config.json").write_text("{}")
+    (out_dir / "model-00001-of-00002.safetensors").write_text("stale")
+    code, _, err = _cli(monkeypatch, capsys, "tiny-random", "--out", str(out_dir), "--force")
+    assert code == 0, err
+    assert not (out_dir / "model-00001-of-00002.safetensors").exists()
+    assert json.loads((out_dir / "config.json").read_text())["model_type"]
+    assert not (tmp_path / ".model.building").exists()

@@ -115,3 +115,15 @@ def test_presets_and_mixes_same_tokens_as_resident(name, tiny_random_converted):
         r = generate(model, tok, ids, 24, stop_at_eos=False, prefill_step_size=7, store=store)
         assert r.tokens == ref
     store.close()
+
+
+@pytest.mark.parametrize("preset", ["hot", "staged"])
+def test_grouped_routing_presets_same_tokens(preset, tiny_grouped_converted):
+    """sigmoid-group routing, a dense first layer and a shared expert (bailing_moe)."""
+    model, tok, store = load_streaming(tiny_grouped_converted)
+    ref = generate(model, tok, PROMPT, 16, stop_at_eos=False, store=store).tokens
+    store.close()
+    model, tok, store = load_streaming(tiny_grouped_converted,
+                                       config=EngineConfig.from_preset(preset))
+    assert generate(model, tok, PROMPT, 16, stop_at_eos=False, store=store).tokens == ref
+    store.close()

@@ -30,17 +30,21 @@ from traces.schema import (
 )
 
 
-def write_atomic(path: Path, write: Any) -> None:
-    """Call write(tmp_path), fsync it, then rename over `path` (atomic on POSIX)."""
+def write_atomic(path: Path, write: Any, durable: bool = True) -> None:
+    """Call write(tmp_path), fsync it when `durable`, then rename over `path` (atomic on POSIX).
+    Without fsync the rename still protects against a killed process (the data is in the page
+    cache), not against a machine crash."""
     tmp = path.with_name(f".{path.name}.tmp")
     write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
+    if durable:
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str) + "\n"))
+def write_json_atomic(path: Path, data: dict[str, Any], durable: bool = True) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str) + "\n"),
+                 durable)
 
 
 _NUMPY = {pl.Int16(): np.int16, pl.Int32(): np.int32, pl.Int64(): np.int64,
@@ -148,13 +152,15 @@ class TraceWriter:
             gap = max(gap, self._last_flush_cost / self.max_flush_fraction)
         return time.perf_counter() - self._last_flush_end >= gap
 
-    def flush(self) -> None:
+    def flush(self, durable: bool = False) -> None:
+        """Rewrite the tables and run.json atomically. Periodic flushes skip fsync (they guard
+        against a killed process, and fsync costs milliseconds per file); close() fsyncs."""
         t0 = time.perf_counter()
         for name, table in ((STEPS_FILE, self.steps), (ROUTING_FILE, self.routing),
                             (LOADS_FILE, self.loads)):
             frame = table.frame()
-            write_atomic(self.dir / name, frame.write_parquet)
-        write_json_atomic(self.dir / RUN_FILE, self.run.to_dict())
+            write_atomic(self.dir / name, frame.write_parquet, durable)
+        write_json_atomic(self.dir / RUN_FILE, self.run.to_dict(), durable)
         self._steps_since_flush = 0
         self._last_flush_end = time.perf_counter()
         self._last_flush_cost = self._last_flush_end - t0
@@ -165,7 +171,7 @@ class TraceWriter:
         if self.closed:
             return
         self.run.complete = True
-        self.flush()
+        self.flush(durable=True)
         self.closed = True
 
     def __enter__(self) -> TraceWriter:

@@ -1,0 +1,267 @@
+"""`sim compare`: replay a measured trace through the simulator with the engine configuration it
+was captured with, and put simulated next to measured for every SUMMARY_KEY.
+
+The scenario: `--scenario NAME` if given, else scenarios/this-machine-<model>.toml when it exists
+(model = the trace's model name, a trailing "-stream" dropped), else this machine's hardware
+profile (scenarios/hardware/this-machine.toml) with the trace's model profile:
+scenarios/models/<model>.toml, else derived from the manifest the trace names (run.json
+model.path; sim.model_profile).
+
+The engine configuration in run.json `engine` maps onto scenario keys:
+  decode path exact (preset on-demand)  policy hot with a one-bundle LRU (no app cache, no sticky
+                                        slots: the LRU never hits), readers 0 (main-thread reads)
+  decode path hot                       policy hot, lru_bytes = hot_bytes (default 25% of the
+                                        expert bytes, engine.config.HOT_FRACTION), readers
+  decode path staged                    policy hot with a shared LRU of layers x (K + headroom)
+                                        bundles standing in for the per-layer sticky slots
+                                        (least recently used victim), readers
+  prerouter true                        policy prerouter, lead token
+  k, o_direct                           as recorded
+  page_cache_budget                     the simulated page cache holds as many bundles as the
+                                        engine's budget does (it charges each bundle its ranges
+                                        rounded out to pages); the OS reserve is set so that
+                                        RAM - unreclaimable = that
+  build_ms_per_layer                    the scenario's notes "build_ms_per_layer.<path>" when
+                                        present (per-path main-thread CPU, from calibrate)
+  cold_overhead_ms (O_DIRECT traces)    the scenario's notes "cold_overhead_ms.o_direct" when
+                                        present (an O_DIRECT bundle read, from calibrate)
+Routing (and the step plan: prefill chunks, decode steps, requests) comes from the trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.scenario import GIB, Scenario
+from ssdmoe_cli.errors import BadInput
+from traces.reader import Trace
+from traces.schema import SUMMARY_KEYS
+
+DEFAULT_HARDWARE = "this-machine"
+HOT_FRACTION = 0.25  # engine.config.HOT_FRACTION (not imported: sim stays engine-free)
+# The figures the validation report looks at first.
+HEADLINE = ("decode_tok_s", "blocked_ms_per_step", "cold_fraction", "loads_per_step")
+
+
+@dataclass
+class Comparison:
+    trace: str
+    scenario: Scenario
+    settings: list[str]  # the --set items derived from run.json
+    measured: dict[str, Any]
+    simulated: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def ratio(self, key: str) -> float | None:
+        m, s = self.measured.get(key), self.simulated.get(key)
+        if m is None or s is None or m == 0:
+            return None
+        return s / m
+
+    def error_pct(self, key: str) -> float | None:
+        r = self.ratio(key)
+        return None if r is None else (r - 1.0) * 100.0
+
+    def to_dict(self) -> dict[str, Any]:
+        sc = self.scenario
+        return {
+            "trace": self.trace,
+            "scenario": sc.name,
+            "hardware": sc.hardware.name,
+            "model": sc.model.name,
+            "settings": self.settings,
+            "metrics": {k: {"measured": self.measured.get(k), "simulated": self.simulated.get(k),
+                            "ratio": self.ratio(k), "error_pct": self.error_pct(k)}
+                        for k in SUMMARY_KEYS},
+            "notes": self.notes,
+            "sim": self.extra,
+        }
+
+
+def model_name(trace: Trace) -> str:
+    name = str((trace.run.get("model") or {}).get("name") or "")
+    return name[: -len("-stream")] if name.endswith("-stream") else name
+
+
+def trace_model(trace: Trace, notes: list[str]):
+    """The model profile for a trace: scenarios/models/<name>.toml, else from its manifest."""
+    from sim.model_profile import profile_from_manifest
+    from sim.profiles import ROOT, load_model
+    from sim.scenario import ModelProfile
+
+    name = model_name(trace)
+    info = trace.run.get("model") or {}
+    if name and (ROOT / "models" / f"{name}.toml").is_file():
+        model = load_model(name)
+        for key in ("layers", "experts", "bundle_bytes"):
+            got = info.get(key)
+            if got is not None and int(got) != getattr(model, key):
+                raise BadInput(f"{trace.path}: run.json model.{key}={got} but scenarios/models/"
+                               f"{name}.toml has {getattr(model, key)}")
+        return model
+    path = info.get("path")
+    if path and Path(path, "manifest.json").is_file():
+        values = profile_from_manifest(Path(path))
+        notes.append(f"model profile derived from {path}/manifest.json (no scenarios/models/"
+                     f"{name}.toml; build_ms_per_layer is machine-notes' figure, not measured)")
+        return ModelProfile(name=name or Path(path).name, **{k: v for k, (v, _) in values.items()})
+    raise BadInput(f"{trace.path}: no model profile for model {name!r}: no scenarios/models/"
+                   f"{name}.toml and run.json model.path has no manifest (run ssdmoe sim "
+                   "profile-model MODEL_DIR --out scenarios/models/NAME.toml, or --scenario)")
+
+
+def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], str, list[str]]:
+    """(--set items, decode path name, notes) reproducing the trace's engine configuration."""
+    m = sc.model
+    notes: list[str] = []
+    k = int(engine.get("k") or m.k)
+    path = str(engine.get("decode") or "exact")
+    in_use = (engine.get("paths_in_use") or {}).get("decode") or {}
+    if len(in_use) == 1:
+        path = next(iter(in_use))
+    elif len(in_use) > 1:
+        notes.append(f"decode paths differ per layer ({', '.join(in_use)}); simulated as {path}")
+    readers = int(engine.get("readers") or 1)
+    sets = [f"k={k}"]
+    if engine.get("prerouter"):
+        sets += ["policy=prerouter", "lead=token", f"readers={readers}"]
+    elif path == "exact":
+        sets += ["policy=hot", f"lru_bytes={m.bundle_bytes}", "readers=0"]
+    elif path == "hot":
+        hot = engine.get("hot_bytes")
+        hot = int(hot) if hot is not None else int(m.expert_bytes * HOT_FRACTION)
+        sets += ["policy=hot", f"lru_bytes={max(hot, m.bundle_bytes)}", f"readers={readers}"]
+    elif path == "staged":
+        headroom = engine.get("staged_headroom")
+        headroom = k if headroom is None else int(headroom)
+        slots = m.layers * (k + headroom) * m.bundle_bytes
+        sets += ["policy=hot", f"lru_bytes={slots}", f"readers={readers}"]
+        notes.append(f"staged: {k + headroom} slots per layer (least recently used victim) "
+                     "simulated as one shared LRU of the same bytes")
+    else:
+        raise BadInput(f"run.json engine: decode path {path!r} has no simulator mapping")
+    o_direct = engine.get("o_direct_effective", engine.get("o_direct"))
+    sets.append(f"o_direct={'true' if o_direct else 'false'}")
+    build = sc.notes.get(f"build_ms_per_layer.{path}")
+    if build is not None:
+        sets.append(f"build_ms_per_layer={build}")
+    direct = sc.notes.get("cold_overhead_ms.o_direct")
+    if o_direct and direct is not None:
+        sets.append(f"cold_overhead_ms={direct}")
+    return sets, path, notes
+
+
+PAGE = 4096
+
+
+def paged_bundle_bytes(trace: Trace) -> float | None:
+    """Mean bytes the engine's page-cache budget charges per bundle: each of its ranges rounded
+    out to whole pages (engine.store), from the manifest the trace names; None if unknown."""
+    from sim.model_profile import read_manifest_json
+
+    path = (trace.run.get("model") or {}).get("path")
+    if not path or not Path(path, "manifest.json").is_file():
+        return None
+    layer = read_manifest_json(Path(path))["layers"][0]
+    total, experts = 0, 0
+    for t in layer["tensors"].values():
+        experts = int(t["shape"][0])
+        for e in range(experts):
+            start = int(t["offset"]) + e * int(t["stride"])
+            total += (-(-(start + int(t["stride"])) // PAGE) - start // PAGE) * PAGE
+    return total / experts if experts else None
+
+
+def with_page_cache(sc: Scenario, budget_bytes: int, notes: list[str],
+                    paged: float | None = None) -> Scenario:
+    """The scenario with its page cache set to hold what the engine's budget holds: the budget
+    in bundles of page-rounded size `paged` (or of bundle_bytes), through the OS reserve."""
+    from sim.memory import budget
+
+    if paged and paged > sc.model.bundle_bytes:
+        bundles = int(budget_bytes // paged)
+        notes.append(f"page-cache budget {budget_bytes} bytes holds {bundles} bundles: the "
+                     f"engine charges {paged:.0f} bytes per bundle (ranges rounded to pages)")
+        budget_bytes = bundles * sc.model.bundle_bytes
+    mem = budget(sc)
+    reserve = mem.ram - (mem.unreclaimable - mem.os_reserve) - budget_bytes
+    if reserve < 0:
+        notes.append(f"page-cache budget {budget_bytes} bytes is more than RAM leaves; using the "
+                     "RAM-derived page cache")
+        return sc
+    hw = dataclasses.replace(sc.hardware, os_reserve_gib=reserve / GIB)
+    return dataclasses.replace(sc, hardware=hw)
+
+
+def scenario_for(trace: Trace, scenario: str | None = None,
+                 sets: list[str] | None = None) -> tuple[Scenario, list[str], list[str]]:
+    """(scenario, derived --set items, notes) for replaying `trace`."""
+    from sim.profiles import ROOT, apply_overrides, check_scenario, load_hardware, load_scenario
+
+    notes: list[str] = []
+    default = f"{DEFAULT_HARDWARE}-{model_name(trace)}"
+    if scenario is None and (ROOT / f"{default}.toml").is_file():
+        scenario = default
+        notes.append(f"scenario {default} (this machine's profile, the trace's model profile and "
+                     "the engine's per-path main-thread costs)")
+    if scenario is not None:
+        sc = load_scenario(scenario)
+    else:
+        sc = Scenario(name=f"compare-{model_name(trace) or 'trace'}",
+                      hardware=load_hardware(DEFAULT_HARDWARE), model=trace_model(trace, notes),
+                      source=f"sim compare {trace.path}")
+    derived, _, more = engine_settings(trace.run.get("engine") or {}, sc)
+    notes += more
+    sc = apply_overrides(sc, derived + list(sets or []))
+    engine = trace.run.get("engine") or {}
+    budget_bytes = engine.get("page_cache_budget")
+    if budget_bytes is not None and not engine.get("o_direct_effective", engine.get("o_direct")):
+        sc = with_page_cache(sc, int(budget_bytes), notes, paged_bundle_bytes(trace))
+        derived.append(f"page cache = {int(budget_bytes)} bytes")
+    sc.source = f"{sc.source} (sim compare {trace.path})"
+    check_scenario(sc)
+    return sc, derived, notes
+
+
+def compare(trace: Trace, scenario: str | None = None, sets: list[str] | None = None,
+            out: str | Path | None = None) -> Comparison:
+    from sim.replay import run_scenario
+    from traces.summary import summarize
+
+    sc, derived, notes = scenario_for(trace, scenario, sets)
+    if not trace.complete:
+        notes.append("the measured trace is incomplete (complete=false): compared on what it "
+                     "holds")
+    measured = summarize(trace)
+    result = run_scenario(sc, trace=trace, out=out)
+    notes += result.extra["warnings"]
+    if measured.get("peak_rss_bytes") is not None:
+        notes.append("peak_rss_bytes is not simulated; peak_mlx_bytes is the engine allocation "
+                     "model (resident + caches), not MLX's allocator peak")
+    engine = trace.run.get("engine") or {}
+    if engine.get("o_direct_effective", engine.get("o_direct")):
+        notes.append("cold_fraction: under O_DIRECT the engine still classes a load by page-cache "
+                     "residency (mincore), while every read goes to the device; the simulator "
+                     "counts device reads as cold")
+    if "prefill" in trace.steps["phase"].to_list():
+        notes.append("prefill: the simulator always loads whole layers; the on-demand engine "
+                     "reads only the prompt's experts (prefill_tok_s is indicative)")
+    extra = {k: result.extra[k] for k in ("build_ms_per_step", "eval_ms_per_step",
+                                          "page_cache_capacity_bytes", "page_cache_hit_rate",
+                                          "lru_hit_rate", "sim_wall_s", "decode_steps")}
+    extra["measured_build_ms_per_step"], extra["measured_eval_ms_per_step"] = _measured_split(
+        trace)
+    return Comparison(str(trace.path), sc, derived, measured, result.metrics, notes, extra)
+
+
+def _measured_split(trace: Trace) -> tuple[float | None, float | None]:
+    import polars as pl
+
+    d = trace.steps.filter(pl.col("phase") == "decode")
+    if not d.height:
+        return None, None
+    return float(d["build_ns"].mean()) / 1e6, float(d["eval_ns"].mean()) / 1e6

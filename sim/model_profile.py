@@ -1,0 +1,162 @@
+"""A simulator model profile derived from a converted model's manifest (engine/manifest.py's
+JSON, read here with plain json: no engine import, no MLX), so any captured trace can be
+replayed: `ssdmoe sim profile-model MODEL_DIR --out scenarios/models/NAME.toml`, and
+automatically by `ssdmoe sim compare` when no profile file exists.
+
+What each value is, for a model run by this project's engine on CPU:
+  layers, experts, k, bundle_bytes    manifest (config num_hidden_layers, num_experts, top_k,
+                                      bundle_bytes)
+  resident_bytes                      resident.safetensors tensors as the engine holds them
+                                      (float tensors upcast to float32 on CPU)
+  active_params                       resident parameters (the embedding table once: its
+                                      lookup reads one row, a tied lm_head reads all of it) +
+                                      layers x K x one expert's parameters
+  kv_bytes_per_token                  2 x layers x kv_heads x head_dim x 4 (float32 cache)
+  build_ms_per_layer                  given (measured by `ssdmoe calibrate`), else machine-notes
+No prediction heads yet (consumer_first = consumer_last = -1).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+from sim.scenario import MODEL_KEYS
+from ssdmoe_cli.errors import BadInput
+
+MANIFEST = "manifest.json"
+RESIDENT = "resident.safetensors"
+DEFAULT_BUILD_MS = 0.25  # machine-notes: tiny model graph building ~1.7-2.3 ms over 8 layers
+_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "U8": 1, "I8": 1, "F64": 8,
+          "I64": 8, "U16": 2, "I16": 2, "BOOL": 1}
+_FLOAT = {"F32", "F16", "BF16", "F64"}
+
+
+def read_manifest_json(model_dir: Path) -> dict[str, Any]:
+    path = Path(model_dir) / MANIFEST
+    if not path.is_file():
+        raise BadInput(f"{path}: missing (not a converted model: ssdmoe convert)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BadInput(f"{path}: not valid JSON ({err})") from None
+    for key in ("config", "num_experts", "top_k", "bundle_bytes", "layers"):
+        if key not in data:
+            raise BadInput(f"{path}: {key}: missing (not an ssdmoe-streaming manifest?)")
+    return data
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+    except (OSError, struct.error, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BadInput(f"{path}: not a readable safetensors file ({err})") from None
+    header.pop("__metadata__", None)
+    return header
+
+
+def resident_figures(path: Path, bits: int | None) -> tuple[int, int, int]:
+    """(bytes as held on CPU, parameters, embedding parameters) of the resident file."""
+    nbytes = params = embed = 0
+    for name, t in safetensors_header(path).items():
+        count = 1
+        for d in t["shape"]:
+            count *= int(d)
+        dtype = t["dtype"]
+        nbytes += count * (4 if dtype in _FLOAT else _BYTES.get(dtype, 4))
+        if name.endswith((".scales", ".biases")):
+            continue
+        n = count * 32 // bits if dtype == "U32" and bits else count
+        params += n
+        if "embed_tokens" in name or name.endswith("wte.weight"):
+            embed += n
+    return nbytes, params, embed
+
+
+def expert_params(manifest: dict[str, Any]) -> int:
+    """Parameters of one expert: sum over gate/up/down of out x in (in from packed words)."""
+    bits = int(manifest.get("quantization", {}).get("bits", 4))
+    first = manifest["layers"][0]["tensors"]
+    total = 0
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        shape = first[f"{proj}.weight"]["shape"]
+        total += int(shape[1]) * int(shape[2]) * 32 // bits
+    return total
+
+
+def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | None = None,
+                          build_how: str | None = None) -> dict[str, tuple[Any, str]]:
+    """Model-profile keys -> (value, where it came from), for `model_toml`."""
+    model_dir = Path(model_dir)
+    m = read_manifest_json(model_dir)
+    cfg = m["config"]
+    src = f"{model_dir / MANIFEST}"
+    layers = int(cfg.get("num_hidden_layers") or len(m["layers"]))
+    moe = len(m["layers"])
+    resident_path = model_dir / RESIDENT
+    if not resident_path.is_file():
+        raise BadInput(f"{resident_path}: missing")
+    rq = m.get("resident_quantization") or {}
+    res_bytes, res_params, embed = resident_figures(resident_path, rq.get("bits"))
+    k = int(m["top_k"])
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    per_expert = expert_params(m)
+    active = res_params - (0 if tied else embed) + moe * k * per_expert
+    heads = int(cfg.get("num_attention_heads") or 1)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or int(cfg.get("hidden_size", 0)) // heads)
+    kv = 2 * layers * kv_heads * head_dim * 4
+    if build_ms_per_layer is None:
+        build_ms_per_layer = DEFAULT_BUILD_MS
+        build_how = ("machine-notes: tiny qwen3_moe graph building ~1.7-2.3 ms/step over 8 layers "
+                     "(not measured for this model: run ssdmoe calibrate --model DIR --model-out)")
+    note_layers = "" if moe == layers else f" ({moe} are MoE layers: the sim treats all as MoE)"
+    return {
+        "layers": (layers, f"{src}: config num_hidden_layers{note_layers}"),
+        "experts": (int(m["num_experts"]), f"{src}: num_experts"),
+        "k": (k, f"{src}: top_k"),
+        "bundle_bytes": (int(m["bundle_bytes"]), f"{src}: bundle_bytes (9 tensor slices)"),
+        "resident_bytes": (res_bytes, f"{resident_path.name} tensors as held on CPU (floats "
+                           "upcast to float32)"),
+        "active_params": (float(active), (
+            f"resident params {res_params}{'' if tied else f' - embedding {embed}'} + {moe} "
+            f"MoE layers x K={k} x {per_expert} params per expert")),
+        "kv_bytes_per_token": (kv, f"2 x {layers} layers x {kv_heads} KV heads x head_dim "
+                               f"{head_dim} x 4 bytes (float32 cache)"),
+        "consumer_first": (-1, "no prediction heads (no prerouter yet)"),
+        "consumer_last": (-1, "no prediction heads"),
+        "heads": (0, "no prediction heads"),
+        "head_bytes": (0, "no prediction heads"),
+        "build_ms_per_layer": (round(float(build_ms_per_layer), 4), build_how or "given"),
+        "head_build_ms": (0.0, "no prediction heads"),
+        "whole_layer_reads": (9, "9 tensors per MoE layer file"),
+    }
+
+
+def model_toml(values: dict[str, tuple[Any, str]], name: str, header: list[str]) -> str:
+    from sim.calibrate import toml_text
+
+    order = tuple(k for k in MODEL_KEYS if k in values)
+    desc = (f"{name}: {values['layers'][0]} layers x {values['experts'][0]} experts, "
+            f"K={values['k'][0]}, bundle {values['bundle_bytes'][0]} bytes (from its manifest)")
+    return toml_text(header, values, order, desc)
+
+
+def write_model(path: Path, text: str) -> Path:
+    """Write atomically after checking that load_model accepts it."""
+    from sim.profiles import load_model
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(text)
+    try:
+        load_model(str(tmp))
+    except Exception:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
+    return path

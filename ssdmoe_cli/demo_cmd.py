@@ -1,0 +1,59 @@
+"""`ssdmoe demo`: the main job on the built-in default. Builds the tiny-trained fixture
+(offline, once), converts it to the streaming layout (once), generates text while streaming
+experts from disk and recording a trace, then prints the trace summary. Each stage is the
+ordinary CLI command, so the demo shows exactly what a user would type."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ssdmoe_cli import fixture_cmd, model_cmds, trace_cmds
+
+DEFAULT_PROMPT = "def read_config(path):\n    \"\"\"Read a configuration file and return"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)
+
+
+def _stale(converted: Path, source: Path) -> bool:
+    manifest = converted / "manifest.json"
+    weights = source / "model.safetensors"
+    return not manifest.is_file() or manifest.stat().st_mtime < weights.stat().st_mtime
+
+
+def demo(
+    models: Annotated[Path, typer.Option("--models", help="Where fixture models live.")] = Path(
+        "models"),
+    preset: Annotated[str, typer.Option("--preset", help="on-demand, hot or staged.")] = "staged",
+    prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")] = DEFAULT_PROMPT,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens to generate.")] = 96,
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="Trace directory (default runs/demo-<time>).")] = None,
+) -> None:
+    """Build tiny-trained (once), convert it (once), generate from SSD with a trace, summarise."""
+    source = models / "tiny-trained"
+    converted = models / "tiny-trained-stream"
+    if not (source / "fixture.json").is_file():
+        typer.echo(f"[1/4] building the tiny-trained fixture into {source} (offline, minutes)")
+        fixture_cmd.fixture("tiny-trained", out=source, seed=0, steps=None,
+                            force=source.exists(), list_=False)
+    else:
+        typer.echo(f"[1/4] fixture {source} exists")
+    if _stale(converted, source):
+        typer.echo(f"[2/4] converting to the streaming layout in {converted}")
+        model_cmds.convert(source, converted, bits=4, group_size=64, force=converted.exists())
+    else:
+        typer.echo(f"[2/4] streaming layout {converted} is up to date")
+    trace = trace or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    typer.echo(f"[3/4] generating with preset {preset!r}, trace in {trace}\n")
+    model_cmds.generate(converted, prompt=prompt, max_tokens=max_tokens, temp=0.0, seed=0,
+                        json_out=False, o_direct=False, page_cache_mb=None, verify=None,
+                        preset=preset, trace=trace, force=False)
+    typer.echo(f"\n[4/4] trace summary (also: ssdmoe trace summary {trace};"
+               f" ssdmoe trace export {trace} --chrome timeline.json)")
+    trace_cmds.summary(trace, as_json=False)

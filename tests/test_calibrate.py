@@ -1,0 +1,187 @@
+"""Calibration: the fits recover known costs, the written profile loads and round-trips, a
+simulated load then costs what was measured, lazy compute follows its closed form, a model
+profile from a manifest matches the model, and a short real calibrate gives positive numbers."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+from sim_helpers import hardware, model, routing_input, scenario, uniform_routing
+
+from sim.calibrate import (
+    MIB,
+    ComputeResult,
+    StorageResult,
+    hardware_toml,
+    hardware_values,
+    linear_fit,
+    storage_values,
+    write_hardware,
+)
+from sim.model_profile import model_toml, profile_from_manifest, write_model
+from sim.profiles import load_hardware, load_model
+from sim.replay import run_scenario
+
+SIZES = [4096, 65536, MIB, 4 * MIB]
+
+
+def storage(a_w=0.004, memcpy=8.0, a_c=0.09, bw=1.5, latency=0.05) -> StorageResult:
+    """Exactly linear read times: warm = a_w + s/memcpy, cold = a_c + s/bw + s/memcpy (ms)."""
+    warm = [a_w + s / (memcpy * 1e9) * 1e3 for s in SIZES]
+    cold = [a_c + s / (bw * 1e9) * 1e3 + s / (memcpy * 1e9) * 1e3 for s in SIZES]
+    return StorageResult(SIZES, cold, warm, latency, 1.8, {1: 0.8, 2: 1.3, 4: 1.35, 8: 1.36},
+                         "/tmp", 1 << 20)
+
+
+def compute(**over) -> ComputeResult:
+    values = dict(model="m", layers=4, experts=16, bundle_bytes=100_000, resident_bytes=2_000_000,
+                  glu_ms={1: 0.3, 2: 0.5, 4: 0.9, 8: 1.7}, build_ms_per_layer=0.2,
+                  engine_build_ms_per_layer=0.6, non_moe_ms=4.0, step_ms=7.6, sync_ms=0.25,
+                  synced_compute_ms=8.6, path_build_ms_per_layer={"exact": 0.6},
+                  prefill_ms=100.0, prefill_tokens=64, warm_bundle_ms=0.08,
+                  cold_bundle_ms=0.9, cold_bundles=10)
+    values.update(over)
+    return ComputeResult(**values)
+
+
+def test_linear_fit_is_exact_on_a_line():
+    a, b = linear_fit([1, 2, 4, 8], [0.1 + 0.2 * x for x in (1, 2, 4, 8)])
+    assert a == pytest.approx(0.1) and b == pytest.approx(0.2)
+
+
+def test_storage_fit_recovers_the_costs_it_was_built_from():
+    v = storage_values(storage())
+    assert v["memcpy_gbps"][0] == pytest.approx(8.0, rel=1e-3)
+    assert v["ssd_bandwidth_gbps"][0] == pytest.approx(1.5, rel=1e-3)
+    assert v["ssd_latency_ms"][0] == pytest.approx(0.05)
+    assert v["queue_depth"][0] == 2  # 1.3 GB/s is within 90% of the best 1.36
+    # no engine bundle figures: per-range intercepts x 9 ranges
+    assert v["load_overhead_ms"][0] == pytest.approx(9 * 0.004, abs=1e-4)
+    assert v["cold_overhead_ms"][0] == pytest.approx(9 * (0.09 - 0.004) - 0.05, abs=1e-4)
+
+
+def test_simulated_loads_cost_what_the_engine_measured():
+    """With engine bundle reads, the sim's warm and cold load of that bundle (QD1, main thread)
+    take exactly the measured times."""
+    c = compute()
+    values = hardware_values(storage(), c, active_params=1e6)
+    hw = load_hardware_from(values)
+    m = model(layers=1, experts=16, k=1, bundle_bytes=c.bundle_bytes, build_ms_per_layer=0.0)
+    # every step routes expert 0 then 1 alternately: 2 cold loads, then warm ones (page cache)
+    routing = routing_input(uniform_routing(40, 1, 2, 1, seed=1))
+    sc = scenario(hw=hw, m=m, policy="hot", lru_bytes=c.bundle_bytes, readers=0, decode_steps=40)
+    loads = run_scenario(sc, routing=routing).trace.loads
+    ms = ((loads["finished_ns"] - loads["started_ns"]) / 1e6).to_list()
+    cold = [t for t, is_cold in zip(ms, loads["cold"].to_list(), strict=True) if is_cold]
+    warm = [t for t, is_cold in zip(ms, loads["cold"].to_list(), strict=True) if not is_cold]
+    assert cold and warm
+    assert all(t == pytest.approx(c.cold_bundle_ms, abs=1e-4) for t in cold)  # 4-decimal profile
+    assert all(t == pytest.approx(c.warm_bundle_ms, abs=1e-4) for t in warm)
+
+
+def load_hardware_from(values):
+    from sim.scenario import Hardware
+
+    return Hardware(name="cal", **{k: v for k, (v, _) in values.items()})
+
+
+def test_written_profile_loads_and_round_trips(tmp_path):
+    values = hardware_values(storage(), compute(), active_params=2e6)
+    text = hardware_toml(values, "cal", "2026-01-01 00:00 UTC", "ssdmoe calibrate --out x")
+    path = write_hardware(tmp_path / "cal.toml", text)
+    hw = load_hardware(str(path))
+    for key, (value, how) in values.items():
+        assert getattr(hw, key) == pytest.approx(value), key
+        assert how  # every value says how it was measured
+    lines = [ln for ln in path.read_text().splitlines() if " = " in ln and
+             not ln.startswith(("#", "description"))]
+    assert len(lines) == len(values) and all("  # " in ln for ln in lines)
+    # compute: expert time = e0 + K x bundle / expert_gbps reproduces the glu fit
+    c = compute()
+    e_ms = lambda k: hw.expert_overhead_ms + k * c.bundle_bytes / (hw.expert_gbps * 1e9) * 1e3  # noqa: E731
+    assert e_ms(1) == pytest.approx(0.3, abs=0.02) and e_ms(8) == pytest.approx(1.7, abs=0.02)
+    assert c.resident_bytes / (hw.mem_bandwidth_gbps * 1e9) * 1e3 == pytest.approx(4.0)
+    assert hw.sync_overhead_ms == pytest.approx(0.25) and hw.lazy_compute is True
+    assert hw.compute_tflops == pytest.approx(2 * 2e6 * 64 / 0.1 / 1e12)
+
+
+def test_a_profile_without_the_new_keys_still_loads(tmp_path):
+    values = hardware_values(storage(), compute(), active_params=2e6)
+    for key in ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute"):
+        values.pop(key)
+    path = write_hardware(tmp_path / "old.toml", hardware_toml(values, "old", "t", "c"))
+    hw = load_hardware(str(path))
+    assert (hw.expert_gbps, hw.expert_overhead_ms, hw.sync_overhead_ms, hw.lazy_compute) == \
+        (0.0, 0.0, 0.0, False)
+
+
+def test_lazy_compute_closed_form():
+    """Lazy compute, free loads: a decode step = L x (build + attention + experts) + (L + 1)
+    syncs (one per router, one at the end), each sync_overhead_ms."""
+    L, b, s = 3, 0.5, 0.2
+    hw = hardware(lazy_compute=True, sync_overhead_ms=s, ssd_latency_ms=0.0,
+                  ssd_bandwidth_gbps=1e9, mem_bandwidth_gbps=1.0, expert_gbps=0.5,
+                  expert_overhead_ms=0.1)
+    m = model(layers=L, experts=16, k=2, bundle_bytes=100_000, resident_bytes=3_000_000,
+              build_ms_per_layer=b)
+    attn = 3_000_000 / L / 1e9 * 1e3
+    expert = 0.1 + 2 * 100_000 / 0.5e9 * 1e3
+    want = L * (b + attn + expert) + (L + 1) * s
+    sc = scenario(hw=hw, m=m, policy="on-demand", decode_steps=20)
+    result = run_scenario(sc, routing=routing_input(uniform_routing(20, L, 16, 2, seed=2)))
+    assert result.metrics["step_ms_p50"] == pytest.approx(want, abs=2e-6)
+    eager = run_scenario(scenario(hw=hardware(sync_overhead_ms=0.0, ssd_latency_ms=0.0,
+                                              ssd_bandwidth_gbps=1e9, mem_bandwidth_gbps=1.0,
+                                              expert_gbps=0.5, expert_overhead_ms=0.1),
+                                  m=m, policy="on-demand", decode_steps=20),
+                         routing=routing_input(uniform_routing(20, L, 16, 2, seed=2)))
+    # eager: each layer's build overlaps the previous layer's experts
+    assert eager.metrics["step_ms_p50"] == pytest.approx(want - (L + 1) * s - (L - 1) * b,
+                                                         abs=2e-6)
+
+
+def _header(path) -> dict:
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n)), n
+
+
+def test_model_profile_from_a_manifest(tiny_random_converted, tmp_path):
+    v = profile_from_manifest(tiny_random_converted, 0.3, "test")
+    man = json.loads((tiny_random_converted / "manifest.json").read_text())
+    cfg = man["config"]
+    assert v["layers"][0] == cfg["num_hidden_layers"] == 4
+    assert v["experts"][0] == 32 and v["k"][0] == 4 and v["bundle_bytes"][0] == man["bundle_bytes"]
+    header, n = _header(tiny_random_converted / "resident.safetensors")
+    size = (tiny_random_converted / "resident.safetensors").stat().st_size
+    assert v["resident_bytes"][0] == size - 8 - n  # float32 tensors: held as stored
+    h, inter = cfg["hidden_size"], cfg["moe_intermediate_size"]
+    resident_params = (size - 8 - n) // 4
+    embed = cfg["vocab_size"] * h
+    assert not cfg["tie_word_embeddings"]
+    assert v["active_params"][0] == resident_params - embed + 4 * 4 * 3 * h * inter
+    head_dim = cfg["head_dim"]
+    assert v["kv_bytes_per_token"][0] == 2 * 4 * cfg["num_key_value_heads"] * head_dim * 4
+    path = write_model(tmp_path / "tr.toml", model_toml(v, "tr", ["test"]))
+    prof = load_model(str(path))
+    assert prof.build_ms_per_layer == 0.3 and prof.consumer_count == 0
+
+
+def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_path):
+    from engine.calibrate import calibrate
+
+    cal = calibrate(tiny_random_converted, tmp_path, quick=True)
+    assert not list(tmp_path.glob(".ssdmoe-calibrate-*"))  # scratch file removed
+    c, st = cal.compute, cal.storage
+    assert all(t > 0 for t in st.cold_ms + st.warm_ms)
+    assert st.cold_ms[-1] > st.warm_ms[-1]  # a cold 8 MiB read is slower than a warm one
+    assert all(t > 0 for t in c.glu_ms.values()) and set(c.glu_ms) == {1, 4}
+    assert c.build_ms_per_layer > 0 and c.non_moe_ms > 0 and c.step_ms > 0
+    assert c.warm_bundle_ms > 0 and c.cold_bundle_ms > 0 and c.cold_bundles > 0
+    for key in ("ssd_bandwidth_gbps", "memcpy_gbps", "mem_bandwidth_gbps", "expert_gbps",
+                "compute_tflops"):
+        assert cal.hardware[key][0] > 0, key
+    path = write_hardware(tmp_path / "q.toml", hardware_toml(cal.hardware, "q", cal.when, "t"))
+    assert load_hardware(str(path)).lazy_compute is True

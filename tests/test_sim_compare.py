@@ -1,0 +1,143 @@
+"""`sim compare`: a trace captured here is replayed with its engine configuration; the output
+has every summary key; with free storage the simulated decode speed is the compute-bound closed
+form; engine configs map onto the scenario keys they stand for."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sim_helpers import model, scenario
+
+from sim.compare import compare, engine_settings, scenario_for
+from ssdmoe_cli.errors import BadInput
+from traces.reader import read_trace
+from traces.schema import SUMMARY_KEYS
+
+FREE_STORAGE = ["ssd_latency_ms=0", "ssd_bandwidth_gbps=1e9", "load_overhead_ms=0",
+                "cold_overhead_ms=0", "memcpy_gbps=0"]
+COMPUTE = ["mem_bandwidth_gbps=1", "expert_gbps=0.5", "expert_overhead_ms=0.1",
+           "sync_overhead_ms=0.2", "lazy_compute=true", "build_ms_per_layer=0.5"]
+
+
+@pytest.fixture(scope="module")
+def captured(tiny_random_converted, tmp_path_factory):
+    """A small on-demand trace of tiny-random: one prompt, 8 decode tokens."""
+    from engine.capture import capture, load_engine, start_recorder
+
+    out = tmp_path_factory.mktemp("compare") / "trace"
+    model_, tok, store, config = load_engine(tiny_random_converted, preset="on-demand")
+    rec = start_recorder(out, model_, store, config=config, command=["test"])
+    try:
+        capture(model_, tok, store, ["def add(a, b):\n    return"], 9, recorder=rec)
+    finally:
+        rec.close()
+        store.close()
+    return out
+
+
+def test_cli_output_has_every_key(captured, ssdmoe):
+    r = ssdmoe("sim", "compare", str(captured), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert list(out["metrics"]) == list(SUMMARY_KEYS)
+    for key, row in out["metrics"].items():
+        assert set(row) == {"measured", "simulated", "ratio", "error_pct"}, key
+    m = out["metrics"]
+    # the replay executes the trace's own routing: routing-derived figures agree exactly
+    for key in ("loads_per_step", "mib_per_load", "mib_per_step", "adjacent_overlap",
+                "load_entropy"):
+        assert m[key]["simulated"] == pytest.approx(m[key]["measured"]), key
+    assert m["decode_tok_s"]["measured"] > 0 and m["decode_tok_s"]["simulated"] > 0
+    assert "policy=hot" in out["settings"] and "readers=0" in out["settings"]
+    table = ssdmoe("sim", "compare", str(captured))
+    assert table.returncode == 0 and "simulated/measured" in table.stdout
+
+
+def test_free_storage_gives_the_compute_bound_speed(captured):
+    trace = read_trace(captured)
+    result = compare(trace, sets=FREE_STORAGE + COMPUTE)
+    sc = result.scenario
+    m = sc.model
+    layers, k = m.layers, sc.k
+    attn = m.resident_bytes / layers / 1e9 * 1e3
+    expert = 0.1 + k * m.bundle_bytes / 0.5e9 * 1e3
+    step_ms = layers * (0.5 + attn + expert) + (layers + 1) * 0.2
+    assert result.simulated["decode_tok_s"] == pytest.approx(1e3 / step_ms, rel=1e-5)
+    assert result.simulated["blocked_ms_per_step"] == pytest.approx(0.0, abs=1e-5)
+    assert result.ratio("decode_tok_s") == pytest.approx(
+        result.simulated["decode_tok_s"] / result.measured["decode_tok_s"])
+
+
+def test_engine_configs_map_onto_scenario_keys():
+    m = model(layers=4, experts=16, k=2, bundle_bytes=1000)
+    sc = scenario(m=m)
+    sets, path, _ = engine_settings({"preset": "on-demand", "decode": "exact", "k": 2,
+                                     "readers": 2, "o_direct": False}, sc)
+    assert path == "exact" and sets == ["k=2", "policy=hot", "lru_bytes=1000", "readers=0",
+                                        "o_direct=false"]
+    sets, _, _ = engine_settings({"decode": "hot", "k": 2, "readers": 3, "hot_bytes": None}, sc)
+    assert "lru_bytes=16000" in sets and "readers=3" in sets  # 25% of 4 x 16 x 1000 bytes
+    sets, _, notes = engine_settings({"decode": "staged", "k": 2, "readers": 2,
+                                      "staged_headroom": None,
+                                      "o_direct_effective": True}, sc)
+    assert sets[1:4] == ["policy=hot", "lru_bytes=16000", "readers=2"]  # 4 layers x 4 slots
+    assert "o_direct=true" in sets and notes
+    sc.notes["build_ms_per_layer.hot"] = "0.42"
+    sc.notes["cold_overhead_ms.o_direct"] = "0.9"
+    sets, _, _ = engine_settings({"decode": "hot", "k": 2}, sc)
+    assert sets[-1] == "build_ms_per_layer=0.42"  # buffered: the O_DIRECT cost is not used
+    sets, _, _ = engine_settings({"decode": "hot", "k": 2, "o_direct": True}, sc)
+    assert sets[-2:] == ["build_ms_per_layer=0.42", "cold_overhead_ms=0.9"]
+    with pytest.raises(BadInput, match="decode path 'fancy' has no simulator mapping"):
+        engine_settings({"decode": "fancy"}, sc)
+
+
+def test_page_cache_budget_becomes_the_simulated_page_cache(captured, tiny_random_converted,
+                                                            tmp_path):
+    import shutil
+
+    import numpy as np
+
+    from engine.loader import open_manifest
+    from engine.paths.kernel import alloc_stack, row_views
+    from engine.store import ExpertStore
+    from sim.compare import paged_bundle_bytes
+    from sim.memory import budget
+
+    copy = tmp_path / "t"
+    shutil.copytree(captured, copy)
+    run = json.loads((copy / "run.json").read_text())
+    bundle = run["model"]["bundle_bytes"]
+    run["engine"]["page_cache_budget"] = 40 * bundle
+    (copy / "run.json").write_text(json.dumps(run))
+    # what the engine's budget really charges per bundle: read every bundle of layer 0
+    manifest = open_manifest(tiny_random_converted, verify=False)
+    layer = manifest.moe_layers[0]
+    with ExpertStore(manifest, page_cache_budget=1 << 40) as store:
+        _, views = alloc_stack(store.expert_shapes(layer), 1)
+        for e in range(manifest.num_experts):
+            store.read_bundle(layer, e, row_views(views, 0), emit=False)
+        charged = store._lru_bytes / manifest.num_experts
+    paged = paged_bundle_bytes(read_trace(copy))
+    assert paged == pytest.approx(charged) and paged >= bundle
+    held = int(40 * bundle // paged)
+    sc, derived, _ = scenario_for(read_trace(copy))
+    assert budget(sc).page_cache == pytest.approx(held * bundle, abs=2)
+    assert f"page cache = {40 * bundle} bytes" in derived
+    result = compare(read_trace(copy))
+    assert result.extra["page_cache_capacity_bytes"] == held * bundle
+    assert np.isfinite(result.simulated["decode_tok_s"])
+
+
+def test_trace_without_a_model_profile_is_bad_input(captured, tmp_path):
+    import shutil
+
+    copy = tmp_path / "t"
+    shutil.copytree(captured, copy)
+    run = json.loads((copy / "run.json").read_text())
+    run["model"]["path"] = str(tmp_path / "gone")
+    run["model"]["name"] = "no-such-model"
+    (copy / "run.json").write_text(json.dumps(run))
+    with pytest.raises(BadInput, match="no model profile for model 'no-such-model'"):
+        compare(read_trace(copy))
