@@ -295,7 +295,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         prefill_ms = _prefill_ms(runners["resident"].model, runners["resident"].tok,
                                  prefill_tokens, reps=2) if prefill_tokens else 0.0
         cold_runner = runners["exact"]
-        warm_loads = cold_runner.times.loads
+        warm_exact = cold_runner.times
         cold_runner.times = StepTimes()
         for _ in range(2):  # cold reads: page cache dropped after a fresh prompt
             cold_runner.restart(drop=True)
@@ -308,8 +308,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     direct_ms = direct_bundle_ms(converted)
     exact_extra = exact_extra_ms(converted)
     times = {name: r.times for name, r in runners.items()}
-    times["exact"] = StepTimes(*(getattr(runners["exact"].times, f) for f in (
-        "build_ms", "eval_ms", "sync_ms", "read_ms")), loads=warm_loads)
+    times["exact"] = warm_exact
     resident, synced, zero, exact = (times[n] for n in ("resident", "resident_synced", "zero",
                                                         "exact"))
     per_path = {"exact": exact, **{p: times[p] for p in presets}}

@@ -1,6 +1,7 @@
 """Validate the simulator against measured traces: `sim compare` on every sample trace.
 
-    uv run python reports/validation/generate.py [TRACE_DIR ...]   # default: traces/samples/*
+    uv run python reports/validation/generate.py [TRACE_DIR ...]
+    # default: traces/samples/* and reports/validation/traces/*
 
 Writes reports/validation/README.md and validation.json. Each row is exactly what
 `uv run ssdmoe sim compare TRACE --json` prints (default scenario resolution: this machine's
@@ -32,7 +33,10 @@ KEYS = ("decode_tok_s", "step_ms_p10", "step_ms_p50", "step_ms_p90", "blocked_ms
 def traces(args: list[str]) -> list[Path]:
     if args:
         return [Path(a) for a in args]
-    return sorted(p.parent for p in (ROOT / "traces" / "samples").glob("*/run.json"))
+    found = []
+    for where in (ROOT / "traces" / "samples", OUT / "traces"):
+        found += sorted(p.parent for p in where.glob("*/run.json"))
+    return found
 
 
 def row(path: Path) -> dict[str, Any]:
@@ -107,6 +111,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 if r["metrics"][key]["error_pct"] is not None]
         out[key] = {"median_abs_error_pct": statistics.median(errs) if errs else None,
                     "max_abs_error_pct": max(errs) if errs else None, "n": len(errs)}
+    # a fraction near 0 has no useful relative error: the absolute difference instead
+    diffs = [abs(r["metrics"]["cold_fraction"]["simulated"] - r["metrics"]["cold_fraction"][
+        "measured"]) for r in rows if None not in (r["metrics"]["cold_fraction"]["simulated"],
+                                                   r["metrics"]["cold_fraction"]["measured"])]
+    out["cold_fraction"] = {"median_abs_difference": statistics.median(diffs) if diffs else None,
+                            "max_abs_difference": max(diffs) if diffs else None, "n": len(diffs)}
     inside = 0
     for r in rows:
         m = r["metrics"]
@@ -156,7 +166,11 @@ def main() -> None:
         "",
         "Median |error| over the traces: " + ", ".join(
             f"{k} {fmt(v['median_abs_error_pct'], 0)}%" for k, v in s.items()
-            if isinstance(v, dict) and v["median_abs_error_pct"] is not None) + ". "
+            if isinstance(v, dict) and v.get("median_abs_error_pct") is not None)
+        + f"; cold_fraction |sim - measured| median "
+        f"{fmt(s['cold_fraction']['median_abs_difference'], 3)} (max "
+        f"{fmt(s['cold_fraction']['max_abs_difference'], 3)}, the O_DIRECT row: a definition "
+        "difference, see below). "
         f"Simulated step time within the measured p10-p90 band: "
         f"{s['sim_step_within_measured_p10_p90']} traces.",
         "",
