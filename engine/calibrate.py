@@ -17,10 +17,15 @@ simulator's compute and graph-building figures for this machine come from measur
                    through the engine's store
   O_DIRECT bundles the store opened with O_DIRECT: every read goes to the device
   prefill          one prefill chunk through the resident path: prefill compute throughput
+  thread hand-off  a no-op read request through engine.prefetch.ReaderPool (the engine's reader
+                   threads, help_main off so a reader always does it): submit, reader wake-up,
+                   event set, main-thread wake-up; the median round trip is `handoff_ms`
 
 The decode configurations are loaded side by side and take turns, one step each (round robin),
 so they see the same machine load. Every timing is the 10th percentile of its repeats
-(sim.calibrate.cost). Numbers go to sim.calibrate (no MLX), which fits and writes the profiles.
+(sim.calibrate.cost), except the hand-off: its median (a wake-up on a loaded machine is part
+of what the main thread pays). Numbers go to sim.calibrate (no MLX), which fits and writes the
+profiles.
 """
 
 from __future__ import annotations
@@ -158,6 +163,39 @@ def exact_extra_ms(converted: Path, reps: int = 200) -> float:
     return cost(times[5:])
 
 
+class NoopStore:
+    """Stands in for ExpertStore behind the engine's ReaderPool: a read that does nothing, so a
+    request's round trip is the thread machinery alone."""
+
+    step = 0
+
+    def read_bundle(self, layer, expert, into, **_: Any) -> dict:
+        now = time.perf_counter_ns()
+        return {"started_ns": now, "finished_ns": now}
+
+    def emit(self, row: dict) -> None:
+        pass
+
+
+def handoff_times(reps: int = 2000, warmup: int = 50, readers: int = 2) -> list[float]:
+    """ms per round trip of a no-op read request through engine.prefetch.ReaderPool: submit
+    (ticket + queue put), a reader's wake-up and claim, the event set, the main thread's wake-up
+    in `wait` (help_main off: the main thread never does the read itself)."""
+    from engine.prefetch import ReaderPool
+
+    pool = ReaderPool(NoopStore(), n=readers, help_main=False)
+    times = []
+    try:
+        for i in range(warmup + reps):
+            t0 = time.perf_counter_ns()
+            pool.wait([pool.submit_bundle(0, 0, None)])
+            if i >= warmup:
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+    finally:
+        pool.close()
+    return times
+
+
 def direct_bundle_ms(converted: Path, n: int = 48) -> float:
     """O_DIRECT bundle reads through the engine's store (every read goes to the device, the
     9 ranges each through an aligned bounce buffer); nan when O_DIRECT is refused."""
@@ -267,7 +305,7 @@ def _prefill_ms(model, tokenizer, tokens: int, reps: int) -> float:
 
 def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
                     ks: tuple[int, ...] = (1, 2, 4, 8), glu_reps: int = 30,
-                    prefill_tokens: int = 128,
+                    prefill_tokens: int = 128, handoff_reps: int = 2000,
                     presets: tuple[str, ...] = ("hot", "staged")) -> tuple[ComputeResult,
                                                                       dict[str, Any]]:
     """ComputeResult for the simulator, plus the engine-side figures (dict) for the profile
@@ -307,6 +345,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
             r.close()
     direct_ms = direct_bundle_ms(converted)
     exact_extra = exact_extra_ms(converted)
+    handoff = handoff_times(handoff_reps)
     times = {name: r.times for name, r in runners.items()}
     times["exact"] = warm_exact
     resident, synced, zero, exact = (times[n] for n in ("resident", "resident_synced", "zero",
@@ -346,6 +385,9 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         cold_bundle_ms=read_ms(cold_loads, True),
         cold_bundles=sum(1 for r in cold_loads if r["cold"]),
         direct_bundle_ms=direct_ms,
+        handoff_ms=float(np.median(handoff)),
+        handoff_p10_ms=cost(handoff),
+        handoff_reps=len(handoff),
     )
     engine = {name: {"build_ms": m(t.build_ms), "sync_ms": m(t.sync_ms), "read_ms": m(t.read_ms),
                      "eval_ms": m(t.eval_ms), "loads_per_step": len(t.loads) / max(steps, 1)}
@@ -401,7 +443,7 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
         storage = measure_storage(scratch, scratch_bytes=32 << 20, per_size=4, rounds=1,
                                   threads=(1, 2))
         compute, engine = measure_compute(model_dir, steps=4, warmup=2, ks=(1, 4), glu_reps=4,
-                                          prefill_tokens=16, presets=())
+                                          prefill_tokens=16, handoff_reps=200, presets=())
     else:
         storage = measure_storage(scratch)
         compute, engine = measure_compute(model_dir)

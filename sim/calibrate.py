@@ -300,6 +300,10 @@ class ComputeResult:
     cold_bundle_ms: float = 0.0  # the same right after dropping the expert files' pages
     cold_bundles: int = 0
     direct_bundle_ms: float = float("nan")  # one bundle read with O_DIRECT (nan: refused)
+    handoff_ms: float = float("nan")  # median round trip of a no-op read request through the
+    # engine's reader threads (nan: not measured)
+    handoff_p10_ms: float = float("nan")
+    handoff_reps: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -408,6 +412,12 @@ def compute_values(c: ComputeResult, active_params: float | None = None
         "lazy_compute": (True, "MLX evaluates lazily and the engine's generate loop has no "
                          "async eval: compute runs at host syncs only"),
     }
+    if c.handoff_ms == c.handoff_ms:  # not nan
+        out["handoff_ms"] = (round(max(c.handoff_ms, 0.0), 4), (
+            f"median of {c.handoff_reps} round trips of a no-op read request through the "
+            "engine's reader threads (engine.prefetch.ReaderPool, 2 readers, help_main off): "
+            "submit, reader wake-up, event set, main-thread wake-up in wait; 10th percentile "
+            f"{c.handoff_p10_ms:.4f} ms. The sim adds it to every wait on a reader's load"))
     if active_params and c.prefill_ms > 0 and c.prefill_tokens:
         tflops = 2 * active_params * c.prefill_tokens / (c.prefill_ms / 1e3) / 1e12
         out["compute_tflops"] = (round(tflops, 6), (

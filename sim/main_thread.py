@@ -14,8 +14,9 @@ Per prefill step: whole-layer loads, layer L+1's load overlapping layer L's comp
 The accelerator is a timeline (work starts when queued and the device is free; with the hardware's
 lazy_compute, queued work starts only at the next sync, plus sync_overhead_ms), loads are timed
 by sim.loads / sim.readers; the process yields one SimPy timeout per layer to move the clock.
-Times are seconds. Blocked time = main thread waiting on (or itself performing) expert loads;
-eval time = waiting on the accelerator; build time = graph building and slot rewrites.
+Times are seconds. Blocked time = main thread waiting on (or itself performing) expert loads (a
+wait on a reader's load includes the hardware's thread hand-off, handoff_ms: sim.readers); eval
+time = waiting on the accelerator; build time = graph building and slot rewrites.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class MainThread:
         self.policy = policy
         self.fetcher = fetcher
         self.pool = pool
+        if pool is not None:  # the pool is built from the scenario's reader count alone
+            pool.handoff_s = hw.handoff_ms / 1e3
         self.lru = lru
         self.slots = StagedSlots(m.layers)
         self.layers = m.layers
@@ -123,13 +126,15 @@ class MainThread:
     def wait(self, load: Load) -> None:
         if load.started < 0:
             self.pool.promote(load)
-            self.pool.finish(load)
-        if load.finished > self.now:
-            waited = load.finished - self.now
+        # a reader's load: the main thread resumes after its finish plus the thread hand-off;
+        # one the main thread read itself (no pool) is done by now
+        resume = self.pool.resume(load, self.now) if self.pool is not None else load.finished
+        if resume > self.now:
+            waited = resume - self.now
             load.waited = True
             load.wait += waited
             self.blocked += waited
-            self.now = load.finished
+            self.now = resume
 
     # -- caches -----------------------------------------------------------------------------
     def stage(self, step: int, layer: int, predicted: list[int]) -> None:

@@ -65,6 +65,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "expert_gbps": (_nonneg, "must be >= 0 (0 = mem_bandwidth_gbps)"),
     "expert_overhead_ms": (_nonneg, "must be >= 0"),
     "sync_overhead_ms": (_nonneg, "must be >= 0"),
+    "handoff_ms": (_nonneg, "must be >= 0"),
     "layers": (_positive, "must be >= 1"),
     "experts": (lambda v: v >= 2, "must be >= 2"),
     "bundle_bytes": (_positive, "must be > 0"),

@@ -8,6 +8,11 @@ t (call it before submitting or doing I/O at t); `finish(load)` starts loads in 
 `load` has started, which is final because the main thread blocks on it and submits nothing
 meanwhile. This gives the exact non-preemptive priority M/G/c behaviour without per-read events,
 which is what keeps 1,000 decode steps of a 40-layer model well under 5 s.
+
+Hand-off (`handoff_ms`): a main thread that blocks on a load a reader is doing resumes
+`handoff_s` after the load finishes, not at once: in the engine (engine.prefetch) that is the
+queue put, the reader's wake-up, the event set and the main thread's wake-up with the GIL.
+`resume(load, now)` applies it; a load already finished when the main thread asks costs none.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ PREFETCH_PRIORITY = 1
 
 
 class ReaderPool:
-    def __init__(self, n: int, fetcher: Fetcher) -> None:
+    def __init__(self, n: int, fetcher: Fetcher, handoff_s: float = 0.0) -> None:
         if n < 1:
             raise ValueError("a reader pool needs at least one reader")
+        self.handoff_s = handoff_s
         self.free = [0.0] * n  # when each reader is next idle
         self.names = [f"reader{i}" for i in range(n)]
         self.fetcher = fetcher
@@ -69,3 +75,9 @@ class ReaderPool:
             if self._start_next() is None:
                 raise RuntimeError("load was never submitted")
         return load.finished
+
+    def resume(self, load: Load, now: float) -> float:
+        """When a main thread that needs `load` at `now` runs again: now if the load is done,
+        else its finish plus the thread hand-off."""
+        finished = self.finish(load)
+        return finished + self.handoff_s if finished > now else now

@@ -38,6 +38,8 @@ class Hardware:
     sync_overhead_ms: float = 0.0  # extra accelerator time per host sync that finds work queued
     lazy_compute: bool = False  # queued work runs only when the main thread syncs (MLX without
     # async eval, e.g. on CPU): graph building never overlaps compute
+    handoff_ms: float = 0.0  # thread hand-off the main thread pays per load it waits on that a
+    # reader thread performs (queue put, reader wake-up, event set, main wake-up / GIL)
 
 
 @dataclass
@@ -115,5 +117,6 @@ SCENARIO_KEYS = tuple(
                                                         "notes")
 )
 HARDWARE_KEYS = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "description"))
-HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute")
+HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
+                     "handoff_ms")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

@@ -1,0 +1,107 @@
+"""Thread hand-off (handoff_ms): a wait on a reader thread's load costs the load plus h; a wait
+on a load that is already done, or one the main thread read itself, costs no hand-off."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from sim_helpers import MB, hardware, model, routing_input, scenario, uniform_routing
+
+from ssdmoe_cli.errors import BadInput
+from sim.profiles import apply_overrides, load_hardware
+from sim.replay import run_scenario
+
+# one cold bundle read on an idle device: latency + bytes / bandwidth + load + cold overhead
+IO = dict(ssd_latency_ms=0.1, ssd_bandwidth_gbps=1.0, load_overhead_ms=0.05,
+          cold_overhead_ms=0.02, memcpy_gbps=0.0, queue_depth=1)
+LOAD_MS = 0.1 + MB / 1e9 * 1e3 + 0.05 + 0.02
+
+
+def _decode(result) -> pl.DataFrame:
+    return result.trace.steps.filter(pl.col("phase") == "decode")
+
+
+def _hot_miss_every_layer(h: float, layers: int, steps: int = 30):
+    """hot, one reader, a one-bundle LRU shared by all layers (never hits), O_DIRECT: every
+    layer of every step waits on exactly one demand load that the (idle) reader does."""
+    m = model(layers=layers, experts=16, k=1, build_ms_per_layer=0.5)
+    hw = hardware(handoff_ms=h, **IO)
+    sc = scenario(hw=hw, m=m, policy="hot", lru_bytes=MB, readers=1, o_direct=True,
+                  decode_steps=steps)
+    return run_scenario(sc, routing=routing_input(uniform_routing(steps, layers, 16, 1, seed=3)))
+
+
+@pytest.mark.parametrize(("layers", "h"), [(1, 0.2), (3, 0.2), (5, 0.037)])
+def test_blocked_time_grows_by_waited_loads_times_handoff(layers, h):
+    base, slow = _hot_miss_every_layer(0.0, layers), _hot_miss_every_layer(h, layers)
+    n = layers  # waited reader loads per step
+    b0, b1 = _decode(base), _decode(slow)
+    assert b0["blocked_ns"].to_list() == [round(n * LOAD_MS * 1e6)] * 30  # closed form, h = 0
+    assert b1["blocked_ns"].to_list() == [round(n * (LOAD_MS + h) * 1e6)] * 30
+    step0 = (b0["end_ns"] - b0["start_ns"]).to_list()
+    step1 = (b1["end_ns"] - b1["start_ns"]).to_list()
+    assert all(s1 - s0 == pytest.approx(n * h * 1e6, abs=2) for s0, s1 in zip(step0, step1,
+                                                                               strict=True))
+    loads = slow.trace.loads
+    assert set(loads["thread"]) == {"reader0"} and loads["waited"].all()
+    assert loads["wait_ns"].to_list() == [round((LOAD_MS + h) * 1e6)] * (30 * n)
+    assert slow.metrics["blocked_ms_per_step"] == pytest.approx(
+        base.metrics["blocked_ms_per_step"] + n * h, abs=1e-5)
+
+
+def test_loads_finishing_together_wake_the_main_thread_once():
+    """K=2 on 2 readers, latency-only storage: both loads of a layer finish at the same time;
+    the main thread blocks (and pays the hand-off) once per layer, not once per load."""
+    io = dict(IO, ssd_bandwidth_gbps=1e12, queue_depth=2)
+    load_ms = 0.1 + 0.05 + 0.02
+    h, layers, steps = 0.3, 2, 20
+    m = model(layers=layers, experts=16, k=2, build_ms_per_layer=0.5)
+    runs = {}
+    for handoff in (0.0, h):
+        sc = scenario(hw=hardware(handoff_ms=handoff, **io), m=m, policy="hot", lru_bytes=MB,
+                      readers=2, o_direct=True, decode_steps=steps)
+        runs[handoff] = run_scenario(
+            sc, routing=routing_input(uniform_routing(steps, layers, 16, 2, seed=4)))
+    for handoff, result in runs.items():
+        assert _decode(result)["blocked_ns"].to_list() == \
+            [round(layers * (load_ms + handoff) * 1e6)] * steps
+        waited = result.trace.loads.filter(pl.col("waited"))
+        assert waited.height == layers * steps  # one of the two loads per layer
+
+
+def test_no_handoff_for_prefetches_done_in_time_or_main_thread_reads():
+    """prerouter, 2 readers, plenty of graph building: the staged loads are done before their
+    layers need them, so only layer 0's demand loads (router mode) are waited on; without
+    reader threads the main thread reads everything itself and h changes nothing."""
+    m = model(layers=4, experts=32, k=2, build_ms_per_layer=5.0, consumer_first=1,
+              consumer_last=3, heads=3, head_bytes=0)
+    router = uniform_routing(40, 4, 32, 2, seed=6)
+    h = 0.25
+    for readers in (2, 0):
+        runs = {}
+        for handoff in (0.0, h):
+            sc = scenario(hw=hardware(handoff_ms=handoff, **dict(IO, queue_depth=2)), m=m,
+                          policy="prerouter", readers=readers, o_direct=True, decode_steps=40)
+            runs[handoff] = run_scenario(sc, routing=routing_input(router))
+        slow = runs[h].trace.loads
+        waited = slow.filter(pl.col("waited"))
+        if readers:
+            assert set(waited["layer"]) == {0} and waited.height > 0
+            per_step = waited.group_by("step").len()
+            blocked = dict(zip(*_decode(runs[0.0])[["step", "blocked_ns"]], strict=True))
+            for step, n in per_step.iter_rows():
+                got = _decode(runs[h]).filter(pl.col("step") == step)["blocked_ns"].item()
+                assert got - blocked[step] == pytest.approx(n * h * 1e6, abs=2)
+        else:
+            assert set(slow["thread"]) == {"main"}
+            assert _decode(runs[h])["blocked_ns"].to_list() == \
+                _decode(runs[0.0])["blocked_ns"].to_list()
+
+
+def test_handoff_is_optional_non_negative_and_settable(tmp_path):
+    hw = load_hardware("m2-16gb")
+    assert hw.handoff_ms == 0.0  # the paper profiles have no hand-off term
+    sc = apply_overrides(scenario(), ["handoff_ms=0.04"])
+    assert sc.hardware.handoff_ms == 0.04
+    with pytest.raises(BadInput, match="handoff_ms"):
+        apply_overrides(scenario(), ["handoff_ms=-1"])
