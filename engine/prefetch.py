@@ -32,7 +32,7 @@ from engine.store import ExpertStore
 
 class Ticket:
     __slots__ = ("layer", "expert", "source", "issued_ns", "event", "row", "error", "emitted",
-                 "into", "whole", "claimed")
+                 "into", "whole", "claimed", "queued")
 
     def __init__(self, layer: int, expert: int, source: str, into, whole: bool):
         self.layer, self.expert, self.source = layer, expert, source
@@ -43,6 +43,7 @@ class Ticket:
         self.error: BaseException | None = None
         self.emitted = False
         self.claimed = False  # a thread (reader or main) has taken this read
+        self.queued = False  # handed to the readers' queue
 
     def done(self) -> bool:
         return self.event.is_set()
@@ -54,8 +55,11 @@ class Ticket:
 class ReaderPool:
     """`help_main`: when the main thread must wait for a read that no reader has started yet
     (readers busy, or not yet scheduled on a loaded machine), it does that read itself instead
-    of sleeping through a thread hand-off; reads a reader has started are waited for. Rows say
-    which thread read (`thread`)."""
+    of sleeping through a thread hand-off; reads a reader has started are waited for. Reads
+    submitted with `now=True` (the caller waits for them at once: on-demand fills) are not
+    queued at submit; `wait` keeps the first for the main thread and queues the others, so a
+    single miss costs no hand-off and several misses still read in parallel. Rows say which
+    thread read (`thread`)."""
 
     def __init__(self, store: ExpertStore, n: int = 2, stats: PathStats | None = None,
                  help_main: bool = True):
@@ -78,19 +82,24 @@ class ReaderPool:
 
     # ------------------------------------------------------------ submit (main thread)
 
-    def _submit(self, t: Ticket) -> Ticket:
-        if not self._threads:
-            self._start()
-        self._q.put(t)
+    def _submit(self, t: Ticket, now: bool) -> Ticket:
+        if not (now and self.help_main):
+            self._enqueue(t)
         return t
 
+    def _enqueue(self, t: Ticket) -> None:
+        if not self._threads:
+            self._start()
+        t.queued = True
+        self._q.put(t)
+
     def submit_bundle(self, layer: int, expert: int, into: Mapping[str, np.ndarray],
-                      source: str = "demand") -> Ticket:
-        return self._submit(Ticket(layer, expert, source, into, False))
+                      source: str = "demand", now: bool = False) -> Ticket:
+        return self._submit(Ticket(layer, expert, source, into, False), now)
 
     def submit_layer(self, layer: int, into: Mapping[str, np.ndarray],
-                     source: str = "whole_layer") -> Ticket:
-        return self._submit(Ticket(layer, -1, source, into, True))
+                     source: str = "whole_layer", now: bool = False) -> Ticket:
+        return self._submit(Ticket(layer, -1, source, into, True), now)
 
     # ------------------------------------------------------------ wait (main thread)
 
@@ -100,6 +109,9 @@ class ReaderPool:
         if not tickets:
             return 0
         start = time.perf_counter_ns()
+        held = [t for t in tickets if not t.queued and not t.claimed]  # submitted with now=True
+        for t in held[1:]:
+            self._enqueue(t)
         if self.help_main:
             for t in tickets:
                 if not t.claimed and self._claim(t):
@@ -134,6 +146,8 @@ class ReaderPool:
     def drain(self, tickets) -> None:
         """Wait for tickets without raising (cleanup after a failure)."""
         for t in tickets:
+            if not t.queued and self._claim(t):
+                self._execute(t, "main")
             t.event.wait()
 
     # ------------------------------------------------------------ threads

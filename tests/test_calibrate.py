@@ -41,7 +41,8 @@ def compute(**over) -> ComputeResult:
                   engine_build_ms_per_layer=0.6, non_moe_ms=4.0, step_ms=7.6, sync_ms=0.25,
                   synced_compute_ms=8.6, path_build_ms_per_layer={"exact": 0.6},
                   prefill_ms=100.0, prefill_tokens=64, warm_bundle_ms=0.08,
-                  cold_bundle_ms=0.9, cold_bundles=10)
+                  cold_bundle_ms=0.9, cold_bundles=10, handoff_ms=0.04, handoff_p10_ms=0.03,
+                  handoff_reps=100)
     values.update(over)
     return ComputeResult(**values)
 
@@ -105,16 +106,23 @@ def test_written_profile_loads_and_round_trips(tmp_path):
     assert c.resident_bytes / (hw.mem_bandwidth_gbps * 1e9) * 1e3 == pytest.approx(4.0)
     assert hw.sync_overhead_ms == pytest.approx(0.25) and hw.lazy_compute is True
     assert hw.compute_tflops == pytest.approx(2 * 2e6 * 64 / 0.1 / 1e12)
+    assert hw.handoff_ms == pytest.approx(0.04)  # the measured median round trip
+
+
+def test_unmeasured_handoff_is_left_out_of_the_profile():
+    values = hardware_values(storage(), compute(handoff_ms=float("nan")), active_params=2e6)
+    assert "handoff_ms" not in values
 
 
 def test_a_profile_without_the_new_keys_still_loads(tmp_path):
     values = hardware_values(storage(), compute(), active_params=2e6)
-    for key in ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute"):
+    for key in ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
+                "handoff_ms"):
         values.pop(key)
     path = write_hardware(tmp_path / "old.toml", hardware_toml(values, "old", "t", "c"))
     hw = load_hardware(str(path))
-    assert (hw.expert_gbps, hw.expert_overhead_ms, hw.sync_overhead_ms, hw.lazy_compute) == \
-        (0.0, 0.0, 0.0, False)
+    assert (hw.expert_gbps, hw.expert_overhead_ms, hw.sync_overhead_ms, hw.lazy_compute,
+            hw.handoff_ms) == (0.0, 0.0, 0.0, False, 0.0)
 
 
 def test_lazy_compute_closed_form():
@@ -180,6 +188,8 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     assert all(t > 0 for t in c.glu_ms.values()) and set(c.glu_ms) == {1, 4}
     assert c.build_ms_per_layer > 0 and c.non_moe_ms > 0 and c.step_ms > 0
     assert c.warm_bundle_ms > 0 and c.cold_bundle_ms > 0 and c.cold_bundles > 0
+    assert c.handoff_reps == 200 and 0 < c.handoff_p10_ms <= c.handoff_ms
+    assert cal.hardware["handoff_ms"][0] == pytest.approx(c.handoff_ms, abs=1e-4)
     for key in ("ssd_bandwidth_gbps", "memcpy_gbps", "mem_bandwidth_gbps", "expert_gbps",
                 "compute_tflops"):
         assert cal.hardware[key][0] > 0, key

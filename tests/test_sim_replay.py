@@ -1,8 +1,6 @@
-"""Replay: traces in, simulated traces out; prefill by hand; speed of a paper-scale run."""
+"""Replay: traces in, simulated traces out; prefill by hand; a paper-scale run completes."""
 
 from __future__ import annotations
-
-import time
 
 import polars as pl
 import pytest
@@ -73,16 +71,25 @@ def test_prefill_whole_layer_loads_overlap_compute_by_hand():
     assert decode["loads"].sum() > 0 and decode["cold_loads"].sum() == 0
 
 
-def test_thousand_decode_steps_of_edge0_35b_in_under_five_seconds():
-    sc = load_scenario("paper-m2-16gb", ["decode_steps=1000"])
+def test_thousand_decode_steps_of_edge0_35b_complete_with_every_layers_routing():
+    """A paper-scale run completes: 1,000 decode steps x 40 layers of routing at K=4. (Its speed
+    target, <= 5 s, is a benchmark: reports/sim/speed.py, not a timed test.)"""
     for policy in ("on-demand", "prerouter"):
-        t0 = time.perf_counter()
-        result = run_scenario(load_scenario("paper-m2-16gb", ["decode_steps=1000",
-                                                              f"policy={policy}"]))
-        wall = time.perf_counter() - t0
-        assert result.extra["decode_steps"] == 1000 and sc.model.layers == 40 and sc.k == 4
-        core = result.extra["sim_core_s"]
-        assert wall <= 5.0, f"{policy}: {wall:.2f} s (simulator core {core:.2f} s)"
+        sc = load_scenario("paper-m2-16gb", ["decode_steps=1000", f"policy={policy}"])
+        assert sc.model.layers == 40 and sc.k == 4
+        result = run_scenario(sc)
+        assert result.extra["decode_steps"] == 1000
+        steps = result.trace.steps.filter(pl.col("phase") == "decode")
+        assert steps.height == 1000 and (steps["end_ns"] > steps["start_ns"]).all()
+        routing = result.trace.routing
+        assert routing.height == 1000 * 40
+        per_step = routing.group_by("step").agg(pl.col("layer").n_unique().alias("layers"),
+                                                pl.len().alias("rows"))
+        assert per_step.height == 1000
+        assert set(per_step["layers"]) == {40} and set(per_step["rows"]) == {40}
+        assert set(routing["experts"].list.unique().list.len()) == {4}  # K distinct experts
+        loads = result.trace.loads
+        assert loads.height > 0 and loads["step"].max() <= steps["step"].max()
 
 
 def test_the_simulator_never_imports_mlx():

@@ -78,7 +78,8 @@ class HotPool:
                 row = self.lru.pop(victim)
                 self.stats.cache_evictions += 1
             out[e] = row
-            tickets.append((e, row, self.readers.submit_bundle(layer, e, self.targets[row])))
+            tickets.append((e, row, self.readers.submit_bundle(layer, e, self.targets[row],
+                                                                   now=True)))
         try:
             self.readers.wait([t for _, _, t in tickets])
         finally:

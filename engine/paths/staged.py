@@ -104,7 +104,8 @@ class StagedPath:
                 self.stats.cache_evictions += 1
             self.expert_in[s] = e  # the table entry stays at the sentinel until the read lands
             self.ticket_of[s] = self.readers.submit_bundle(self.layer, e, self.rows[s],
-                                                           source=source)
+                                                           source=source,
+                                                           now=source == "demand")
             where[e] = s
         slots = [where[e] for e in wanted]
         for slot in slots:

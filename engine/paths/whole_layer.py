@@ -40,10 +40,10 @@ class WholeLayerLoader:
         m = self.store.manifest
         return 2 * m.bundle_bytes * m.num_experts
 
-    def _submit(self, b: int, layer: int) -> None:
+    def _submit(self, b: int, layer: int, now: bool = False) -> None:
         self._settle_quietly(b)
         self.holds[b] = layer
-        self.tickets[b] = self.readers.submit_layer(layer, self.stacks[b][1])
+        self.tickets[b] = self.readers.submit_layer(layer, self.stacks[b][1], now=now)
 
     def get(self, layer: int, x: mx.array, next_layer: int | None) -> dict[str, mx.array]:
         mx.eval(x)  # frees the stack the previous whole-layer call gathered from
@@ -51,7 +51,7 @@ class WholeLayerLoader:
             b = self.holds.index(layer)
         else:
             b = 0 if self.tickets[0] is None else 1
-            self._submit(b, layer)
+            self._submit(b, layer, now=True)  # needed at once: no read ahead covered it
         if next_layer is not None and next_layer not in self.holds:
             self._submit(1 - b, next_layer)
         t, self.tickets[b] = self.tickets[b], None
