@@ -13,7 +13,7 @@ import typer
 
 from ssdmoe_cli import fixture_cmd, model_cmds, trace_cmds
 
-DEFAULT_PROMPT = "def read_config(path):\n    \"\"\"Read a configuration file and return"
+DEFAULT_PROMPT = "The with statement is used to wrap the execution of a block"
 
 
 def register(app: typer.Typer) -> None:
@@ -32,6 +32,8 @@ def demo(
     preset: Annotated[str, typer.Option("--preset", help="on-demand, hot or staged.")] = "staged",
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")] = DEFAULT_PROMPT,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens to generate.")] = 96,
+    temp: Annotated[float, typer.Option(
+        "--temp", help="Sampling temperature (greedy decoding of this small model loops).")] = 0.8,
     trace: Annotated[Path | None, typer.Option(
         "--trace", help="Trace directory (default runs/demo-<time>).")] = None,
 ) -> None:
@@ -51,7 +53,7 @@ def demo(
         typer.echo(f"[2/4] streaming layout {converted} is up to date")
     trace = trace or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     typer.echo(f"[3/4] generating with preset {preset!r}, trace in {trace}\n")
-    model_cmds.generate(converted, prompt=prompt, max_tokens=max_tokens, temp=0.0, seed=0,
+    model_cmds.generate(converted, prompt=prompt, max_tokens=max_tokens, temp=temp, seed=0,
                         json_out=False, o_direct=False, page_cache_mb=None, verify=None,
                         preset=preset, trace=trace, force=False)
     typer.echo(f"\n[4/4] trace summary (also: ssdmoe trace summary {trace};"
