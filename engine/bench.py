@@ -475,7 +475,9 @@ def plot(result: dict, path: Path) -> Path:
         a1.scatter(x, bounds, color="black", marker="_", s=600, label="bound", zorder=3)
     a1.set_xticks(list(x), arms, rotation=30, ha="right")
     a1.set_ylabel("decode tok/s (median)")
-    a1.legend()
+    top = max([s[a]["decode_tok_s"] for a in arms] + [b or 0 for b in bounds])
+    a1.set_ylim(0, 1.25 * top)  # room for the legend above the bars
+    a1.legend(loc="upper center", ncol=2)
     a2.bar(x, [s[a]["prefill_tok_s"] for a in arms], color="tab:orange")
     a2.set_xticks(list(x), arms, rotation=30, ha="right")
     a2.set_ylabel("prefill tok/s (median)")
