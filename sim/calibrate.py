@@ -511,18 +511,9 @@ def hardware_toml(values: dict[str, tuple[Any, str]], name: str, when: str, comm
 
 def write_hardware(path: Path, text: str) -> Path:
     """Write atomically, then check that load_hardware accepts what was written."""
-    from sim.profiles import load_hardware
+    from sim.profiles import load_hardware, write_checked
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(text)
-    try:
-        load_hardware(str(tmp))
-    except Exception:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(path)
-    return path
+    return write_checked(path, text, load_hardware)
 
 
 def now_text() -> str:

@@ -148,15 +148,6 @@ def model_toml(values: dict[str, tuple[Any, str]], name: str, header: list[str])
 
 def write_model(path: Path, text: str) -> Path:
     """Write atomically after checking that load_model accepts it."""
-    from sim.profiles import load_model
+    from sim.profiles import load_model, write_checked
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(text)
-    try:
-        load_model(str(tmp))
-    except Exception:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(path)
-    return path
+    return write_checked(path, text, load_model)

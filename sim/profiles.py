@@ -312,3 +312,18 @@ def apply_overrides(sc: Scenario, sets: list[str]) -> Scenario:
     if sc.k == 0:
         sc.k = sc.model.k
     return sc
+
+
+def write_checked(path: Path, text: str, load: typing.Callable[[str], Any]) -> Path:
+    """Write a profile TOML atomically, and only if `load` accepts it: a profile that the
+    simulator would reject never replaces a good one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(text)
+    try:
+        load(str(tmp))
+    except Exception:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
+    return path

@@ -112,7 +112,7 @@ PRESET_NOTES = {
 
 
 def _write_scenario(path: Path, hardware: str, model: str, cal: Any, command: str) -> Path:
-    from sim.profiles import load_scenario
+    from sim.profiles import load_scenario, write_checked
 
     c = cal.compute
     bundle = cal.model["bundle_bytes"][0]
@@ -152,16 +152,7 @@ def _write_scenario(path: Path, hardware: str, model: str, cal: Any, command: st
         lines.append(f'"cold_overhead_ms.o_direct" = "{direct:.4f}"  # O_DIRECT bundle read '
                      f"{c.direct_bundle_ms:.3f} ms through the engine's store, minus device "
                      "time, copy and load overhead (used by `sim compare` for O_DIRECT traces)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    try:
-        load_scenario(str(tmp))
-    except Exception:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(path)
-    return path
+    return write_checked(path, "\n".join(lines) + "\n", load_scenario)
 
 
 def _print(cal: Any, written: list[Path]) -> None:
