@@ -81,18 +81,10 @@ def model_copy(tmp_path):
 def ssdmoe(monkeypatch, capsys):
     """ssdmoe(*args) runs the CLI in this process through ssdmoe_cli.main.main (fast: MLX is
     already imported) -> CompletedProcess(returncode, stdout, stderr)."""
-    from ssdmoe_cli.main import main
+    from cli_runner import run_cli
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        monkeypatch.setattr(sys, "argv", ["ssdmoe", *args])
-        capsys.readouterr()
-        code = 0
-        try:
-            main()
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 1
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out.out, out.err)
+        return subprocess.CompletedProcess(args, *run_cli(monkeypatch, capsys, *args))
 
     return run
 

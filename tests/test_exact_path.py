@@ -6,6 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from dequant_reference import swiglu_reference
 from safetensors.numpy import load_file
 
 from engine.archs import ARCHS
@@ -13,31 +14,6 @@ from engine.loader import load_resident, load_streaming, streaming_blocks
 from engine.manifest import read_manifest
 from engine.paths.exact import ExactPath
 from engine.store import ExpertStore
-
-
-def _dequant(q: np.ndarray, scales: np.ndarray, biases: np.ndarray, group: int = 64,
-             bits: int = 4) -> np.ndarray:
-    """Independent affine dequantization: each uint32 packs 32/bits values, low bits first."""
-    per = 32 // bits
-    shifts = (np.arange(per, dtype=np.uint64) * bits)
-    vals = (q.astype(np.uint64)[..., None] >> shifts) & ((1 << bits) - 1)
-    vals = vals.reshape(*q.shape[:-1], q.shape[-1] * per).astype(np.float64)
-    g = vals.reshape(*vals.shape[:-1], -1, group)
-    w = g * scales.astype(np.float64)[..., None] + biases.astype(np.float64)[..., None]
-    return w.reshape(vals.shape)
-
-
-def _reference(x: np.ndarray, inds: np.ndarray, tensors: dict) -> np.ndarray:
-    w = {p: _dequant(tensors[f"{p}.weight"], tensors[f"{p}.scales"], tensors[f"{p}.biases"])
-         for p in ("gate_proj", "up_proj", "down_proj")}
-    x = x.astype(np.float64)
-    out = np.zeros((*inds.shape, x.shape[-1]))
-    for t in range(inds.shape[0]):
-        for j, e in enumerate(inds[t]):
-            g = w["gate_proj"][e] @ x[t]
-            u = w["up_proj"][e] @ x[t]
-            out[t, j] = w["down_proj"][e] @ (g / (1 + np.exp(-g)) * u)
-    return out
 
 
 @pytest.mark.parametrize("arch", tuple(ARCHS))
@@ -55,7 +31,7 @@ def test_math_contract(arch, tokens, arch_model):
                              for _ in range(tokens)]).astype(np.uint32)
             loads.clear()
             y = np.array(ExactPath(store, layer)(mx.array(x), mx.array(inds)), dtype=np.float64)
-            ref = _reference(x, inds, load_file(str(dst / m.layers[layer].file)))
+            ref = swiglu_reference(x, inds, load_file(str(dst / m.layers[layer].file)))
             rel = np.linalg.norm(y - ref) / np.linalg.norm(ref)
             assert y.shape == (tokens, m.top_k, d)
             assert rel < 0.01, (arch, layer, rel)

@@ -123,18 +123,9 @@ def test_bpe_is_deterministic():
 
 
 def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    import sys
+    from cli_runner import run_cli
 
-    from ssdmoe_cli.main import main
-
-    monkeypatch.setattr(sys, "argv", ["ssdmoe", "fixture", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = exit_.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(monkeypatch, capsys, "fixture", *args)
 
 
 def test_cli_lists_and_rejects_bad_input_in_one_line(monkeypatch, capsys, tmp_path):

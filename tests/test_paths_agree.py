@@ -8,6 +8,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from dequant_reference import swiglu_reference
 from safetensors.numpy import load_file
 
 from engine.config import EngineConfig
@@ -25,26 +26,6 @@ from engine.store import ExpertStore
 PROMPT = "Streaming experts from disk, one layer at a time: def f(x): return x"
 
 
-def _dequant(q, scales, biases, group=64, bits=4):
-    per = 32 // bits
-    shifts = np.arange(per, dtype=np.uint64) * bits
-    vals = (q.astype(np.uint64)[..., None] >> shifts) & ((1 << bits) - 1)
-    vals = vals.reshape(*q.shape[:-1], q.shape[-1] * per).astype(np.float64)
-    g = vals.reshape(*vals.shape[:-1], -1, group)
-    w = g * scales.astype(np.float64)[..., None] + biases.astype(np.float64)[..., None]
-    return w.reshape(vals.shape)
-
-
-def _reference(x, inds, tensors):
-    w = {p: _dequant(tensors[f"{p}.weight"], tensors[f"{p}.scales"], tensors[f"{p}.biases"])
-         for p in ("gate_proj", "up_proj", "down_proj")}
-    out = np.zeros((*inds.shape, x.shape[-1]))
-    for t in range(inds.shape[0]):
-        for j, e in enumerate(inds[t]):
-            g = w["gate_proj"][e] @ x[t]
-            u = w["up_proj"][e] @ x[t]
-            out[t, j] = w["down_proj"][e] @ (g / (1 + np.exp(-g)) * u)
-    return out
 
 
 def _paths(store, layer, readers, stats):
@@ -72,7 +53,7 @@ def test_paths_equal_exact_and_reference(fixture, request):
             inds = np.stack([rng.choice(m.num_experts, m.top_k, replace=False)
                              for _ in range(tokens)]).astype(np.uint32)
             exact = np.array(ExactPath(store, layer)(mx.array(x), mx.array(inds)))
-            ref = _reference(x.astype(np.float64), inds, ref_tensors)
+            ref = swiglu_reference(x.astype(np.float64), inds, ref_tensors)
             for name, path in paths.items():
                 y = np.array(path(mx.array(x), mx.array(inds)))
                 assert np.array_equal(y, exact), (name, tokens)

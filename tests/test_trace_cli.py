@@ -7,22 +7,15 @@ import subprocess
 import sys
 
 import pytest
+from cli_runner import run_cli
 from trace_handmade import write_handmade
 
-from ssdmoe_cli.main import main
 from traces.schema import STEPS_FILE, SUMMARY_KEYS
 from traces.writer import TraceWriter
 
 
 def _run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["ssdmoe", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = exit_.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(monkeypatch, capsys, *args)
 
 
 @pytest.fixture
