@@ -4,6 +4,5 @@
 # layout, generate text from SSD while recording a trace, and summarise the trace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-export PATH="$HOME/.local/bin:$PATH"
+source scripts/setup.sh
 uv run ssdmoe demo "$@"

@@ -2,12 +2,14 @@
 # One-time setup on a fresh machine: uv, the locked Python environment and, on Debian/Ubuntu
 # Linux, OpenBLAS (MLX's CPU wheel ships reference BLAS; OpenBLAS makes fixture training ~10x
 # faster: see engine/blas.py). Safe to run again: every step is skipped when already done.
+# test.sh and demo.sh `source` it so the PATH it sets (a freshly installed uv) carries over.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 if ! command -v uv >/dev/null 2>&1; then
     python3 -m pip install --quiet uv || python3 -m pip install --quiet --user uv
-    export PATH="$HOME/.local/bin:$PATH"
+    scripts_dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+    export PATH="$scripts_dir:$HOME/.local/bin:$PATH"
 fi
 
 if [ "$(uname -s)" = "Linux" ]; then
