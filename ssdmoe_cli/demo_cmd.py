@@ -5,13 +5,15 @@ ordinary CLI command, so the demo shows exactly what a user would type."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from ssdmoe_cli import fixture_cmd, model_cmds, trace_cmds
+from ssdmoe_cli import model_cmds, trace_cmds
 
 DEFAULT_PROMPT = "The with statement is used to wrap the execution of a block"
 
@@ -42,8 +44,14 @@ def demo(
     converted = models / "tiny-trained-stream"
     if not (source / "fixture.json").is_file():
         typer.echo(f"[1/4] building the tiny-trained fixture into {source} (offline, minutes)")
-        fixture_cmd.fixture("tiny-trained", out=source, seed=0, steps=None,
-                            force=source.exists(), list_=False)
+        # In a child process: training re-executes itself with OpenBLAS preloaded, and its
+        # memory must not count in the generation's peak RSS below.
+        force = ["--force"] if source.exists() else []
+        build = [sys.executable, "-m", "ssdmoe_cli", "fixture", "tiny-trained", "--out",
+                 str(source), *force]
+        code = subprocess.run(build).returncode
+        if code != 0:
+            raise typer.Exit(code)
     else:
         typer.echo(f"[1/4] fixture {source} exists")
     if _stale(converted, source):
