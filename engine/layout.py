@@ -44,7 +44,7 @@ from engine.manifest import (
     verify_files,
     write_manifest,
 )
-from ssdmoe_cli.errors import BadInput
+from ssdmoe_cli.errors import BadInput, read_json_object
 
 ALIGN = 4096
 _ST_DTYPES = {
@@ -155,13 +155,8 @@ def _nbytes(shape, dt: str) -> int:
 
 
 def read_config(path: Path) -> dict:
-    if not path.is_file():
-        raise BadInput(f"{path}: missing")
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BadInput(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(cfg, dict) or "model_type" not in cfg:
+    cfg = read_json_object(path)
+    if "model_type" not in cfg:
         raise BadInput(f"{path}: no model_type")
     if arch_for(cfg["model_type"]) is None:
         raise BadInput(f"{path}: unsupported architecture {cfg['model_type']!r} "

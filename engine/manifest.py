@@ -21,7 +21,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ssdmoe_cli.errors import BadInput
+from ssdmoe_cli.errors import BadInput, read_json_object
 
 FORMAT = "ssdmoe-streaming"
 VERSION = 1
@@ -143,13 +143,8 @@ def read_manifest(root: Path) -> Manifest:
     path = root / MANIFEST_FILE
     if not root.is_dir():
         raise BadInput(f"{root}: not a directory (expected a converted model: ssdmoe convert)")
-    if not path.is_file():
-        raise BadInput(f"{path}: missing (not a converted model, or conversion did not finish)")
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BadInput(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
+    d = read_json_object(path, "missing (not a converted model, or conversion did not finish)")
+    if d.get("format") != FORMAT:
         raise BadInput(f"{path}: not an {FORMAT} manifest")
     if d.get("version") != VERSION:
         raise BadInput(f"{path}: format version {d.get('version')}, this engine reads {VERSION}")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.scenario import MODEL_KEYS
-from ssdmoe_cli.errors import BadInput
+from ssdmoe_cli.errors import BadInput, read_json_object
 
 MANIFEST = "manifest.json"
 RESIDENT = "resident.safetensors"
@@ -36,12 +36,7 @@ _FLOAT = {"F32", "F16", "BF16", "F64"}
 
 def read_manifest_json(model_dir: Path) -> dict[str, Any]:
     path = Path(model_dir) / MANIFEST
-    if not path.is_file():
-        raise BadInput(f"{path}: missing (not a converted model: ssdmoe convert)")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BadInput(f"{path}: not valid JSON ({err})") from None
+    data = read_json_object(path, "missing (not a converted model: ssdmoe convert)")
     for key in ("config", "num_experts", "top_k", "bundle_bytes", "layers"):
         if key not in data:
             raise BadInput(f"{path}: {key}: missing (not an ssdmoe-streaming manifest?)")

@@ -1,5 +1,25 @@
 """The one error type for bad input: the CLI prints it as a single line, never a traceback."""
 
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
 
 class BadInput(Exception):
     """A user-facing problem with an input (file, argument, config). Message names the file."""
+
+
+def read_json_object(path: Path, missing: str = "missing") -> dict[str, Any]:
+    """The JSON object stored in `path`. Absent, unreadable, not JSON or not an object: a
+    one-line BadInput naming the file (`missing` says what an absent file means)."""
+    if not path.is_file():
+        raise BadInput(f"{path}: {missing}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BadInput(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}: expected a JSON object")
+    return data

@@ -6,13 +6,13 @@ interrupted build never leaves a half-written model at DIR."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from ssdmoe_cli.atomic_dir import build_into
 from ssdmoe_cli.errors import BadInput
 
 TRAINED = "tiny-trained"
@@ -65,21 +65,10 @@ def fixture(
 
         reexec_with_fast_blas()
 
-    tmp = out.parent / f".{out.name}.building"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    def build(tmp: Path) -> None:
+        tmp.mkdir(parents=True)
+        builder(name)(tmp, seed, **({"steps": steps} if steps is not None else {}))
+
     t0 = time.perf_counter()
-    try:
-        if name == TRAINED:
-            build = builder(name)
-            build(tmp, seed, **({"steps": steps} if steps is not None else {}))
-        else:
-            builder(name)(tmp, seed)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    build_into(out, out.parent / f".{out.name}.building", build)
     typer.echo(f"{name}: wrote {out} in {time.perf_counter() - t0:.1f} s")

@@ -4,13 +4,13 @@ the command bodies only."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from ssdmoe_cli.atomic_dir import build_into
 from ssdmoe_cli.errors import BadInput
 
 
@@ -42,17 +42,8 @@ def convert(
                 raise BadInput(f"{dst}: already holds a conversion (use --force to replace it)")
     if src.resolve() == dst.resolve():
         raise BadInput(f"{dst}: must differ from SRC")
-    tmp = dst.with_name(dst.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        manifest = run_convert(src, tmp, bits=bits, group_size=group_size,
-                               progress=lambda msg: typer.echo(msg, err=True))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if dst.exists():
-        shutil.rmtree(dst)
-    tmp.rename(dst)
+    manifest = build_into(dst, dst.with_name(dst.name + ".partial"), lambda tmp: run_convert(
+        src, tmp, bits=bits, group_size=group_size, progress=lambda msg: typer.echo(msg, err=True)))
     total = sum(e.size for e in manifest.files.values())
     typer.echo(f"converted {src} -> {dst}: {manifest.model_type}, {len(manifest.layers)} MoE "
                f"layers x {manifest.num_experts} experts, {manifest.bundle_bytes} bytes/bundle, "

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from ssdmoe_cli.errors import BadInput
+from ssdmoe_cli.errors import BadInput, read_json_object
 from traces.schema import RUN_FILE, SCHEMA_VERSION, TABLES
 
 
@@ -34,14 +33,7 @@ def read_run(directory: Path) -> dict[str, Any]:
     path = directory / RUN_FILE
     if not directory.is_dir():
         raise BadInput(f"{directory}: trace directory does not exist")
-    if not path.is_file():
-        raise BadInput(f"{path}: missing (not a trace directory?)")
-    try:
-        run = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BadInput(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(run, dict):
-        raise BadInput(f"{path}: expected a JSON object")
+    run = read_json_object(path, "missing (not a trace directory?)")
     version = run.get("schema_version")
     if not isinstance(version, int):
         raise BadInput(f"{path}: no schema_version")
