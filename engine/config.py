@@ -39,6 +39,9 @@ class EngineConfig:
     page_cache_budget: int | None = None  # bytes of expert pages kept in the page cache
     prerouter: bool = False  # placeholder: no prerouter yet
     lead: int = 0  # tokens of staged lookahead (1 with a prerouter); 0 = fill on demand
+    lookahead: bool = True  # decode loop builds step t+1's graph while step t computes
+    # (mlx-lm's generate_step does the same); in effect only when no decode layer syncs at
+    # build (exact, hot): see engine.generate
 
     def __post_init__(self) -> None:
         self.layers = {int(k): dict(v) for k, v in self.layers.items()}

@@ -2,16 +2,37 @@
 
 The math follows mlx-lm's `generate_step` (prompt[:-1] prefilled in chunks of
 `prefill_step_size`, the last prompt token's step yields the first token, logprobs =
-logits - logsumexp, mlx-lm samplers), so greedy tokens equal `mlx_lm.generate`'s on the same
-model. Unlike `generate_step` it does not overlap step t+1's graph building with step t's
-evaluation: each step is timed on its own, which is what a trace needs.
+logits - logsumexp, mlx-lm samplers, mlx-lm's generation stream), so greedy tokens equal
+`mlx_lm.generate`'s on the same model.
+
+Lookahead (as `generate_step`): while step t evaluates, step t+1's graph is built from step
+t's still-lazy token, so graph building hides behind compute. Step t's evaluation is queued
+as soon as its graph is built; while step t+1 is built, step t's fill points are resolved
+one per staged layer (engine.fill_points: on-demand staged layers bring their routed ids to
+the host and fill their slots, in layer order, during evaluation); then step t+1's
+evaluation is queued and only then does token t come to the host, so the host work between
+tokens (hooks, detokenizing, the trace) overlaps compute.
+It is on unless the config turns it off (`EngineConfig.lookahead`) or a decode layer syncs at
+build time (exact, hot: building step t+1 would wait for step t anyway). Stopping at EOS
+drops the step built ahead (its staging is reset; its step number is reused).
+
+Step rows (what a trace records): with lookahead the steps' work overlaps, so each row is a
+WINDOW of wall time, [end of the previous sampled step, this step's token on the host], and
+the windows tile the decode phase (sum of windows = decode wall time). `build_ns` is the graph
+building inside the window (step t+1's graph, built while step t computes); `eval_ns` the
+rest. Without lookahead a row is [build start, token on host] and its build is its own.
 
 Hooks (the trace recorder plugs in here):
-  on_step_start(step, phase, tokens)  before a forward step is built
-  on_step(row)                        after it is evaluated; row = {"step", "request", "phase",
-                                      "tokens", "start_ns", "build_ns", "eval_ns", "end_ns"}
+  on_step_start(step, phase, tokens)  before a forward step is built (with lookahead: while
+                                      the previous step still computes)
+  on_step(row)                        after its token is on the host; row = {"step",
+                                      "request", "phase", "tokens", "start_ns", "build_ns",
+                                      "eval_ns", "end_ns", "build_spans"} (build_spans: the
+                                      [start, end) ns intervals of graph building inside the
+                                      window; not a trace column)
   on_text(segment)                    streamed text as tokens are decoded
-`store.step` (if a store is given) is set to the step number so load rows carry it.
+`store.step` (if a store is given) is the step whose loads are being done, so load rows carry
+it.
 """
 
 from __future__ import annotations
@@ -21,6 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+
+from engine.fill_points import FillPoints, resolve
 
 StepStart = Callable[[int, str, int], None]
 StepEnd = Callable[[dict], None]
@@ -43,6 +66,18 @@ class GenerationResult:
                 "decode_tok_s": self.decode_tok_s}
 
 
+@dataclass
+class _Built:
+    """A forward step whose graph is built but not evaluated."""
+    step: int
+    phase: str
+    tokens: int
+    out: mx.array | None  # sampled token [1], or None for a prefill chunk
+    points: list  # its fill points (engine.fill_points)
+    span: tuple[int, int]  # graph building, perf_counter_ns
+    begun: bool = False  # its evaluation is queued (FillPoints.begin)
+
+
 def generate(
     model,
     tokenizer,
@@ -56,10 +91,12 @@ def generate(
     store=None,
     request: int = 0,
     step0: int = 0,
+    lookahead: bool | None = None,
     on_text: Callable[[str], None] | None = None,
     on_step_start: StepStart | None = None,
     on_step: StepEnd | None = None,
 ) -> GenerationResult:
+    from mlx_lm.generate import generation_stream
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
@@ -70,62 +107,119 @@ def generate(
         mx.random.seed(seed)
     sampler = make_sampler(temp)
     cache = make_prompt_cache(model)
+    runtime = getattr(store, "runtime", None)
+    fills = runtime.fills if runtime is not None else FillPoints()
+    if lookahead is None:
+        lookahead = runtime.config.lookahead if runtime is not None else True
+    if runtime is not None and runtime.syncs_at_build("decode"):
+        lookahead = False
     steps: list[dict] = []
     counter = [step0]
 
-    def forward(tokens: list[int], phase: str, sample: bool):
+    def build(tokens: mx.array, phase: str, sample: bool) -> _Built:
         step = counter[0]
         counter[0] += 1
         if store is not None:
             store.step = step
         if on_step_start is not None:
-            on_step_start(step, phase, len(tokens))
-        start = time.perf_counter_ns()
-        logits = model(mx.array(tokens)[None], cache=cache)
+            on_step_start(step, phase, tokens.size)
+        b0 = time.perf_counter_ns()
+        with fills.collecting():
+            logits = model(tokens[None], cache=cache)
+        out = None
         if sample:
             logits = logits[:, -1, :]
-            logprobs = logits - mx.logsumexp(logits, keepdims=True)
-            out = sampler(logprobs)
-            built = time.perf_counter_ns()
-            mx.eval(out)
-        else:
-            out = None
-            built = time.perf_counter_ns()
-            mx.eval([c.state for c in cache])
-        end = time.perf_counter_ns()
-        row = {"step": step, "request": request, "phase": phase, "tokens": len(tokens),
-               "start_ns": start, "build_ns": built - start, "eval_ns": end - built,
-               "end_ns": end}
+            out = sampler(logits - mx.logsumexp(logits, keepdims=True))
+        return _Built(step, phase, tokens.size, out, fills.take(), (b0, time.perf_counter_ns()))
+
+    def record(b: _Built, start: int, spans: list[tuple[int, int]], end: int) -> None:
+        spans = [(max(a, start), min(z, end)) for a, z in spans if z > start and a < end]
+        build_ns = sum(z - a for a, z in spans)
+        row = {"step": b.step, "request": request, "phase": b.phase, "tokens": b.tokens,
+               "start_ns": start, "build_ns": build_ns, "eval_ns": end - start - build_ns,
+               "end_ns": end, "build_spans": spans}
         steps.append(row)
         if on_step is not None:
             on_step(row)
-        return None if out is None else int(out.item())
 
-    # Prefill: all prompt tokens but the last in chunks, then the last one yields token 0.
-    t0 = time.perf_counter()
-    rest = ids
-    while len(rest) > 1:
-        n = min(prefill_step_size, len(rest) - 1)
-        forward(rest[:n], "prefill", sample=False)
-        rest = rest[n:]
-    token = forward(rest, "prefill", sample=True)
-    t1 = time.perf_counter()
+    def run_chunk(tokens: list[int]) -> None:  # a prefill chunk: no token sampled
+        b = build(mx.array(tokens), "prefill", sample=False)
+        resolve(b.points)
+        mx.eval([c.state for c in cache])
+        record(b, b.span[0], [b.span], time.perf_counter_ns())
 
+    def finish(b: _Built, start: int, spans: list, want_next: bool) -> tuple[int, _Built | None]:
+        """Evaluate `b`, resolving its fill points; when looking ahead, build the next decode
+        step and queue its evaluation before `b`'s token comes to the host, so the host work
+        between tokens overlaps compute. Records `b`'s window from `start`. Returns (token,
+        the next step or None)."""
+        nxt = None
+        if store is not None:
+            store.step = b.step
+        if not b.begun:
+            fills.begin(b.points, b.out)
+        if lookahead and want_next:
+            fills.overlapping = True
+            fills.busy = []
+            nxt = build(b.out, "decode", sample=True)  # resolves b's fill points as it goes
+            fills.drain()
+            spans = spans + _minus(nxt.span, fills.busy)
+            fills.begin(nxt.points, nxt.out)
+            nxt.begun = True
+        else:
+            fills.drain()
+        token = int(b.out.item())
+        fills.overlapping = False
+        record(b, start, spans, time.perf_counter_ns())
+        return token, nxt
+
+    def abandon(b: _Built) -> None:
+        """A step built ahead that will not run (EOS): drop its staging, reuse its number."""
+        counter[0] = b.step
+        if runtime is not None:
+            runtime.reset()
+
+    out: list[int] = []
     detok = tokenizer.detokenizer
     detok.reset()
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
-    out: list[int] = []
-    finish = "length"
-    while True:
-        if stop_at_eos and token in eos:
-            finish = "stop"
-            break
-        out.append(token)
-        detok.add_token(token)
-        _emit(detok, on_text)
-        if len(out) >= max_tokens:
-            break
-        token = forward([token], "decode", sample=True)
+
+    def run() -> tuple[float, float, str]:
+        # Prefill: all prompt tokens but the last in chunks, then the last one yields token 0.
+        t0 = time.perf_counter()
+        rest = ids
+        while len(rest) > 1:
+            n = min(prefill_step_size, len(rest) - 1)
+            run_chunk(rest[:n])
+            rest = rest[n:]
+        b = build(mx.array(rest), "prefill", sample=True)
+        token, nxt = finish(b, b.span[0], [b.span], want_next=max_tokens > 1)
+        t1 = time.perf_counter()
+        while True:
+            if stop_at_eos and token in eos:
+                if nxt is not None:
+                    abandon(nxt)
+                return t0, t1, "stop"
+            out.append(token)
+            detok.add_token(token)
+            _emit(detok, on_text)
+            if len(out) >= max_tokens:
+                return t0, t1, "length"
+            if nxt is None:  # no lookahead: build this step now, inside its own window
+                nxt = build(mx.array([token]), "decode", sample=True)
+                start, spans = nxt.span[0], [nxt.span]
+            else:  # built during the previous window
+                start, spans = steps[-1]["end_ns"], []
+            token, nxt = finish(nxt, start, spans, want_next=len(out) + 1 < max_tokens)
+
+    try:
+        with mx.stream(generation_stream):
+            t0, t1, finish_reason = run()
+    except BaseException:
+        fills.abort()
+        if runtime is not None:
+            runtime.reset()
+        raise
     t2 = time.perf_counter()
     detok.finalize()
     _emit(detok, on_text)
@@ -136,7 +230,7 @@ def generate(
         tokens=out, text=detok.text, prompt_tokens=len(ids), prefill_s=prefill_s,
         decode_s=decode_s, prefill_tok_s=len(ids) / prefill_s if prefill_s > 0 else 0.0,
         decode_tok_s=decode_steps / decode_s if decode_s > 0 and decode_steps else 0.0,
-        finish_reason=finish, steps=steps,
+        finish_reason=finish_reason, steps=steps,
     )
 
 
@@ -145,3 +239,18 @@ def _emit(detok, on_text) -> None:
         segment = detok.last_segment  # reading it consumes it
         if segment:
             on_text(segment)
+
+
+
+def _minus(span: tuple[int, int], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`span` with the sorted, disjoint `holes` cut out."""
+    out, a = [], span[0]
+    for h0, h1 in holes:
+        if h1 <= a or h0 >= span[1]:
+            continue
+        if h0 > a:
+            out.append((a, h0))
+        a = max(a, h1)
+    if a < span[1]:
+        out.append((a, span[1]))
+    return out

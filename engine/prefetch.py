@@ -196,7 +196,9 @@ class RoutingReplay:
     `record(model)` returns callbacks that capture each single-token step's routed experts per
     layer during a reference run; `driver(paths)` returns an `on_step_start` hook that, at the
     start of decode step s, makes sure step s is staged and stages step s+1 (read by reader
-    threads while step s computes), and checks the previous step's routing was covered."""
+    threads while step s computes), and checks the previous step's routing was covered. With
+    the decode loop's lookahead, step s starts (is built) while step s-1 computes, so the hook
+    stages step s only: the reads still get a step's compute to land."""
 
     def __init__(self):
         self.routes: dict[tuple[int, int], list[int]] = {}  # (step, layer) -> experts
@@ -204,27 +206,25 @@ class RoutingReplay:
         self._tokens = 0
 
     def recorder(self):
-        """(on_step_start, on_routing) hooks for the reference run (step numbers must match
-        the replay run's: same prompt, same generate arguments, greedy)."""
-        pending: list[tuple[int, object]] = []
+        """(on_step_start, on_routing, finish) hooks for the reference run (step numbers must
+        match the replay run's: same prompt, same generate arguments, greedy). The ids stay
+        lazy until `finish()`: evaluating them in on_step_start could run a step whose fill
+        points the decode loop has not resolved yet (engine.fill_points)."""
+        pending: list[tuple[int, int, object]] = []
 
         def on_step_start(step: int, phase: str, tokens: int) -> None:
-            self._flush(pending)
             self._step, self._tokens = step, tokens
 
         def on_routing(layer: int, inds, weights) -> None:
             if self._tokens == 1:
-                pending.append((layer, inds))
+                pending.append((self._step, layer, inds))
 
         def finish() -> None:
-            self._flush(pending)
+            for step, layer, inds in pending:
+                self.routes[(step, layer)] = sorted(set(np.array(inds).ravel().tolist()))
+            pending.clear()
 
         return on_step_start, on_routing, finish
-
-    def _flush(self, pending) -> None:
-        for layer, inds in pending:
-            self.routes[(self._step, layer)] = sorted(set(np.array(inds).ravel().tolist()))
-        pending.clear()
 
     def driver(self, paths: dict):
         """on_step_start hook driving `paths` ({layer: StagedPath}) one token ahead."""
@@ -235,7 +235,10 @@ class RoutingReplay:
                 path.verify()
                 if tokens != 1:
                     continue
-                for s in (step, step + 1):
+                # With the loop's lookahead this hook runs while the previous step still
+                # computes: staging `step` now already is one token ahead.
+                ahead = (step,) if path.points.overlapping else (step, step + 1)
+                for s in ahead:
                     key = (s, layer)
                     if key in self.routes and key not in staged:
                         path.stage(self.routes[key])

@@ -11,13 +11,14 @@ What each step row holds (one row per forward step, written in `on_step`, after 
 - blocked_ns: main-thread time blocked on expert loads = sum of wait_ns of the step's waited
   loads (synchronous reads in the exact path; reader-thread waits are split over the tickets
   without overlap by engine.prefetch, so the sum is the real blocked time).
-- build_ns / eval_ns: generate's build and eval times NET of the blocked time that fell in each
-  window, so build_ns + eval_ns + blocked_ns = end_ns - start_ns. Attribution: loads are waited
-  for while the graph is built (paths run inside the model call); in the exact path every read
-  is synchronous there (the path pulls each layer's routed ids to the host, which evaluates the
-  graph up to that router, then reads the bundles). blocked_ns is the reads (waits) alone; the
-  wait of a load is [finished_ns - wait_ns, finished_ns], the part of it inside the eval window
-  comes off eval_ns, the rest off build_ns.
+- build_ns / eval_ns: generate's build and eval times NET of the blocked time that fell in each,
+  so build_ns + eval_ns + blocked_ns = end_ns - start_ns. With the decode loop's lookahead a
+  step row is a window of wall time whose build is the next step's graph (engine.generate).
+  Attribution: blocked_ns is the reads (waits) alone; the wait of a load is
+  [finished_ns - wait_ns, finished_ns]; the part of it inside the row's build spans comes off
+  build_ns (exact/hot paths read while the graph is built: they pull each layer's routed ids
+  to the host, which evaluates the graph up to that router), the rest off eval_ns (staged
+  fills at fill points, during evaluation).
 - bytes_read, loads, cold_loads: from the step's load rows (loads labelled with an earlier step
   that arrive late are counted in the step being written, so the totals always match the loads
   table; loads labelled with a later step wait for that step).
@@ -174,7 +175,8 @@ class Recorder:
         self.overhead_ns = 0  # time spent in on_step (what tracing adds between steps)
         self._loads: deque[dict] = deque()  # filled from any thread (deque appends are atomic)
         self._later: list[dict] = []  # drained loads labelled with a step not yet written
-        self._routing: list[tuple] = []
+        self._routing: dict[int, list[tuple]] = {}  # step -> its blocks' lazy routing
+        self._building = -1  # the step whose graph is being built (gets on_routing calls)
         self._stats = None  # engine.paths.stats.PathStats of the store, when it has one
         self._last_counts: dict[str, int] = {}
         self._pc_cost_ns = 0
@@ -225,18 +227,21 @@ class Recorder:
 
     def on_routing(self, layer: int, inds: mx.array, weights: mx.array,
                    source: str = "router", router_inds: mx.array | None = None) -> None:
-        self._routing.append((layer, inds, weights, source, router_inds))
+        self._routing.setdefault(self._building, []).append(
+            (layer, inds, weights, source, router_inds))
 
     def on_step_start(self, step: int, phase: str, tokens: int) -> None:
-        self._routing = []
+        self._building = step
+        self._routing[step] = []  # a step built ahead and dropped (EOS) left its number free
         if self.reset_peak:
             memory.reset_mlx_peak()
 
     def on_step(self, row: dict) -> None:
         t0 = time.perf_counter_ns()
         step = int(row["step"])
-        start, end = int(row["start_ns"]), int(row["end_ns"])
-        built = start + int(row["build_ns"])
+        start = int(row["start_ns"])
+        row = dict(row)
+        spans = row.pop("build_spans", None) or [(start, start + int(row["build_ns"]))]
         mine, later = [], []
         for r in self._later:
             (mine if r["step"] <= step else later).append(r)
@@ -253,10 +258,10 @@ class Recorder:
             if r["waited"] and r["wait_ns"]:
                 blocked += r["wait_ns"]
                 waits.append((r["finished_ns"] - r["wait_ns"], r["finished_ns"]))
-        in_eval = 0
-        if waits and max(b for _, b in waits) > built:  # usually every wait is in the build
-            in_eval = min(_clipped(waits, built, end), blocked)
-        in_build = blocked - in_eval
+        in_build = 0
+        if waits:  # each wait counts against graph building where it fell inside a build span
+            in_build = min(sum(_clipped(waits, a, b) for a, b in spans), blocked)
+        in_eval = blocked - in_build
         counts = self._count()
         last = self._last_counts
         delta = {k: v - last.get(k, 0) for k, v in counts.items()}
@@ -302,7 +307,9 @@ class Recorder:
         return value
 
     def _write_routing(self, step: int) -> None:
-        pending, self._routing = self._routing, []
+        pending = self._routing.pop(step, [])
+        for old in [s for s in self._routing if s < step]:  # steps that never finished
+            del self._routing[old]
         if not pending:
             return
         lazy = [a for p in pending for a in (p[1], p[2], p[4]) if a is not None]

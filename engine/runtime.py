@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.config import PHASES, EngineConfig
+from engine.fill_points import FillPoints
 from engine.paths.exact import ExactPath
 from engine.paths.hot import HotPath, HotPool
 from engine.paths.kernel import ExpertPath
@@ -32,6 +33,7 @@ class Runtime:
     hot: HotPool | None = None
     whole: WholeLayerLoader | None = None
     paths: dict[tuple[int, str], ExpertPath] = field(default_factory=dict)
+    fills: FillPoints = field(default_factory=FillPoints)
 
     def path(self, layer: int, phase: str) -> ExpertPath:
         return self.paths[(layer, phase)]
@@ -41,6 +43,12 @@ class Runtime:
         prefetch.RoutingReplay, drives)."""
         return {i: p for (i, ph), p in self.paths.items()
                 if ph == phase and isinstance(p, StagedPath)}
+
+    def syncs_at_build(self, phase: str = "decode") -> list[int]:
+        """Layers whose `phase` path brings routed ids to the host while the graph is built
+        (exact, hot): the decode loop cannot build step t+1 ahead past such a layer."""
+        return sorted(i for (i, ph), p in self.paths.items()
+                      if ph == phase and not isinstance(p, StagedPath | WholeLayerPath))
 
     def buffer_bytes(self) -> dict[str, int]:
         """Preallocated expert buffers by component (the streaming machinery's memory)."""
@@ -91,7 +99,7 @@ def build_runtime(config: EngineConfig, store: ExpertStore) -> Runtime:
                     shared[(i, kind)] = HotPath(store, i, rt.hot)
                 else:
                     shared[(i, kind)] = StagedPath(store, i, rt.readers, stats,
-                                                   config.staged_headroom)
+                                                   config.staged_headroom, rt.fills)
             rt.paths[(i, phase)] = shared[(i, kind)]
     store.runtime = rt
     close = store.close

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -29,11 +30,15 @@ class Fault:
         self.fired = 0
         real = os.preadv
 
+        lock = threading.Lock()  # reader threads and the main thread read concurrently
+
         def preadv(fd, buffers, offset, *args):
             if self.armed and os.fstat(fd).st_ino == self.ino:
-                self.armed = False
-                self.fired += 1
-                raise OSError(errno.EIO, os.strerror(errno.EIO))
+                with lock:
+                    fire, self.armed = self.armed, False
+                    self.fired += fire
+                if fire:
+                    raise OSError(errno.EIO, os.strerror(errno.EIO))
             return real(fd, buffers, offset, *args)
 
         monkeypatch.setattr(os, "preadv", preadv)

@@ -6,18 +6,24 @@ reader threads doing `os.preadv` straight into the slot rows (the paper's incr_s
 its main-thread copy).
 
 Two ways the slots get filled:
-- on demand (no prerouter): the call brings the router's ids to the host (`host_routed`, a
-  host sync that is counted and timed), reads the missing experts into free slots, waits for
-  them, then gathers. The sync is the honest price of not knowing the routing ahead.
+- on demand (no prerouter): the router's ids come to the host, the missing experts are read
+  into free slots and waited for, then the gather runs. The sync is the honest price of not
+  knowing the routing ahead. Inside the decode loop (`FillPoints.collecting`) the call only
+  builds the gather and registers a fill point: the loop does the sync and the fill during
+  evaluation, after the whole step's graph is built (engine.fill_points). Called anywhere else
+  it syncs at build time (`host_routed`), counted and timed either way.
 - staged ahead (`stage(experts)`, driven by a prerouter, or today by `RoutingReplay`): the
   next call's experts are read while the current step computes; the call then waits only for
   reads still in flight and does NOT sync: routing stays on the device. The staged set is
   checked against the router's actual ids after the step (`verify`, on already evaluated
-  arrays); a routed expert that was not staged raises, it is never silently dropped.
+  arrays); a routed expert that was not staged raises, it is never silently dropped. Inside
+  the decode loop the wait, too, moves to a fill point.
 
 Double buffering is per slot: new experts are only written into slots that no queued or
 in-flight call uses, so with headroom >= K a fill for step t+1 never touches step t's slots
-(or their table entries). Row S (one past the last slot) is all zeros and the table maps
+(or their table entries). The last call's slots count as in flight until the next call: with
+the loop's lookahead, step t+1 is staged while step t may still compute (staging two steps
+ahead then needs headroom 2K). Row S (one past the last slot) is all zeros and the table maps
 every absent expert to it, so an unstaged expert can only produce zeros, which `verify`
 turns into an error.
 
@@ -31,6 +37,7 @@ from collections import deque
 import mlx.core as mx
 import numpy as np
 
+from engine.fill_points import FillPoints
 from engine.paths.exact import ExactPath
 from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
 from engine.paths.stats import PathStats, host_routed
@@ -46,9 +53,10 @@ class StagedPath:
     name = "staged"
 
     def __init__(self, store: ExpertStore, layer: int, readers: ReaderPool, stats: PathStats,
-                 headroom: int | None = None):
+                 headroom: int | None = None, points: FillPoints | None = None):
         m = store.manifest
         self.store, self.layer, self.readers, self.stats = store, layer, readers, stats
+        self.points = points if points is not None else FillPoints()
         self.k = m.top_k
         self.headroom = self.k if headroom is None else int(headroom)
         if self.headroom < 0:
@@ -70,6 +78,7 @@ class StagedPath:
         self.clock = 0
         self.queue: deque[list[int]] = deque()  # staged sets (sorted ids), one per future call
         self.checks: list[tuple[mx.array, list[int]]] = []  # (routed ids, staged set)
+        self.in_use: set[int] = set()  # slots of the last call staged ahead (may still compute)
         self.exact = ExactPath(store, layer)
 
     # ------------------------------------------------------------ slot bookkeeping
@@ -136,13 +145,18 @@ class StagedPath:
         experts = sorted({int(e) for e in experts})
         where = self.resident()
         protected = {where[e] for staged in self.queue for e in staged if e in where}
+        if self.points.overlapping:  # the last call's step may still be computing
+            protected |= self.in_use
         self._place(experts, protected, source="prefetch")
         self.queue.append(experts)
 
     def verify(self) -> None:
         """Check that every routed expert of the calls since the last verify was staged (the
-        routed ids are evaluated by now: no pipeline break). Raises StagingError otherwise."""
+        routed ids are evaluated by now: no pipeline break; while the loop overlaps steps the
+        last call's check waits for the next verify). Raises StagingError otherwise."""
         checks, self.checks = self.checks, []
+        if self.points.overlapping and checks:
+            checks, self.checks = checks[:-1], checks[-1:]
         for inds, staged in checks:
             lost = sorted(set(np.array(inds).ravel().tolist()) - set(staged))
             if lost:
@@ -154,6 +168,7 @@ class StagedPath:
         path is consistent for the next request."""
         self.queue.clear()
         self.checks.clear()
+        self.in_use = set()
         try:
             self._settle(list(self.ticket_of.values()))
         except Exception:  # noqa: BLE001 - the failed request already reported it
@@ -163,25 +178,72 @@ class StagedPath:
 
     def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
         tokens = inds.size // inds.shape[-1]
+        fill = None  # with a fill point: the host work it defers
         try:
+            if tokens == 1 and self.points.active:  # fill the step being evaluated meanwhile
+                self.points.progress()
             if self.queue and tokens == 1:
                 staged = self.queue.popleft()
                 where = self.resident()
                 slots = [where[e] for e in staged]
-                self._settle([self.ticket_of[s] for s in slots if s in self.ticket_of])
+                self.in_use = set(slots)
+                tickets = [self.ticket_of[s] for s in slots if s in self.ticket_of]
                 self.checks.append((inds, staged))
+                if self.points.active:
+                    def fill(_inds: mx.array) -> None:
+                        self._settle(tickets)
+                else:
+                    self._settle(tickets)
             else:
                 if self.queue:
                     raise StagingError(f"layer {self.layer}: a {tokens}-token call while sets "
                                        "are staged for single-token calls")
-                experts = sorted(set(host_routed(inds, self.stats).ravel().tolist()))
-                if len(experts) > self.slots:
-                    self.stats.exact_fallbacks += 1
-                    self.stats.cache_misses += len(experts)
-                    return self.exact(x, inds)
-                self._settle(self._place(experts, set(), source="demand"))
+                if tokens == 1 and self.points.active:  # <= K experts: always fits the slots
+                    fill = self._fill_routed
+                else:
+                    experts = sorted(set(host_routed(inds, self.stats).ravel().tolist()))
+                    if len(experts) > self.slots:
+                        self.stats.exact_fallbacks += 1
+                        self.stats.cache_misses += len(experts)
+                        return self.exact(x, inds)
+                    self._settle(self._place(experts, set(), source="demand"))
         except BaseException:
             self.reset()
             raise
-        local = mx.take(self.table, inds)
-        return switch_glu(x, self.arrays, local, self.quant)
+        out = switch_glu(x, self.arrays, mx.take(self.table, inds), self.quant)
+        if fill is not None:
+            self._defer(inds, fill, out)
+        return out
+
+    def _fill_routed(self, inds: mx.array) -> None:
+        """Fill point of an on-demand call: the router's ids to the host, missing experts
+        read into free slots and published in the table. It runs while the compute thread
+        waits, so the usual case (every routed expert already published in a slot: nothing
+        to read) takes a short path."""
+        experts = set(host_routed(inds, self.stats, deferred=True).ravel().tolist())
+        table, sentinel = self.table_np, self.sentinel
+        slots = [int(table[e]) for e in experts]
+        if sentinel not in slots:
+            self.clock += 1
+            for s in slots:
+                self.used_at[s] = self.clock
+            self.stats.cache_hits += len(slots)
+            return
+        self._settle(self._place(sorted(experts), set(), source="demand"))
+
+    def _defer(self, inds: mx.array, fill, out: mx.array) -> None:
+        """Register `fill` as a fill point; it runs later, with `store.step` back at this
+        call's step (so its load rows carry it) and the path reset if it fails."""
+        step = self.store.step
+
+        def run(i: mx.array) -> None:
+            now, self.store.step = self.store.step, step
+            try:
+                fill(i)
+            except BaseException:
+                self.reset()
+                raise
+            finally:
+                self.store.step = now
+
+        self.points.defer(inds, run, out)

@@ -20,6 +20,8 @@ class PathStats:
     blocked_ns: int = 0  # main thread blocked waiting on reader threads
     route_syncs: int = 0  # host syncs of routed ids (np.array(inds)): each evaluates the graph
     route_sync_ns: int = 0  # time inside them (graph evaluation up to the router included)
+    deferred_syncs: int = 0  # host syncs of routed ids at fill points (engine.fill_points):
+    deferred_sync_ns: int = 0  # during evaluation, after the graph is built; time inside them
     exact_fallbacks: int = 0  # calls that fell back to the exact path (set too large to hold)
 
     def snapshot(self) -> dict[str, int]:
@@ -39,15 +41,21 @@ def stats_for(store) -> PathStats:
     return stats
 
 
-def host_routed(inds, stats: PathStats):
+def host_routed(inds, stats: PathStats, deferred: bool = False):
     """The routed ids on the host (np.ndarray). This is a host sync: it evaluates the graph up
-    to this layer's router and breaks MLX's build/evaluate overlap. Counted and timed."""
+    to this layer's router. During graph building it breaks MLX's build/evaluate overlap
+    (`route_syncs`); at a fill point (`deferred`) the graph is already built and it costs only
+    the host work (`deferred_syncs`). Counted and timed."""
     import time
 
     import numpy as np
 
     t0 = time.perf_counter_ns()
     host = np.array(inds, copy=True)
-    stats.route_sync_ns += time.perf_counter_ns() - t0
-    stats.route_syncs += 1
+    if deferred:
+        stats.deferred_sync_ns += time.perf_counter_ns() - t0
+        stats.deferred_syncs += 1
+    else:
+        stats.route_sync_ns += time.perf_counter_ns() - t0
+        stats.route_syncs += 1
     return host

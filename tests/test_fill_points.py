@@ -1,0 +1,164 @@
+"""Fill points and the decode loop's lookahead (engine.fill_points, engine.generate): staged
+layers filled on demand defer their host sync to evaluation, the output stays bit-identical
+to the exact path, an unresolved fill point really would corrupt the output (so the
+mechanism is load-bearing, and the checks can fail), windows of a lookahead trace tile the
+decode phase, and stopping at EOS leaves the engine consistent."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import polars as pl
+import pytest
+
+from engine.capture import capture, start_recorder
+from engine.config import EngineConfig
+from engine.fill_points import resolve
+from engine.generate import generate
+from engine.loader import load_resident, load_streaming
+from traces.reader import read_trace
+
+PROMPT = "def merge(a, b):\n    out = []"
+N = 16
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_random_converted):
+    """Greedy tokens of the exact path (on-demand preset): the correctness baseline."""
+    model, tok, store = load_streaming(tiny_random_converted,
+                                       config=EngineConfig.from_preset("on-demand"))
+    out = generate(model, tok, PROMPT, N, stop_at_eos=False, store=store).tokens
+    store.close()
+    return out
+
+
+@pytest.fixture
+def staged(tiny_random_converted):
+    model, tok, store = load_streaming(tiny_random_converted,
+                                       config=EngineConfig.from_preset("staged"))
+    yield model, tok, store
+    store.close()
+
+
+@pytest.mark.parametrize("lookahead", [True, False])
+def test_staged_decode_defers_every_sync_and_matches_exact(staged, reference, lookahead):
+    model, tok, store = staged
+    before = store.runtime.stats.snapshot()
+    r = generate(model, tok, PROMPT, N, stop_at_eos=False, store=store, lookahead=lookahead)
+    d = store.runtime.stats.delta(store.runtime.stats.snapshot(), before)
+    assert r.tokens == reference
+    single = sum(1 for s in r.steps if s["tokens"] == 1)  # the last prompt token + decode
+    layers = len(store.runtime.staged())
+    assert d["route_syncs"] == 0  # nothing synced while a graph was being built
+    assert d["deferred_syncs"] == single * layers  # one fill point per staged layer and step
+    assert d["cache_hits"] + d["cache_misses"] == single * layers * store.manifest.top_k
+
+
+def test_unresolved_fill_points_would_corrupt_the_output(staged, tiny_random_converted):
+    """A single-token forward built under `collecting()`: evaluated without resolving its
+    fill points, the empty slots give zeros (wrong logits); resolved, the logits equal the
+    fully resident mlx-lm model's."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, tok, store = staged
+    fills = store.runtime.fills
+    resident, _ = load_resident(tiny_random_converted)
+    token = mx.array([[tok.encode(PROMPT)[0]]])
+    want = np.array(resident(token, cache=make_prompt_cache(resident)))
+
+    with fills.collecting():
+        skipped = model(token, cache=make_prompt_cache(model))
+    fills.take()  # dropped: no slot is ever filled
+    assert not np.allclose(np.array(skipped), want, atol=1e-3)
+
+    with fills.collecting():
+        logits = model(token, cache=make_prompt_cache(model))
+    points = fills.take()
+    assert len(points) == len(store.runtime.staged())
+    resolve(points)
+    assert np.array_equal(np.array(logits), want)
+
+
+def test_outside_the_loop_staged_syncs_at_build(staged, tiny_random_converted):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, tok, store = staged
+    resident, _ = load_resident(tiny_random_converted)
+    token = mx.array([[tok.encode(PROMPT)[1]]])
+    before = store.runtime.stats.snapshot()
+    got = np.array(model(token, cache=make_prompt_cache(model)))
+    d = store.runtime.stats.delta(store.runtime.stats.snapshot(), before)
+    assert d["route_syncs"] == len(store.runtime.staged()) and d["deferred_syncs"] == 0
+    assert np.array_equal(got, np.array(resident(token, cache=make_prompt_cache(resident))))
+
+
+def test_lookahead_builds_the_next_step_before_the_token_arrives(staged, tiny_random_converted):
+    """Order of hooks: with lookahead (staged) step t+1 starts before step t ends; a preset
+    whose decode path syncs at build (hot) runs steps one after the other."""
+    for preset, overlapped in [("staged", True), ("hot", False)]:
+        if preset == "staged":
+            model, tok, store = staged
+        else:
+            model, tok, store = load_streaming(tiny_random_converted,
+                                               config=EngineConfig.from_preset(preset))
+        events: list[tuple[str, int]] = []
+        generate(model, tok, PROMPT, 6, stop_at_eos=False, store=store,
+                 on_step_start=lambda s, ph, n: events.append(("start", s)),
+                 on_step=lambda row: events.append(("end", row["step"])))
+        ends = [s for kind, s in events if kind == "end"]
+        last = ends[-1]
+        for s in ends[-5:-1]:  # decode steps that have a successor
+            starts_next = events.index(("start", s + 1))
+            assert (starts_next < events.index(("end", s))) == overlapped, (preset, events)
+        assert ("start", last + 1) not in events  # no step built past max_tokens
+        assert bool(store.runtime.syncs_at_build("decode")) == (not overlapped)
+        if preset == "hot":
+            store.close()
+
+
+def test_lookahead_trace_windows_tile_the_decode(staged, reference, tmp_path):
+    model, tok, store = staged
+    rec = start_recorder(tmp_path / "t", model, store)
+    results = capture(model, tok, store, [PROMPT], N, recorder=rec)
+    rec.close()
+    assert results[0].tokens == reference
+    trace = read_trace(tmp_path / "t")
+    s = trace.steps.sort("step")
+    d = s.filter(pl.col("phase") == "decode")
+    starts, ends = d["start_ns"].to_list(), d["end_ns"].to_list()
+    assert starts[1:] == ends[:-1]  # each window starts where the previous one ended
+    first = s.filter(pl.col("step") == d["step"][0] - 1)  # the last prompt token's step
+    assert starts[0] == first["end_ns"][0]
+    assert (s["end_ns"] - s["start_ns"] == s["build_ns"] + s["eval_ns"] + s["blocked_ns"]).all()
+    assert (s["build_ns"] >= 0).all() and (s["eval_ns"] >= 0).all()
+    # routing rows are keyed by the step that ran them although steps overlap: each decode
+    # step's routed experts equal what its slots served (hits + misses = K per layer)
+    r = trace.routing.filter(pl.col("step").is_in(d["step"].to_list()))
+    assert r.group_by("step").len()["len"].to_list() == [len(store.runtime.staged())] * len(d)
+    loads = trace.loads.filter(pl.col("source") == "demand")
+    assert set(loads["step"].to_list()) <= set(s["step"].to_list())
+
+
+def test_stop_at_eos_drops_the_step_built_ahead(staged, reference):
+    model, tok, store = staged
+    eos = reference[5]
+    stop = reference.index(eos)
+    saved = tok.eos_token_ids
+    tok.eos_token_ids = [eos]
+    try:
+        r = generate(model, tok, PROMPT, N, store=store, step0=100)
+    finally:
+        tok.eos_token_ids = saved
+    assert r.finish_reason == "stop" and r.tokens == reference[:stop]
+    steps = [s["step"] for s in r.steps]
+    assert steps == list(range(100, 100 + len(steps)))  # the dropped step left no gap
+    again = generate(model, tok, PROMPT, N, stop_at_eos=False, store=store)
+    assert again.tokens == reference  # the engine is consistent after the drop
+
+
+def test_sampling_is_the_same_with_and_without_lookahead(staged):
+    model, tok, store = staged
+    a = generate(model, tok, PROMPT, N, temp=0.8, seed=7, stop_at_eos=False, store=store)
+    b = generate(model, tok, PROMPT, N, temp=0.8, seed=7, stop_at_eos=False, store=store,
+                 lookahead=False)
+    assert a.tokens == b.tokens
