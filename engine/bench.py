@@ -4,14 +4,17 @@ arm order rotated per round, warm-up excluded, medians over rounds.
 Arms:
   resident         plain mlx-lm: the model fully loaded, `mlx_lm.generate_step` (its one-step
                    async lookahead included): the honest baseline
-  engine-resident  the same resident model through engine.generate (no lookahead, per-step
-                   timing): separates the loop's cost from the streaming machinery's
-  resident-sync    engine-resident plus one host sync of each MoE layer's router output per
-                   step, no loads: the price of knowing the routing only when it happens,
-                   which every on-demand arm (on-demand, hot, staged) pays
+  engine-resident  the same resident model through engine.generate (the same lookahead, plus
+                   per-step timing and hooks): the loop's own cost
+  resident-sync    engine-resident plus one host sync of each MoE layer's router output while
+                   the graph is built, no loads: what knowing the routing only when it happens
+                   costs when nothing hides it (the exact and hot paths pay it; no lookahead
+                   is possible past such a sync)
   on-demand        streaming, exact path everywhere (preset on-demand)
   hot              whole-layer prefill + hot LRU decode (preset hot)
-  staged           whole-layer prefill + staged decode filled on demand (preset staged)
+  staged           whole-layer prefill + staged decode filled on demand (preset staged): the
+                   router's ids come to the host at fill points during evaluation, while the
+                   next step's graph is built (engine.fill_points)
   staged-oracle    staged decode filled one token ahead from routing recorded in an untimed
                    identical run: what a perfect prerouter would give (an upper bound)
 

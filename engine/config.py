@@ -41,7 +41,7 @@ class EngineConfig:
     lead: int = 0  # tokens of staged lookahead (1 with a prerouter); 0 = fill on demand
     lookahead: bool = True  # decode loop builds step t+1's graph while step t computes
     # (mlx-lm's generate_step does the same); in effect only when no decode layer syncs at
-    # build (exact, hot): see engine.generate
+    # build (exact): see engine.generate
 
     def __post_init__(self) -> None:
         self.layers = {int(k): dict(v) for k, v in self.layers.items()}

@@ -13,7 +13,8 @@ the host and fill their slots, in layer order, during evaluation); then step t+1
 evaluation is queued and only then does token t come to the host, so the host work between
 tokens (hooks, detokenizing, the trace) overlaps compute.
 It is on unless the config turns it off (`EngineConfig.lookahead`) or a decode layer syncs at
-build time (exact, hot: building step t+1 would wait for step t anyway). Stopping at EOS
+build time (exact: building step t+1 would wait for step t anyway; such a sync would also
+evaluate earlier layers before their fill points, so then no path defers at all). Stopping at EOS
 drops the step built ahead (its staging is reset; its step number is reused).
 
 Step rows (what a trace records): with lookahead the steps' work overlaps, so each row is a
@@ -111,8 +112,10 @@ def generate(
     fills = runtime.fills if runtime is not None else FillPoints()
     if lookahead is None:
         lookahead = runtime.config.lookahead if runtime is not None else True
-    if runtime is not None and runtime.syncs_at_build("decode"):
-        lookahead = False
+    # Fill points only when no single-token layer syncs while the graph is built: such a
+    # sync would evaluate the layers before it, fill points not yet resolved included.
+    deferring = runtime is None or not runtime.syncs_at_build("decode")
+    lookahead = lookahead and deferring
     steps: list[dict] = []
     counter = [step0]
 
@@ -124,7 +127,10 @@ def generate(
         if on_step_start is not None:
             on_step_start(step, phase, tokens.size)
         b0 = time.perf_counter_ns()
-        with fills.collecting():
+        if deferring:
+            with fills.collecting():
+                logits = model(tokens[None], cache=cache)
+        else:
             logits = model(tokens[None], cache=cache)
         out = None
         if sample:

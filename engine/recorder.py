@@ -16,9 +16,10 @@ What each step row holds (one row per forward step, written in `on_step`, after 
   step row is a window of wall time whose build is the next step's graph (engine.generate).
   Attribution: blocked_ns is the reads (waits) alone; the wait of a load is
   [finished_ns - wait_ns, finished_ns]; the part of it inside the row's build spans comes off
-  build_ns (exact/hot paths read while the graph is built: they pull each layer's routed ids
-  to the host, which evaluates the graph up to that router), the rest off eval_ns (staged
-  fills at fill points, during evaluation).
+  build_ns (the exact path, and any path outside the decode loop's fill points, reads while
+  the graph is built: it pulls each layer's routed ids to the host, which evaluates the graph
+  up to that router), the rest off eval_ns (staged and hot fills at fill points, during
+  evaluation).
 - bytes_read, loads, cold_loads: from the step's load rows (loads labelled with an earlier step
   that arrive late are counted in the step being written, so the totals always match the loads
   table; loads labelled with a later step wait for that step).

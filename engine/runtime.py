@@ -46,9 +46,9 @@ class Runtime:
 
     def syncs_at_build(self, phase: str = "decode") -> list[int]:
         """Layers whose `phase` path brings routed ids to the host while the graph is built
-        (exact, hot): the decode loop cannot build step t+1 ahead past such a layer."""
+        (exact): the decode loop cannot build step t+1 ahead past such a layer."""
         return sorted(i for (i, ph), p in self.paths.items()
-                      if ph == phase and not isinstance(p, StagedPath | WholeLayerPath))
+                      if ph == phase and not isinstance(p, StagedPath | HotPath | WholeLayerPath))
 
     def buffer_bytes(self) -> dict[str, int]:
         """Preallocated expert buffers by component (the streaming machinery's memory)."""
@@ -96,7 +96,7 @@ def build_runtime(config: EngineConfig, store: ExpertStore) -> Runtime:
                 if kind == "exact":
                     shared[(i, kind)] = ExactPath(store, i)
                 elif kind == "hot":
-                    shared[(i, kind)] = HotPath(store, i, rt.hot)
+                    shared[(i, kind)] = HotPath(store, i, rt.hot, rt.fills)
                 else:
                     shared[(i, kind)] = StagedPath(store, i, rt.readers, stats,
                                                    config.staged_headroom, rt.fills)

@@ -5,6 +5,8 @@ hit on a bundle still in flight waits for it instead of pretending it is there."
 
 from __future__ import annotations
 
+from collections import deque
+
 from sim.lru import LRU
 
 
@@ -14,20 +16,22 @@ class BundleLRU(LRU):
 
 class StagedSlots:
     """Per layer: `current` (experts the layer computed with last token, still in their slots)
-    and `pending` (expert -> Load or None, what was staged for the next token)."""
+    and `pending` (expert -> Load or None per future token, oldest first: what was staged for
+    the next token; with the lookahead loop the token after it is staged before the next
+    token's layer has taken its set, as the engine's per-layer queue of staged sets allows)."""
 
     def __init__(self, layers: int) -> None:
         self.current: list[frozenset[int]] = [frozenset()] * layers
-        self.pending: list[dict[int, object] | None] = [None] * layers
+        self.pending: list[deque[dict[int, object]]] = [deque() for _ in range(layers)]
 
     def stage(self, layer: int, staged: dict[int, object]) -> None:
-        self.pending[layer] = staged
+        self.pending[layer].append(staged)
 
     def take(self, layer: int) -> dict[int, object] | None:
-        """Swap buffers: the pending set becomes current; returns it (None if nothing staged)."""
-        staged = self.pending[layer]
-        self.pending[layer] = None
-        return staged
+        """Swap buffers: the oldest pending set becomes current; returns it (None if nothing
+        staged)."""
+        pending = self.pending[layer]
+        return pending.popleft() if pending else None
 
     def settle(self, layer: int, experts: frozenset[int]) -> None:
         self.current[layer] = experts

@@ -387,7 +387,8 @@ def compute_values(c: ComputeResult, active_params: float | None = None
     """Hardware keys (compute part) -> (value, how). The sim's decode compute per layer is
     resident_bytes / layers / mem_bandwidth (attention, norms, router, lm_head spread over
     layers) + expert_overhead + K x bundle / expert_gbps; with lazy_compute it runs at the
-    main thread's syncs, each costing sync_overhead_ms more."""
+    main thread's syncs (synchronous decode loop and prefill; the lookahead loop queues it at
+    once), a sync that finds work queued costing sync_overhead_ms more."""
     ks = sorted(c.glu_ms)
     e0, e1 = linear_fit([float(k) for k in ks], [c.glu_ms[k] for k in ks], relative=False)
     e1 = max(e1, 1e-6)
@@ -409,8 +410,12 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             f"(compute of a decode step with a host sync at every router {c.synced_compute_ms:.2f}"
             f" ms - with one eval per step {c.step_ms:.2f} ms) / {c.layers} layers; load-"
             "dependent: a sync hands work to MLX's CPU thread and waits for it")),
-        "lazy_compute": (True, "MLX evaluates lazily and the engine's generate loop has no "
-                         "async eval: compute runs at host syncs only"),
+        "lazy_compute": (True, "MLX evaluates lazily: in the engine's synchronous decode loop "
+                         "(exact and hot paths, whose routed ids come to the host while the graph "
+                         "is built) and in prefill, compute runs at host syncs only. The staged "
+                         "decode loop looks ahead with async eval and is never lazy: the sim "
+                         "models it with the scenario key lookahead, which sim compare sets from "
+                         "the trace"),
     }
     if c.handoff_ms == c.handoff_ms:  # not nan
         out["handoff_ms"] = (round(max(c.handoff_ms, 0.0), 4), (

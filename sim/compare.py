@@ -16,6 +16,11 @@ The engine configuration in run.json `engine` maps onto scenario keys:
                                         bundles standing in for the per-layer sticky slots
                                         (least recently used victim), readers
   prerouter true                        policy prerouter, lead token
+  lookahead                             lookahead=true when the config has it on (traces from
+                                        before it existed have no such key: off) and every decode
+                                        path in use is one that does not sync at build (staged,
+                                        hot, whole-layer), as engine.generate decides; else false
+                                        (exact: the synchronous loop)
   k, o_direct                           as recorded
   page_cache_budget                     the simulated page cache holds as many bundles as the
                                         engine's budget does (it charges each bundle its ranges
@@ -26,6 +31,11 @@ The engine configuration in run.json `engine` maps onto scenario keys:
   cold_overhead_ms (O_DIRECT traces)    the scenario's notes "cold_overhead_ms.o_direct" when
                                         present (an O_DIRECT bundle read, from calibrate)
 Routing (and the step plan: prefill chunks, decode steps, requests) comes from the trace.
+
+Build/eval split of a decode row, measured and simulated alike: in the synchronous loop a row is
+[build start, token on host], build = its own graph building (and the path's main-thread work),
+eval = waiting on the accelerator; in the lookahead loop a row is a window [previous token,
+this token], build = the NEXT step's graph building inside it, eval = the rest net of blocked.
 """
 
 from __future__ import annotations
@@ -41,6 +51,9 @@ from traces.reader import Trace
 from traces.schema import SUMMARY_KEYS
 
 DEFAULT_HARDWARE = "this-machine"
+# Decode paths that do not bring routed ids to the host while the graph is built
+# (engine.runtime.syncs_at_build): only with these does the engine's decode loop look ahead.
+NO_BUILD_SYNC = frozenset({"staged", "hot", "whole-layer"})
 HOT_FRACTION = 0.25  # engine.config.HOT_FRACTION (not imported: sim stays engine-free)
 # The figures the validation report looks at first.
 HEADLINE = ("decode_tok_s", "blocked_ms_per_step", "cold_fraction", "loads_per_step")
@@ -114,6 +127,23 @@ def trace_model(trace: Trace, notes: list[str]):
                    "profile-model MODEL_DIR --out scenarios/models/NAME.toml, or --scenario)")
 
 
+def decode_paths(engine: dict[str, Any]) -> set[str]:
+    """The decode paths the trace's engine ran: paths_in_use when recorded, else the config's
+    decode path and per-layer overrides."""
+    in_use = (engine.get("paths_in_use") or {}).get("decode") or {}
+    if in_use:
+        return set(in_use)
+    layers = engine.get("layers") or {}
+    return {str(engine.get("decode") or "exact"),
+            *(str(d["decode"]) for d in layers.values() if isinstance(d, dict) and "decode" in d)}
+
+
+def looked_ahead(engine: dict[str, Any]) -> bool:
+    """Whether the trace's decode loop looked ahead (engine.generate): on in the config and no
+    decode layer syncing at build."""
+    return bool(engine.get("lookahead")) and decode_paths(engine) <= NO_BUILD_SYNC
+
+
 def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], str, list[str]]:
     """(--set items, decode path name, notes) reproducing the trace's engine configuration."""
     m = sc.model
@@ -144,6 +174,7 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
                      "simulated as one shared LRU of the same bytes")
     else:
         raise BadInput(f"run.json engine: decode path {path!r} has no simulator mapping")
+    sets.append(f"lookahead={'true' if looked_ahead(engine) else 'false'}")
     o_direct = engine.get("o_direct_effective", engine.get("o_direct"))
     sets.append(f"o_direct={'true' if o_direct else 'false'}")
     build = sc.notes.get(f"build_ms_per_layer.{path}")

@@ -1,6 +1,9 @@
 """The main thread: the one SimPy process of the model.
 
-Per decode step:
+Two decode loops, as the engine has (engine.generate), chosen by the scenario's `lookahead`:
+
+Synchronous (lookahead false: the paper's engine, and ours when a decode layer syncs while its
+graph is built, i.e. the exact and hot paths). Per decode step:
   boundary  the policy stages predicted sets (prefetches issued; with no reader threads the main
             thread performs them itself, synchronously, as the paper's stager does)
   per layer build the layer's graph (CPU; + a head's graph at head owners), queue its attention
@@ -9,14 +12,31 @@ Per decode step:
             slot, bundle LRU, else a demand load) and wait for those still in flight; queue the
             expert work
   end       sync on the accelerator (sampling needs the token)
+
+Lookahead (lookahead true: our engine's staged decode loop, engine.generate / fill_points).
+Step t's work is queued as soon as its graph is built and runs at once (async eval: never lazy);
+while it computes the main thread builds step t+1's graph and, layer by layer, resolves step
+t's fill points. Per decode step t (a window of wall time, as the engine's trace rows are):
+  start     step t's graph was built in the previous window and its layer 0 attention queued
+            (the first decode step of a request builds its own graph first); the policy stages
+            step t+1's predicted sets (on_step_start of t+1)
+  per layer build layer l of step t+1 (+ its head), then step t's fill point l: sync on router
+            l (unless staged: then only the staged loads are waited for), the loads as above,
+            then queue layer l's experts and layer l+1's attention (+ head)
+  end       sync on step t's token; step t+1's layer 0 attention is queued (the engine queues it
+            just before; the accelerator timeline is the same)
+  The window is [end of the previous window, token t on the host]; build = step t+1's graph
+  building in it, eval = the rest net of blocked (fill host work included).
+
 Per prefill step: whole-layer loads, layer L+1's load overlapping layer L's compute.
 
 The accelerator is a timeline (work starts when queued and the device is free; with the hardware's
-lazy_compute, queued work starts only at the next sync, plus sync_overhead_ms), loads are timed
-by sim.loads / sim.readers; the process yields one SimPy timeout per layer to move the clock.
-Times are seconds. Blocked time = main thread waiting on (or itself performing) expert loads (a
-wait on a reader's load includes the hardware's thread hand-off, handoff_ms: sim.readers); eval
-time = waiting on the accelerator; build time = graph building and slot rewrites.
+lazy_compute, work queued by the synchronous loop or a prefill starts only at the next sync; a sync
+that finds work queued or running costs sync_overhead_ms more), loads are timed by sim.loads /
+sim.readers; the process yields one SimPy timeout per layer to move the clock. Times are seconds.
+Blocked time = main thread waiting on (or itself performing) expert loads (a wait on a reader's
+load includes the hardware's thread hand-off, handoff_ms: sim.readers); eval time = waiting on
+the accelerator; build time = graph building (and, in the synchronous loop, slot rewrites).
 """
 
 from __future__ import annotations
@@ -69,7 +89,9 @@ class MainThread:
         self.attn_s = m.resident_bytes / m.layers / bw
         expert_bw = hw.expert_gbps * 1e9 if hw.expert_gbps else bw
         self.expert_s = sc.k * m.bundle_bytes / expert_bw + hw.expert_overhead_ms / 1e3
-        self.lazy = hw.lazy_compute  # work queued since the last sync starts at the next one
+        # work queued since the last sync starts at the next one (synchronous loop, prefill)
+        self.lazy = hw.lazy_compute
+        self.lookahead = sc.lookahead
         self.pending = 0.0
         self.sync_s = hw.sync_overhead_ms / 1e3
         self.head_s = m.head_bytes / bw
@@ -94,10 +116,19 @@ class MainThread:
         self.now += seconds
         self.build += seconds
 
+    def fill_cpu(self, seconds: float) -> None:
+        """Main-thread host work of a fill point (lookahead loop): not graph building."""
+        self.now += seconds
+        self.eval += seconds
+
     def gpu_submit(self, seconds: float) -> None:
         if self.lazy:
             self.pending += seconds
             return
+        self.gpu_queue(seconds)
+
+    def gpu_queue(self, seconds: float) -> None:
+        """Queue work that starts as soon as the accelerator is free (async eval)."""
         self.gpu_free = (self.gpu_free if self.gpu_free > self.now else self.now) + seconds
 
     def gpu_sync(self) -> None:
@@ -234,6 +265,56 @@ class MainThread:
         yield env.timeout(self.now - env.now)
         self._record(step, request, "decode", 1, start)
 
+    def decode_lookahead(self, env: simpy.Environment, step: int, request: int, row: int,
+                         built: bool, next_row: int | None) -> Generator:
+        """Decode step `step` (routing row `row`) in the lookahead loop: its window, during which
+        step+1 (routing row `next_row`; None when the request ends here) is built. `built`: the
+        step's graph was built, and its layer 0 attention queued, in the previous window.
+        Approximation: the engine builds a request's first decode step in the window of its last
+        prefill token, which the sim's whole-layer prefill does not model; here that step builds
+        its own graph at the start of its window (L x build once per request)."""
+        start = self.now
+        self._reset()
+        policy = self.policy
+        if not built:  # the first decode step of a request: build it, then queue it
+            for layer, predicted in policy.boundary(row):
+                self.stage(step, layer, predicted)
+            for layer in range(self.layers):
+                self.cpu(self._layer_build_s(layer))
+            self._queue_attention(0)
+        if next_row is not None:  # the next step's on_step_start: stage its sets now
+            for layer, predicted in policy.boundary(next_row):
+                self.stage(step + 1, layer, predicted)
+        for layer in range(self.layers):
+            if next_row is not None:
+                self.cpu(self._layer_build_s(layer))  # step+1's layer, while this step computes
+            # this step's fill point at `layer`
+            if policy.staged_layer(layer):
+                executed = self._staged_layer(step, row, layer)
+            else:
+                executed = self._router_layer(step, row, layer)  # syncs on the router
+            if self.uses_slots and self.slot_update_s:
+                current = self.slots.current[layer]
+                self.fill_cpu(self.slot_update_s * sum(1 for e in executed if e not in current))
+            self.slots.settle(layer, frozenset(executed))
+            self.executed_log.append(executed)
+            self.gpu_queue(self.expert_s)
+            if layer + 1 < self.layers:
+                self._queue_attention(layer + 1)
+            yield env.timeout(self.now - env.now)
+        self.gpu_sync()  # token `step` on the host
+        if next_row is not None:
+            self._queue_attention(0)
+        yield env.timeout(self.now - env.now)
+        self._record(step, request, "decode", 1, start)
+
+    def _layer_build_s(self, layer: int) -> float:
+        return self.build_s + (self.head_build_s if self.policy.head_owner(layer) else 0.0)
+
+    def _queue_attention(self, layer: int) -> None:
+        """Queue `layer`'s attention (+ its head) in the lookahead loop."""
+        self.gpu_queue(self.attn_s + (self.head_s if self.policy.head_owner(layer) else 0.0))
+
     def prefill(self, env: simpy.Environment, step: int, request: int, tokens: int) -> Generator:
         start = self.now
         self._reset()
@@ -270,8 +351,16 @@ class MainThread:
 
     def run(self, env: simpy.Environment, plan: list[tuple[str, int, int, int]]) -> Generator:
         """plan: (phase, tokens, request, routing row) per step, in order."""
+        built = False  # lookahead: this decode step's graph was built in the previous window
         for step, (phase, tokens, request, row) in enumerate(plan):
             if phase == "prefill":
                 yield from self.prefill(env, step, request, tokens)
+                built = False
+            elif self.lookahead:
+                nxt = plan[step + 1] if step + 1 < len(plan) else None
+                ahead = nxt is not None and nxt[0] == "decode" and nxt[2] == request
+                next_row = nxt[3] if ahead else None
+                yield from self.decode_lookahead(env, step, request, row, built, next_row)
+                built = ahead
             else:
                 yield from self.decode(env, step, request, row)

@@ -92,7 +92,7 @@ def run_info(sc: Scenario, routing: RoutingInput, mem: MemoryBudget) -> RunInfo:
                 "readers": sc.readers, "page_cache_budget": mem.page_cache,
                 "o_direct": sc.o_direct, "prerouter": sc.policy == "prerouter",
                 "lora": None, "demand_pieces": sc.demand_pieces,
-                "prefetch_pieces": sc.prefetch_pieces},
+                "prefetch_pieces": sc.prefetch_pieces, "lookahead": sc.lookahead},
         machine={"profile": hw.name, **asdict(hw)},
         extra={"scenario": scenario, "model_profile": asdict(m), "memory": mem.as_dict(),
                "routing_source": routing.source},

@@ -36,8 +36,9 @@ class Hardware:
     expert_gbps: float = 0.0  # rate the expert kernel consumes bundle bytes; 0 = mem_bandwidth
     expert_overhead_ms: float = 0.0  # fixed accelerator time of one layer's expert computation
     sync_overhead_ms: float = 0.0  # extra accelerator time per host sync that finds work queued
-    lazy_compute: bool = False  # queued work runs only when the main thread syncs (MLX without
-    # async eval, e.g. on CPU): graph building never overlaps compute
+    lazy_compute: bool = False  # in the synchronous decode loop and prefill, queued work runs
+    # only when the main thread syncs (MLX evaluates lazily and those loops have no async eval):
+    # graph building never overlaps compute. The lookahead loop (Scenario.lookahead) is never lazy
     handoff_ms: float = 0.0  # thread hand-off the main thread pays per load it waits on that a
     # reader thread performs (queue put, reader wake-up, event set, main wake-up / GIL)
 
@@ -95,6 +96,10 @@ class Scenario:
     o_direct: bool = False  # bypass the page cache: every read is cold
     stager_dup_views: bool = False  # stager keeps bundle and stacked views (paper: ~0.45 GiB @K=8)
     slot_headroom: int = 0  # staged slots per layer beyond K
+    lookahead: bool = False  # decode loop of our engine's staged path (engine.generate): step
+    # t+1's graph is built while step t computes, step t's work runs as soon as queued and each
+    # layer's fill (router sync, loads) is done as that layer of step t+1 is built. False: the
+    # synchronous loop (the paper's engine; ours on the exact and hot paths). sim.main_thread
     runtime_gib: float = 0.0  # other unreclaimable engine memory (activations, allocator slack)
     overlap: float = 0.25  # synthetic routing: adjacent-token expert reuse
     skew: float = 0.0  # synthetic routing: per-layer expert popularity skew

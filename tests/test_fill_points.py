@@ -40,18 +40,27 @@ def staged(tiny_random_converted):
     store.close()
 
 
+@pytest.mark.parametrize("preset", ["staged", "hot"])
 @pytest.mark.parametrize("lookahead", [True, False])
-def test_staged_decode_defers_every_sync_and_matches_exact(staged, reference, lookahead):
-    model, tok, store = staged
+def test_decode_defers_every_sync_and_matches_exact(preset, lookahead, reference,
+                                                    tiny_random_converted):
+    model, tok, store = load_streaming(tiny_random_converted,
+                                       config=EngineConfig.from_preset(preset))
+    generate(model, tok, PROMPT, 4, stop_at_eos=False, store=store)  # prefill loads aside
+    loads: list[dict] = []
+    store.on_load = loads.append
     before = store.runtime.stats.snapshot()
     r = generate(model, tok, PROMPT, N, stop_at_eos=False, store=store, lookahead=lookahead)
     d = store.runtime.stats.delta(store.runtime.stats.snapshot(), before)
     assert r.tokens == reference
     single = sum(1 for s in r.steps if s["tokens"] == 1)  # the last prompt token + decode
-    layers = len(store.runtime.staged())
+    layers = len(store.manifest.moe_layers)
     assert d["route_syncs"] == 0  # nothing synced while a graph was being built
-    assert d["deferred_syncs"] == single * layers  # one fill point per staged layer and step
+    assert d["deferred_syncs"] == single * layers  # one fill point per layer and step
+    # every routed expert of every single-token call was a hit or a miss that was read
     assert d["cache_hits"] + d["cache_misses"] == single * layers * store.manifest.top_k
+    assert d["cache_misses"] == sum(1 for r in loads if r["expert"] >= 0)
+    store.close()
 
 
 def test_unresolved_fill_points_would_corrupt_the_output(staged, tiny_random_converted):
@@ -92,28 +101,31 @@ def test_outside_the_loop_staged_syncs_at_build(staged, tiny_random_converted):
     assert np.array_equal(got, np.array(resident(token, cache=make_prompt_cache(resident))))
 
 
-def test_lookahead_builds_the_next_step_before_the_token_arrives(staged, tiny_random_converted):
-    """Order of hooks: with lookahead (staged) step t+1 starts before step t ends; a preset
-    whose decode path syncs at build (hot) runs steps one after the other."""
-    for preset, overlapped in [("staged", True), ("hot", False)]:
-        if preset == "staged":
-            model, tok, store = staged
-        else:
-            model, tok, store = load_streaming(tiny_random_converted,
-                                               config=EngineConfig.from_preset(preset))
-        events: list[tuple[str, int]] = []
-        generate(model, tok, PROMPT, 6, stop_at_eos=False, store=store,
-                 on_step_start=lambda s, ph, n: events.append(("start", s)),
-                 on_step=lambda row: events.append(("end", row["step"])))
-        ends = [s for kind, s in events if kind == "end"]
-        last = ends[-1]
-        for s in ends[-5:-1]:  # decode steps that have a successor
-            starts_next = events.index(("start", s + 1))
-            assert (starts_next < events.index(("end", s))) == overlapped, (preset, events)
-        assert ("start", last + 1) not in events  # no step built past max_tokens
-        assert bool(store.runtime.syncs_at_build("decode")) == (not overlapped)
-        if preset == "hot":
-            store.close()
+def _hook_order(model, tok, store) -> list[tuple[str, int]]:
+    events: list[tuple[str, int]] = []
+    generate(model, tok, PROMPT, 6, stop_at_eos=False, store=store,
+             on_step_start=lambda s, ph, n: events.append(("start", s)),
+             on_step=lambda row: events.append(("end", row["step"])))
+    return events
+
+
+@pytest.mark.parametrize("preset,overlapped", [("staged", True), ("hot", True),
+                                                ("on-demand", False)])
+def test_lookahead_builds_the_next_step_before_the_token_arrives(preset, overlapped,
+                                                                 tiny_random_converted):
+    """Order of hooks: with lookahead (staged, hot) step t+1 starts before step t ends; a
+    preset whose decode path syncs while the graph is built (exact) runs steps one after the
+    other."""
+    model, tok, store = load_streaming(tiny_random_converted,
+                                       config=EngineConfig.from_preset(preset))
+    events = _hook_order(model, tok, store)
+    ends = [s for kind, s in events if kind == "end"]
+    for s in ends[-5:-1]:  # decode steps that have a successor
+        starts_next = events.index(("start", s + 1))
+        assert (starts_next < events.index(("end", s))) == overlapped, events
+    assert ("start", ends[-1] + 1) not in events  # no step built past max_tokens
+    assert bool(store.runtime.syncs_at_build("decode")) == (not overlapped)
+    store.close()
 
 
 def test_lookahead_trace_windows_tile_the_decode(staged, reference, tmp_path):

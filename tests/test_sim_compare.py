@@ -75,7 +75,7 @@ def test_engine_configs_map_onto_scenario_keys():
     sets, path, _ = engine_settings({"preset": "on-demand", "decode": "exact", "k": 2,
                                      "readers": 2, "o_direct": False}, sc)
     assert path == "exact" and sets == ["k=2", "policy=hot", "lru_bytes=1000", "readers=0",
-                                        "o_direct=false"]
+                                        "lookahead=false", "o_direct=false"]
     sets, _, _ = engine_settings({"decode": "hot", "k": 2, "readers": 3, "hot_bytes": None}, sc)
     assert "lru_bytes=16000" in sets and "readers=3" in sets  # 25% of 4 x 16 x 1000 bytes
     sets, _, notes = engine_settings({"decode": "staged", "k": 2, "readers": 2,

@@ -1,20 +1,27 @@
 """The hot path: one LRU of expert bundles shared by every layer, bounded in BYTES, held in one
-preallocated stacked pool (rows = budget // bundle bytes). A call brings the routed ids to the
-host (a counted, timed sync), looks each distinct (layer, expert) up: hits use their pool row,
-misses are read by reader threads into the least recently used rows (evicting them), and the
-call gathers from the pool. A call with more distinct experts than the pool holds (a long
-prefill) falls back to the exact path for that call and leaves the pool alone.
+preallocated stacked pool (rows = budget // bundle bytes, plus a zero row). The routed ids
+come to the host; each distinct (layer, expert) is looked up: hits use their pool row, misses
+are read by reader threads into the least recently used rows (evicting them), and the call
+gathers from the pool through a per-layer table (an MLX uint32 array [E], expert -> row; the
+zero row for experts not in the pool), so the gather never needs the ids on the host. A call
+with more distinct experts than the pool holds (a long prefill) falls back to the exact path
+for that call and leaves the pool alone.
 
-Overwriting a row is safe because the sync that starts every call evaluates everything
-upstream, including earlier layers' gathers from the pool; the rows of the current call are
-pinned while its misses pick victims."""
+When: inside the decode loop (`FillPoints.collecting`) a single-token call only builds the
+gather and registers a fill point (engine.fill_points), resolved during evaluation while the
+next step is built, as the staged path does; elsewhere the call syncs at build time. Either
+way the lookup happens after everything upstream is evaluated, including earlier layers'
+gathers from the pool (layer l's ids depend on them), so overwriting a row is safe; the rows
+of the current call are pinned while its misses pick victims."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
 import mlx.core as mx
+import numpy as np
 
+from engine.fill_points import FillPoints
 from engine.paths.exact import ExactPath
 from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
 from engine.paths.stats import PathStats, host_routed
@@ -45,10 +52,16 @@ class HotPool:
         self.store, self.readers, self.stats = store, readers, stats
         self.rows = min(budget_bytes // m.bundle_bytes, m.num_experts * len(m.moe_layers))
         self.budget_bytes = budget_bytes
-        self.arrays, self.views = alloc_stack(store.expert_shapes(m.moe_layers[0]), self.rows)
+        # rows 0..rows-1, then the zero row `rows` that experts not in the pool map to
+        self.arrays, self.views = alloc_stack(store.expert_shapes(m.moe_layers[0]),
+                                              self.rows + 1)
         self.targets = [row_views(self.views, r) for r in range(self.rows)]  # read targets
         self.lru: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> row
         self.free = list(range(self.rows - 1, -1, -1))
+        self.tables = {i: mx.full((m.num_experts,), self.rows, dtype=mx.uint32)
+                       for i in m.moe_layers}  # layer -> expert -> row, on the device
+        mx.eval(list(self.tables.values()))
+        self.tables_np = {i: np.asarray(t) for i, t in self.tables.items()}  # zero-copy
 
     @property
     def nbytes(self) -> int:
@@ -76,6 +89,7 @@ class HotPool:
             else:
                 victim = next(k for k in self.lru if k[0] != layer or k[1] not in out)
                 row = self.lru.pop(victim)
+                self.tables_np[victim[0]][victim[1]] = self.rows
                 self.stats.cache_evictions += 1
             out[e] = row
             tickets.append((e, row, self.readers.submit_bundle(layer, e, self.targets[row],
@@ -86,6 +100,7 @@ class HotPool:
             for e, row, t in tickets:
                 if t.error is None:
                     self.lru[(layer, e)] = row
+                    self.tables_np[layer][e] = row
                 else:
                     self.free.append(row)
         return out
@@ -94,20 +109,43 @@ class HotPool:
 class HotPath:
     name = "hot"
 
-    def __init__(self, store: ExpertStore, layer: int, pool: HotPool):
+    def __init__(self, store: ExpertStore, layer: int, pool: HotPool,
+                 points: FillPoints | None = None):
         self.store, self.layer, self.pool, self.stats = store, layer, pool, pool.stats
+        self.points = points
         q = store.manifest.quantization
         self.quant = Quant(q["group_size"], q["bits"], q.get("mode", "affine"))
         self.exact = ExactPath(store, layer)
 
     def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
+        tokens = inds.size // inds.shape[-1]
+        points = self.points
+        if tokens == 1 and points is not None and points.active:
+            points.progress()  # the step being evaluated: fill its next layer meanwhile
+            out = self._gather(x, inds)
+            step = self.store.step
+
+            def fill(i: mx.array) -> None:
+                now, self.store.step = self.store.step, step  # its load rows carry its step
+                try:
+                    self._lookup(host_routed(i, self.stats, deferred=True))
+                finally:
+                    self.store.step = now
+
+            points.defer(inds, fill, out)
+            return out
         host = host_routed(inds, self.stats)
-        flat = host.ravel().tolist()
-        experts = sorted(set(flat))
-        rows = self.pool.rows_for(self.layer, experts)
-        if rows is None:
+        if not self._lookup(host):
             self.stats.exact_fallbacks += 1
-            self.stats.cache_misses += len(experts)
+            self.stats.cache_misses += len(set(host.ravel().tolist()))
             return self.exact(x, inds)
-        local = mx.array([rows[e] for e in flat], dtype=mx.uint32).reshape(host.shape)
+        return self._gather(x, inds)
+
+    def _lookup(self, host) -> bool:
+        """Make every routed expert resident in the pool (published in this layer's table);
+        False when the set is larger than the pool."""
+        return self.pool.rows_for(self.layer, sorted(set(host.ravel().tolist()))) is not None
+
+    def _gather(self, x: mx.array, inds: mx.array) -> mx.array:
+        local = mx.take(self.pool.tables[self.layer], inds)
         return switch_glu(x, self.pool.arrays, local, self.quant)

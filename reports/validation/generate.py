@@ -53,7 +53,10 @@ def _row(path: Path) -> dict[str, Any]:
     d = c.to_dict()
     engine = trace.run.get("engine") or {}
     d["engine"] = {k: engine.get(k) for k in ("preset", "decode", "readers", "page_cache_budget",
-                                              "o_direct", "hot_bytes", "staged_headroom")}
+                                              "o_direct", "hot_bytes", "staged_headroom",
+                                              "lookahead")}
+    # which decode loop the sim ran (sim.compare: lookahead only for staged traces recording it)
+    d["sim_loop"] = "lookahead" if c.scenario.lookahead else "synchronous"
     d["decode_steps"] = c.extra["decode_steps"]
     d["started"] = trace.run.get("started_at")
     d["sim_s"] = time.perf_counter() - t0
@@ -90,6 +93,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             eng += f", page cache {e['page_cache_budget'] / 2**20:.1f} MiB"
         if e.get("o_direct"):
             eng += ", O_DIRECT"
+        if r.get("sim_loop") == "lookahead":
+            eng += ", lookahead"
 
         def pair(key: str, digits: int = 2, err: bool = False, m: dict = m) -> str:
             x = m[key]
@@ -155,7 +160,8 @@ def main() -> None:
         + (f" at {hw['when']}" if hw.get("when") else "") + "), the trace's model profile "
         "(`scenarios/models/tiny-trained.toml`, from its manifest) through "
         "`scenarios/this-machine-tiny-trained.toml`, and the trace's own engine configuration "
-        "(run.json `engine`: preset -> policy/LRU/readers, K, page-cache budget, O_DIRECT) and "
+        "(run.json `engine`: preset -> policy/LRU/readers, K, page-cache budget, O_DIRECT, "
+        "decode loop: lookahead for staged traces that recorded it, else synchronous) and "
         "routing. Nothing was fitted to these traces.",
         "",
         *table(rows),

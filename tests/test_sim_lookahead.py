@@ -1,0 +1,255 @@
+"""The lookahead decode loop (Scenario.lookahead, sim.main_thread.decode_lookahead) against
+hand-worked timelines, next to the synchronous loop on the same numbers, and the trace ->
+scenario rule that turns it on (sim.compare).
+
+Every timing test uses one model: L = 4 layers, K = 2, memory bandwidth 1 GB/s, so per layer
+  attention a = resident 4 MB / 4 / 1 GB/s            = 1.0 ms
+  experts   x = K x 250 kB / 1 GB/s                   = 0.5 ms,   c = a + x = 1.5 ms
+  sync overhead s = 0.1 ms (accelerator time of a sync that finds work queued or running),
+and graph building b per layer (the build segment of the next step).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from sim_helpers import hardware, model, routing_input, scenario
+
+from sim.compare import engine_settings, looked_ahead, scenario_for
+from sim.replay import run_scenario
+from traces.reader import read_trace
+
+L, A, X, S = 4, 1.0, 0.5, 0.1
+C = A + X
+FREE_IO = dict(ssd_latency_ms=0.0, ssd_bandwidth_gbps=1e12, load_overhead_ms=0.0,
+               cold_overhead_ms=0.0, memcpy_gbps=0.0)
+STEPS = 6
+STAGED_TRACE = Path(__file__).resolve().parents[1] / "reports/validation/traces/tiny-trained-staged"
+
+
+def _model(b: float, **over):
+    return model(layers=L, experts=16, k=2, bundle_bytes=250_000, resident_bytes=4_000_000,
+                 build_ms_per_layer=b, **over)
+
+
+def _hw(lazy: bool = True, **over):
+    return hardware(mem_bandwidth_gbps=1.0, sync_overhead_ms=S, lazy_compute=lazy,
+                    **{**FREE_IO, **over})
+
+
+def _same_experts(steps: int = STEPS) -> np.ndarray:
+    """Every step routes experts {0, 1} at every layer: after step 0 the sticky slots hold
+    them, so no step but the first loads anything (and with free I/O that costs nothing)."""
+    return np.tile(np.array([0, 1], dtype=np.int16), (steps, L, 1))
+
+
+def _alternating(steps: int = STEPS) -> np.ndarray:
+    """{0, 1} on even steps, {2, 3} on odd ones, every layer: every step misses every expert."""
+    sets = np.array([[0, 1], [2, 3]], dtype=np.int16)
+    return np.repeat(sets[np.arange(steps) % 2][:, None, :], L, axis=1)
+
+
+def _cycling(steps: int = STEPS) -> np.ndarray:
+    """{0, 1}, {2, 3}, {4, 5}, {0, 1}, ... at every layer: no step's set was used by either of
+    the two steps before it (staging step t+1 happens while step t-1's set is still in the
+    sticky slots, so an alternating pair would be resident)."""
+    sets = np.array([[0, 1], [2, 3], [4, 5]], dtype=np.int16)
+    return np.repeat(sets[np.arange(steps) % 3][:, None, :], L, axis=1)
+
+
+def _rows_ms(result, col: str = "window") -> list[float]:
+    d = result.trace.steps.filter(pl.col("phase") == "decode").sort("step")
+    if col == "window":
+        return ((d["end_ns"] - d["start_ns"]) / 1e6).to_list()
+    return (d[col] / 1e6).to_list()
+
+
+def _run(b: float, lookahead: bool, lazy: bool = True, router=None, m=None, **over):
+    router = _same_experts() if router is None else router
+    sc = scenario(hw=_hw(lazy), m=m or _model(b), policy=over.pop("policy", "on-demand"),
+                  decode_steps=len(router), lookahead=lookahead, **over)
+    return run_scenario(sc, routing=routing_input(router))
+
+
+def test_build_hides_behind_compute_when_shorter():
+    """b = 0.4 ms < a. Middle window t (starts with step t's layer-0 attention just queued):
+      layer 0: build 0.4; sync on router 0: accelerator busy till a = 1.0, + s  -> 1.1
+               queue experts 0 + attention 1 (c) -> accelerator till 2.6
+      layer l = 1..3: build 0.4 (< c: idle main thread), sync -> +c +s each    -> 1.1 + 3 x 1.6
+      after layer 3 only its experts x are queued; token sync: + x + s
+      window = (a + s) + 3 (c + s) + x + s = L (c + s) + s = 6.5 ms, build 4 b = 1.6 ms.
+    First window: its own graph first (4 b = 1.6) then the same: 8.1 ms, build 3.2.
+    Last window: no next step to build, same accelerator timeline: 6.5 ms, build 0.
+    The synchronous loop on lazy compute (this machine's): each layer builds b, then its
+    sync runs the previous experts and this attention: L (b + c + s) + s = 8.1 ms a step."""
+    b = 0.4
+    la = _run(b, lookahead=True)
+    window = L * (C + S) + S
+    assert window == pytest.approx(6.5)
+    assert _rows_ms(la) == pytest.approx([L * b + window] + [window] * (STEPS - 1), abs=1e-6)
+    assert _rows_ms(la, "build_ns") == pytest.approx(
+        [2 * L * b] + [L * b] * (STEPS - 2) + [0.0], abs=1e-6)
+    assert _rows_ms(la, "blocked_ns") == pytest.approx([0.0] * STEPS, abs=1e-6)
+    windows = np.array(_rows_ms(la))
+    evals = np.array(_rows_ms(la, "eval_ns"))
+    builds = np.array(_rows_ms(la, "build_ns"))
+    assert evals == pytest.approx(windows - builds, abs=1e-6)  # eval = the rest of the window
+    sync = _run(b, lookahead=False)
+    step = L * (b + C + S) + S
+    assert step == pytest.approx(8.1)
+    assert _rows_ms(sync) == pytest.approx([step] * STEPS, abs=1e-6)
+    assert la.metrics["decode_tok_s"] > sync.metrics["decode_tok_s"]
+
+
+def test_build_dominates_when_longer_than_the_compute():
+    """b = 2.0 ms > c. Middle window: at every fill the accelerator has finished (layer 0's
+    attention a < b; each later layer's c < b), so no sync waits and no sync overhead there;
+      window = L b + (last layer's experts x) + s = 8 + 0.5 + 0.1 = 8.6 ms, build 8.
+    First: own graph 4 b = 8 first -> 16.6 ms. Last (nothing to build): L (c + s) + s = 6.5.
+    Synchronous loop, lazy: L (b + c + s) + s = 14.5 ms."""
+    b = 2.0
+    la = _run(b, lookahead=True)
+    window = L * b + X + S
+    last = L * (C + S) + S
+    assert _rows_ms(la) == pytest.approx([L * b + window] + [window] * (STEPS - 2) + [last],
+                                         abs=1e-6)
+    assert _rows_ms(la, "build_ns") == pytest.approx(
+        [2 * L * b] + [L * b] * (STEPS - 2) + [0.0], abs=1e-6)
+    sync = _run(b, lookahead=False)
+    assert _rows_ms(sync) == pytest.approx([L * (b + C + S) + S] * STEPS, abs=1e-6)
+
+
+@pytest.mark.parametrize("b, window", [
+    # b < c: the fill's loads D sit in the gap before experts l are queued:
+    #   (a + s + D) + 3 (c + s + D) + x + s = L (c + s + D) + s = 4 x 2.1 + 0.1
+    (0.4, L * (C + S + 0.5) + S),
+    # b > c: the accelerator never waits for the main thread's compute, only the other way:
+    #   L (b + D) + x + s = 4 x 2.5 + 0.6
+    (2.0, L * (2.0 + 0.5) + X + S),
+])
+def test_demand_loads_add_their_wait_in_the_gap(b, window):
+    """Every step misses both experts of every layer (alternating sets, a one-bundle LRU, no
+    page cache): two cold reads per layer on the main thread (readers 0), each 250 kB at
+    1 GB/s = 0.25 ms, so D = 0.5 ms per fill, blocked 4 D = 2 ms a step."""
+    hw_io = dict(ssd_latency_ms=0.0, ssd_bandwidth_gbps=1.0, load_overhead_ms=0.0,
+                 cold_overhead_ms=0.0, memcpy_gbps=0.0)
+    sc = scenario(hw=_hw(**hw_io), m=_model(b), policy="hot", lru_bytes=250_000,
+                  o_direct=True, readers=0, decode_steps=STEPS, lookahead=True)
+    result = run_scenario(sc, routing=routing_input(_alternating()))
+    middle = _rows_ms(result)[1:-1]
+    assert middle == pytest.approx([window] * (STEPS - 2), abs=1e-6)
+    assert _rows_ms(result, "blocked_ns") == pytest.approx([L * 0.5] * STEPS, abs=1e-6)
+    assert result.metrics["loads_per_step"] == pytest.approx(2 * L)
+    if b < C:  # the synchronous loop, lazy: L (b + c + s + D) + s
+        sc.lookahead = False
+        sync = run_scenario(sc, routing=routing_input(_alternating()))
+        assert _rows_ms(sync) == pytest.approx([L * (b + C + S + 0.5) + S] * STEPS, abs=1e-6)
+
+
+def test_lookahead_compute_is_never_lazy():
+    """The lookahead loop queues with async eval: lazy_compute (a property of the synchronous
+    loop) changes nothing in it, while it does change the synchronous loop (b = 0.4 < x: with
+    eager compute the build of layer l hides behind layer l-1's experts:
+    b + (a + s) + 3 (c + s) + x + s = 6.9 ms instead of 8.1)."""
+    b = 0.4
+    assert _rows_ms(_run(b, True, lazy=True)) == _rows_ms(_run(b, True, lazy=False))
+    eager = _run(b, False, lazy=False)
+    assert _rows_ms(eager) == pytest.approx([b + L * (C + S) + S] * STEPS, abs=1e-6)
+
+
+def test_prerouter_staged_layers_skip_the_sync_and_stage_a_step_ahead():
+    """Layers 1-3 consume predictions (no router sync), heads owned by layers 0-2: head compute
+    h = 200 kB / 1 GB/s = 0.2 ms, head building 0.1 ms, b = 0.4. Middle window: layer 0's
+    router sync waits for its attention + head (a + h > b + 0.1) + s; the rest is queued
+    without waiting: (x + a + h) twice, (x + a), x, then the token sync s:
+      window = 4 c + 3 h + 2 s = 6.8 ms.
+    Synchronous loop, lazy: every build is on the critical path: 3 (b + 0.1) + b + 6.8 = 8.7.
+    In the lookahead loop step t+1's sets are staged (prefetches issued) at the start of step
+    t's window: every prefetch of a later step was issued before that step's window began."""
+    m = _model(0.4, consumer_first=1, consumer_last=3, heads=3, head_bytes=200_000,
+               head_build_ms=0.1)
+    la = _run(0.4, True, m=m, policy="prerouter", router=_cycling())
+    window = 4 * C + 3 * 0.2 + 2 * S
+    assert _rows_ms(la)[1:] == pytest.approx([window] * (STEPS - 1), abs=1e-6)
+    sync = _run(0.4, False, m=m, policy="prerouter", router=_cycling())
+    assert _rows_ms(sync) == pytest.approx([3 * 0.5 + 0.4 + window] * STEPS, abs=1e-6)
+    steps = la.trace.steps.filter(pl.col("phase") == "decode")
+    starts = dict(zip(steps["step"].to_list(), steps["start_ns"].to_list(), strict=True))
+    pre = la.trace.loads.filter(pl.col("source") == "prefetch")
+    assert pre.height == STEPS * 3 * 2  # 3 consumer layers x K, every step
+    later = pre.filter(pl.col("step") > 0)
+    assert all(issued < starts[s] for s, issued in later.select("step", "issued_ns").iter_rows())
+    routing = la.trace.routing.filter(pl.col("layer") >= 1)
+    assert set(routing["source"]) == {"prediction"}
+    got = np.stack(routing.sort("step", "layer")["experts"].to_list())
+    assert (got.reshape(STEPS, 3, 2) == _cycling()[:, 1:, :]).all()
+
+
+def test_requests_and_prefill_restart_the_lookahead():
+    """Two requests, each a prefill then 3 decode steps: each request's first decode step
+    builds its own graph (nothing was built ahead across the prefill), its last builds nothing;
+    b = 0.4 ms, so the decode windows are (4 b + 6.5, 6.5, 6.5) per request, build
+    (8 b, 4 b, 0)."""
+    from sim.routing_input import RoutingInput
+
+    router = _same_experts(6)
+    plan = [("prefill", 8, 0, -1)] + [("decode", 1, 0, i) for i in range(3)] + \
+           [("prefill", 8, 1, -1)] + [("decode", 1, 1, i) for i in range(3, 6)]
+    sc = scenario(hw=_hw(), m=_model(0.4), policy="on-demand", decode_steps=6,
+                  lookahead=True)
+    result = run_scenario(sc, routing=RoutingInput(router, None, plan, "test"))
+    window = L * (C + S) + S
+    assert _rows_ms(result) == pytest.approx([1.6 + window, window, window] * 2, abs=1e-6)
+    assert _rows_ms(result, "build_ns") == pytest.approx([3.2, 1.6, 0.0] * 2, abs=1e-6)
+
+
+# ----------------------------------------------------------------- trace -> scenario
+
+
+def test_lookahead_follows_the_engine_rule():
+    m = model(layers=4, experts=16, k=2, bundle_bytes=1000)
+    sc = scenario(m=m)
+    staged = {"decode": "staged", "k": 2, "readers": 2}
+    assert "lookahead=true" in engine_settings({**staged, "lookahead": True}, sc)[0]
+    assert "lookahead=false" in engine_settings(staged, sc)[0]  # a trace from before lookahead
+    assert "lookahead=false" in engine_settings({**staged, "lookahead": False}, sc)[0]
+    # exact syncs at build: the engine turns lookahead off; hot defers like staged
+    assert "lookahead=false" in engine_settings({"decode": "exact", "k": 2,
+                                                 "lookahead": True}, sc)[0]
+    assert "lookahead=true" in engine_settings({"decode": "hot", "k": 2, "readers": 2,
+                                                "lookahead": True}, sc)[0]
+    mixed = {**staged, "lookahead": True,
+             "paths_in_use": {"decode": {"staged": [0, 1, 2], "exact": [3]}}}
+    assert not looked_ahead(mixed)
+    assert not looked_ahead({**staged, "lookahead": True, "paths_in_use": {},
+                             "layers": {"3": {"decode": "exact"}}})
+    assert looked_ahead({**staged, "lookahead": True,
+                         "paths_in_use": {"decode": {"staged": [0, 1, 2, 3]}}})
+
+
+@pytest.mark.skipif(not STAGED_TRACE.is_dir(), reason="validation trace not in the tree")
+def test_staged_trace_maps_to_the_lookahead_loop_only_when_recorded(tmp_path):
+    """The validation trace predates lookahead (no engine.lookahead): the synchronous loop.
+    The same trace with lookahead recorded runs the lookahead loop on this machine's scenario,
+    which hides the staged path's graph building: faster by about L x build per step."""
+    old = read_trace(STAGED_TRACE)
+    sc_old, derived, _ = scenario_for(old)
+    assert not sc_old.lookahead and "lookahead=false" in derived
+    copy = tmp_path / "t"
+    shutil.copytree(STAGED_TRACE, copy)
+    run = json.loads((copy / "run.json").read_text())
+    run["engine"]["lookahead"] = True
+    (copy / "run.json").write_text(json.dumps(run))
+    new = read_trace(copy)
+    sc_new, derived, _ = scenario_for(new)
+    assert sc_new.lookahead and "lookahead=true" in derived
+    assert sc_new.hardware.lazy_compute  # this machine's synchronous loop stays lazy
+    r_old = run_scenario(sc_old, trace=old)
+    r_new = run_scenario(sc_new, trace=new)
+    assert r_new.metrics["decode_tok_s"] > r_old.metrics["decode_tok_s"]
+    assert r_new.trace.run["engine"]["lookahead"] is True
