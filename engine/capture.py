@@ -77,6 +77,7 @@ def load_engine(
     page_cache_mb: float | None = None,
     page_cache_fraction: float | None = None,
     verify: bool | None = None,
+    lookahead: bool = True,
 ):
     """-> (model, tokenizer, store, config): the streaming model for `preset`
     (engine.config.PRESETS) with the page-cache budget given in MiB or as a fraction of the
@@ -89,7 +90,8 @@ def load_engine(
         budget = int(page_cache_mb * 2**20)
     elif page_cache_fraction is not None:
         budget = int(page_cache_fraction * expert_bytes(open_manifest(model_dir, verify=False)))
-    config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget)
+    config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget,
+                                      lookahead=lookahead)
     model, tokenizer, store = load_streaming(model_dir, verify=verify, config=config)
     return model, tokenizer, store, config
 

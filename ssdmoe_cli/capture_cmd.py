@@ -60,6 +60,9 @@ def capture(
         "--force", help="Replace an existing trace in --out.")] = False,
     progress: Annotated[bool, typer.Option(
         "--progress/--no-progress", help="Show a progress bar on stderr.")] = True,
+    lookahead: Annotated[bool, typer.Option(
+        "--lookahead/--no-lookahead", help="Build step t+1's graph while step t computes "
+        "(with hot/staged decode; exact decode never looks ahead).")] = True,
     verify: Annotated[bool | None, typer.Option(
         "--verify/--no-verify",
         help="sha256 every file (default: files up to 256 MiB; sizes always).")] = None,
@@ -98,7 +101,7 @@ def capture(
         out = prepare_out_dir(out, force)
     lm, tokenizer, store, config = load_engine(
         model, preset=preset, o_direct=o_direct, page_cache_mb=page_cache_mb,
-        page_cache_fraction=page_cache_fraction, verify=verify)
+        page_cache_fraction=page_cache_fraction, verify=verify, lookahead=lookahead)
     for n, text in enumerate(texts, 1):
         if not tokenizer.encode(text):
             raise BadInput(f"{prompts}:{n}: prompt encodes to no tokens")

@@ -68,6 +68,9 @@ def generate(
         "--preset", help="Engine preset: on-demand (exact), hot, staged.")] = "on-demand",
     trace: Annotated[Path | None, typer.Option(
         "--trace", help="Record a trace (steps, routing, loads) into this new directory.")] = None,
+    lookahead: Annotated[bool, typer.Option(
+        "--lookahead/--no-lookahead", help="Build step t+1's graph while step t computes "
+        "(with hot/staged decode; exact decode never looks ahead).")] = True,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace an existing trace in the --trace directory.")] = False,
 ) -> None:
@@ -88,7 +91,8 @@ def generate(
 
         trace = prepare_out_dir(trace, force, "--trace")
     budget = None if page_cache_mb is None else int(page_cache_mb * 2**20)
-    config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget)
+    config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget,
+                                      lookahead=lookahead)
     lm, tokenizer, store = load_streaming(model, verify=verify, config=config)
     if not tokenizer.encode(prompt):
         raise BadInput("--prompt: encodes to no tokens")

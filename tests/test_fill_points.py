@@ -174,3 +174,20 @@ def test_sampling_is_the_same_with_and_without_lookahead(staged):
     b = generate(model, tok, PROMPT, N, temp=0.8, seed=7, stop_at_eos=False, store=store,
                  lookahead=False)
     assert a.tokens == b.tokens
+
+
+def test_cli_capture_no_lookahead_records_it(tiny_random_converted, tmp_path, ssdmoe,
+                                             reference):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": ' + __import__("json").dumps(PROMPT) + "}\n")
+    for flag in ("--lookahead", "--no-lookahead"):
+        out = tmp_path / flag
+        r = ssdmoe("capture", str(tiny_random_converted), "--out", str(out), "--preset",
+                   "staged", "--prompts", str(prompts), "--max-tokens", str(N),
+                   "--no-progress", flag)
+        assert r.returncode == 0, r.stderr
+        trace = read_trace(out)
+        assert trace.run["engine"]["lookahead"] == (flag == "--lookahead")
+        d = trace.steps.filter(pl.col("phase") == "decode").sort("step")
+        tiled = d["start_ns"].to_list()[1:] == d["end_ns"].to_list()[:-1]
+        assert tiled == (flag == "--lookahead")  # without lookahead: gaps between steps
