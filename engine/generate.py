@@ -182,6 +182,7 @@ def generate(
     def abandon(b: _Built) -> None:
         """A step built ahead that will not run (EOS): drop its staging, reuse its number."""
         counter[0] = b.step
+        fills.abort()  # its fill points never run: only its first router was queued
         if runtime is not None:
             runtime.reset()
 

@@ -164,6 +164,8 @@ def test_stop_at_eos_drops_the_step_built_ahead(staged, reference):
     assert r.finish_reason == "stop" and r.tokens == reference[:stop]
     steps = [s["step"] for s in r.steps]
     assert steps == list(range(100, 100 + len(steps)))  # the dropped step left no gap
+    fills = store.runtime.fills
+    assert not fills.backlog and not fills.pending  # nothing of it is left to resolve
     again = generate(model, tok, PROMPT, N, stop_at_eos=False, store=store)
     assert again.tokens == reference  # the engine is consistent after the drop
 
