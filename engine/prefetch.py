@@ -237,7 +237,11 @@ class RoutingReplay:
                     continue
                 # With the loop's lookahead this hook runs while the previous step still
                 # computes: staging `step` now already is one token ahead.
-                ahead = (step,) if path.points.overlapping else (step, step + 1)
+                # With headroom 2K there is room to stage step+1 as well (three sets: the one
+                # computing, this one, the next), so reads get a whole step more.
+                ahead = (step, step + 1)
+                if path.points.overlapping and path.headroom < 2 * path.k:
+                    ahead = (step,)
                 for s in ahead:
                     key = (s, layer)
                     if key in self.routes and key not in staged:

@@ -107,8 +107,10 @@ def test_unstaged_expert_is_an_error_not_a_silent_drop(env):
         path.verify()
 
 
-def test_one_token_ahead_no_host_sync_same_tokens(tiny_random_converted):
-    config = EngineConfig.from_preset("staged", lead=1, help_reads=False)
+@pytest.mark.parametrize("headroom", [None, 8])  # K: one set ahead; 2K: two sets ahead
+def test_one_token_ahead_no_host_sync_same_tokens(tiny_random_converted, headroom):
+    config = EngineConfig.from_preset("staged", lead=1, help_reads=False,
+                                      staged_headroom=headroom)
     model, tok, store = load_streaming(tiny_random_converted, config=config)
     rt = store.runtime
     ref = generate(model, tok, PROMPT, 20, stop_at_eos=False, store=store)

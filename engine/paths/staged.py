@@ -189,10 +189,10 @@ class StagedPath:
                 self.in_use = set(slots)
                 tickets = [self.ticket_of[s] for s in slots if s in self.ticket_of]
                 self.checks.append((inds, staged))
-                if self.points.active:
+                if self.points.active and any(not t.done() for t in tickets):
                     def fill(_inds: mx.array) -> None:
                         self._settle(tickets)
-                else:
+                else:  # landed already (staged a step or more ahead): nothing to wait for
                     self._settle(tickets)
             else:
                 if self.queue:
