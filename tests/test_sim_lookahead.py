@@ -234,18 +234,23 @@ def test_lookahead_follows_the_engine_rule():
 
 @pytest.mark.skipif(not STAGED_TRACE.is_dir(), reason="validation trace not in the tree")
 def test_staged_trace_maps_to_the_lookahead_loop_only_when_recorded(tmp_path):
-    """The validation trace predates lookahead (no engine.lookahead): the synchronous loop.
-    The same trace with lookahead recorded runs the lookahead loop on this machine's scenario,
-    which hides the staged path's graph building: faster by about L x build per step."""
-    old = read_trace(STAGED_TRACE)
+    """A staged trace whose run.json records no lookahead (as traces from before it existed)
+    maps to the synchronous loop; the same trace with lookahead recorded runs the lookahead
+    loop on this machine's scenario, which hides the staged path's graph building: faster by
+    about L x build per step."""
+    variants = {}
+    for name, value in (("old", None), ("new", True)):
+        copy = tmp_path / name
+        shutil.copytree(STAGED_TRACE, copy)
+        run = json.loads((copy / "run.json").read_text())
+        run["engine"].pop("lookahead", None)
+        if value is not None:
+            run["engine"]["lookahead"] = value
+        (copy / "run.json").write_text(json.dumps(run))
+        variants[name] = read_trace(copy)
+    old, new = variants["old"], variants["new"]
     sc_old, derived, _ = scenario_for(old)
     assert not sc_old.lookahead and "lookahead=false" in derived
-    copy = tmp_path / "t"
-    shutil.copytree(STAGED_TRACE, copy)
-    run = json.loads((copy / "run.json").read_text())
-    run["engine"]["lookahead"] = True
-    (copy / "run.json").write_text(json.dumps(run))
-    new = read_trace(copy)
     sc_new, derived, _ = scenario_for(new)
     assert sc_new.lookahead and "lookahead=true" in derived
     assert sc_new.hardware.lazy_compute  # this machine's synchronous loop stays lazy
