@@ -118,6 +118,21 @@ class FillPoints:
             self.final = None
 
 
+def at_build_step(store, fill: Fill) -> Fill:
+    """`fill` run with `store.step` set back to the step being built now, so the load rows
+    of a fill resolved during a later step's build carry the step that consumes them."""
+    step = store.step
+
+    def run(inds: mx.array) -> None:
+        now, store.step = store.step, step
+        try:
+            fill(inds)
+        finally:
+            store.step = now
+
+    return run
+
+
 def resolve(points: list[Point]) -> None:
     """Resolve a step's points in order, nothing interleaved (prefill chunks)."""
     fills = FillPoints()

@@ -21,7 +21,7 @@ from collections import OrderedDict
 import mlx.core as mx
 import numpy as np
 
-from engine.fill_points import FillPoints
+from engine.fill_points import FillPoints, at_build_step
 from engine.paths.exact import ExactPath
 from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
 from engine.paths.stats import PathStats, host_routed
@@ -123,16 +123,7 @@ class HotPath:
         if tokens == 1 and points is not None and points.active:
             points.progress()  # the step being evaluated: fill its next layer meanwhile
             out = self._gather(x, inds)
-            step = self.store.step
-
-            def fill(i: mx.array) -> None:
-                now, self.store.step = self.store.step, step  # its load rows carry its step
-                try:
-                    self._lookup(host_routed(i, self.stats, deferred=True))
-                finally:
-                    self.store.step = now
-
-            points.defer(inds, fill, out)
+            points.defer(inds, at_build_step(self.store, self._fill), out)
             return out
         host = host_routed(inds, self.stats)
         if not self._lookup(host):
@@ -140,6 +131,10 @@ class HotPath:
             self.stats.cache_misses += len(set(host.ravel().tolist()))
             return self.exact(x, inds)
         return self._gather(x, inds)
+
+    def _fill(self, inds: mx.array) -> None:
+        """Fill point: the routed ids to the host, misses read into the pool."""
+        self._lookup(host_routed(inds, self.stats, deferred=True))
 
     def _lookup(self, host) -> bool:
         """Make every routed expert resident in the pool (published in this layer's table);

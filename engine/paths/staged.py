@@ -37,7 +37,7 @@ from collections import deque
 import mlx.core as mx
 import numpy as np
 
-from engine.fill_points import FillPoints
+from engine.fill_points import FillPoints, at_build_step
 from engine.paths.exact import ExactPath
 from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
 from engine.paths.stats import PathStats, host_routed
@@ -232,18 +232,13 @@ class StagedPath:
         self._settle(self._place(sorted(experts), set(), source="demand"))
 
     def _defer(self, inds: mx.array, fill, out: mx.array) -> None:
-        """Register `fill` as a fill point; it runs later, with `store.step` back at this
-        call's step (so its load rows carry it) and the path reset if it fails."""
-        step = self.store.step
-
-        def run(i: mx.array) -> None:
-            now, self.store.step = self.store.step, step
+        """Register `fill` as a fill point (its loads labelled with this call's step); a
+        failure resets the path."""
+        def guarded(i: mx.array) -> None:
             try:
                 fill(i)
             except BaseException:
                 self.reset()
                 raise
-            finally:
-                self.store.step = now
 
-        self.points.defer(inds, run, out)
+        self.points.defer(inds, at_build_step(self.store, guarded), out)
