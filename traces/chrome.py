@@ -10,7 +10,10 @@ Tracks (one process, named after the trace kind: measured / simulated / syntheti
                     "<reader> [2]", ... so spans on one track always nest.
 The steps table holds per-step totals of build and eval time, not their positions, so the
 build span is drawn at the start of the step and the eval span at its end (stretched back to
-cover every wait drawn in the step); their args carry the exact totals. A wait span ends at the
+cover every wait drawn in the step); their args carry the exact totals. With the engine's
+lookahead (run.json `engine.lookahead`) a step row is a window of wall time whose build is the
+NEXT step's graph, built in pieces between that window's fill points (engine.generate): there
+the build span is a total, drawn first, not where the pieces happened. A wait span ends at the
 load's finished_ns and lasts wait_ns; waits are clipped to their step and to each other (the
 main thread blocks on one thing at a time). Times are microseconds from the trace's first event.
 """
