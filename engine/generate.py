@@ -248,7 +248,6 @@ def _emit(detok, on_text) -> None:
             on_text(segment)
 
 
-
 def _minus(span: tuple[int, int], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """`span` with the sorted, disjoint `holes` cut out."""
     out, a = [], span[0]

@@ -247,18 +247,9 @@ class MainThread:
         for layer, predicted in policy.boundary(row):
             self.stage(step, layer, predicted)
         for layer in range(self.layers):
-            owner = policy.head_owner(layer)
-            self.cpu(self.build_s + (self.head_build_s if owner else 0.0))
-            self.gpu_submit(self.attn_s + (self.head_s if owner else 0.0))
-            if policy.staged_layer(layer):
-                executed = self._staged_layer(step, row, layer)
-            else:
-                executed = self._router_layer(step, row, layer)
-            if self.uses_slots and self.slot_update_s:
-                current = self.slots.current[layer]
-                self.cpu(self.slot_update_s * sum(1 for e in executed if e not in current))
-            self.slots.settle(layer, frozenset(executed))
-            self.executed_log.append(executed)
+            self.cpu(self._layer_build_s(layer))
+            self.gpu_submit(self.attn_s + (self.head_s if policy.head_owner(layer) else 0.0))
+            self._execute_layer(step, row, layer, self.cpu)
             self.gpu_submit(self.expert_s)
             yield env.timeout(self.now - env.now)
         self.gpu_sync()
@@ -288,16 +279,7 @@ class MainThread:
         for layer in range(self.layers):
             if next_row is not None:
                 self.cpu(self._layer_build_s(layer))  # step+1's layer, while this step computes
-            # this step's fill point at `layer`
-            if policy.staged_layer(layer):
-                executed = self._staged_layer(step, row, layer)
-            else:
-                executed = self._router_layer(step, row, layer)  # syncs on the router
-            if self.uses_slots and self.slot_update_s:
-                current = self.slots.current[layer]
-                self.fill_cpu(self.slot_update_s * sum(1 for e in executed if e not in current))
-            self.slots.settle(layer, frozenset(executed))
-            self.executed_log.append(executed)
+            self._execute_layer(step, row, layer, self.fill_cpu)  # this step's fill point
             self.gpu_queue(self.expert_s)
             if layer + 1 < self.layers:
                 self._queue_attention(layer + 1)
@@ -307,6 +289,20 @@ class MainThread:
             self._queue_attention(0)
         yield env.timeout(self.now - env.now)
         self._record(step, request, "decode", 1, start)
+
+    def _execute_layer(self, step: int, row: int, layer: int, charge) -> None:
+        """Get `layer`'s executed experts in place (staged slots, or a sync on the router then
+        the caches and demand loads), charge the slot rewrites to `charge` (graph building in
+        the synchronous loop, fill work in the lookahead loop) and log the set."""
+        if self.policy.staged_layer(layer):
+            executed = self._staged_layer(step, row, layer)
+        else:
+            executed = self._router_layer(step, row, layer)  # syncs on the router
+        if self.uses_slots and self.slot_update_s:
+            current = self.slots.current[layer]
+            charge(self.slot_update_s * sum(1 for e in executed if e not in current))
+        self.slots.settle(layer, frozenset(executed))
+        self.executed_log.append(executed)
 
     def _layer_build_s(self, layer: int) -> float:
         return self.build_s + (self.head_build_s if self.policy.head_owner(layer) else 0.0)
