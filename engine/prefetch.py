@@ -32,7 +32,7 @@ from engine.store import ExpertStore
 
 class Ticket:
     __slots__ = ("layer", "expert", "source", "issued_ns", "event", "row", "error", "emitted",
-                 "into", "whole", "claimed", "queued")
+                 "into", "whole", "claimed", "queued", "cold")
 
     def __init__(self, layer: int, expert: int, source: str, into, whole: bool):
         self.layer, self.expert, self.source = layer, expert, source
@@ -44,6 +44,7 @@ class Ticket:
         self.emitted = False
         self.claimed = False  # a thread (reader or main) has taken this read
         self.queued = False  # handed to the readers' queue
+        self.cold = False  # known not cached (a warm-only attempt was refused)
 
     def done(self) -> bool:
         return self.event.is_set()
@@ -57,9 +58,11 @@ class ReaderPool:
     (readers busy, or not yet scheduled on a loaded machine), it does that read itself instead
     of sleeping through a thread hand-off; reads a reader has started are waited for. Reads
     submitted with `now=True` (the caller waits for them at once: on-demand fills) are not
-    queued at submit; `wait` keeps the first for the main thread and queues the others, so a
-    single miss costs no hand-off and several misses still read in parallel. Rows say which
-    thread read (`thread`)."""
+    queued at submit; `wait` does those the page cache holds on the main thread (a copy:
+    cheaper than waking a reader, and on a small machine readers compete with MLX's compute
+    thread for cores), keeps the first cold one for the main thread and queues the other cold
+    ones, so several cold misses still read in parallel. Rows say which thread read
+    (`thread`)."""
 
     def __init__(self, store: ExpertStore, n: int = 2, stats: PathStats | None = None,
                  help_main: bool = True):
@@ -110,7 +113,9 @@ class ReaderPool:
             return 0
         start = time.perf_counter_ns()
         held = [t for t in tickets if not t.queued and not t.claimed]  # submitted with now=True
-        for t in held[1:]:
+        if self.help_main:  # warm ones first, here: a page-cache copy beats a thread hand-off
+            held = [t for t in held if not self._execute_if_warm(t)]
+        for t in held[1:]:  # cold: the first on this thread, the others in parallel
             self._enqueue(t)
         if self.help_main:
             for t in tickets:
@@ -159,6 +164,24 @@ class ReaderPool:
             t.claimed = True
             return True
 
+    def _execute_if_warm(self, t: Ticket) -> bool:
+        """Do a held bundle read on the main thread if the page cache holds all of it."""
+        if t.whole:
+            return False
+        try:
+            row = self.store.read_bundle_if_warm(t.layer, t.expert, t.into, source=t.source,
+                                                 thread="main", issued_ns=t.issued_ns)
+        except BaseException as err:  # noqa: BLE001 - raised by wait, like a reader's
+            row, t.error = None, err
+        if row is None and t.error is None:
+            t.cold = True
+            return False
+        t.claimed = True  # held: no reader has seen it
+        t.row = row
+        t.into = None
+        t.event.set()
+        return True
+
     def _execute(self, t: Ticket, name: str) -> None:
         try:
             if t.whole:
@@ -167,7 +190,7 @@ class ReaderPool:
             else:
                 t.row = self.store.read_bundle(t.layer, t.expert, t.into, source=t.source,
                                                thread=name, issued_ns=t.issued_ns,
-                                               waited=False, emit=False)
+                                               waited=False, emit=False, known_cold=t.cold)
         except BaseException as err:  # noqa: BLE001 - handed to the waiting main thread
             t.error = err
         t.into = None

@@ -292,13 +292,45 @@ class ExpertStore:
         issued_ns: int | None = None,
         waited: bool = True,
         emit: bool = True,
+        known_cold: bool = False,
     ) -> dict:
         """Read expert `expert` of `layer` into `into` (tensor name -> writable C-contiguous
         array of exactly that expert's slice size). Returns the load row (also sent to
-        `on_load` when `emit`)."""
+        `on_load` when `emit`). `known_cold`: a `read_bundle_if_warm` found it not cached
+        (the kernel may have started reading it since), so the row says cold."""
         ranges = self._bundle_ranges(layer, expert)
         views = [into[n] for n in TENSOR_NAMES]
-        return self._load(layer, expert, ranges, views, source, thread, issued_ns, waited, emit)
+        row = self._load(layer, expert, ranges, views, source, thread, issued_ns, waited, False)
+        row["cold"] = row["cold"] or known_cold
+        if emit:
+            self.emit(row)
+        return row
+
+    def read_bundle_if_warm(self, layer: int, expert: int, into: Mapping[str, np.ndarray], *,
+                            source: str = "demand", thread: str = "main",
+                            issued_ns: int | None = None) -> dict | None:
+        """`read_bundle` when the whole bundle is in the page cache (a copy that cannot block
+        on the device); None otherwise, with nothing waited for (`into` may then hold part of
+        the bundle: read it again). Never warm under O_DIRECT. The row is not emitted."""
+        if self.direct:
+            return None
+        ranges = self._bundle_ranges(layer, expert)
+        if self.residency_method == "rwf_nowait":
+            started = time.perf_counter_ns()
+            views = [into[n] for n in TENSOR_NAMES]
+            for (off, length), view in zip(ranges, views, strict=True):
+                if view.nbytes != length:
+                    raise ValueError(f"layer {layer} expert {expert}: buffer of {view.nbytes} "
+                                     f"bytes for a {length}-byte range")
+                if not self._read_nowait(self._files[layer], off, length, view, layer, expert,
+                                         finish=False):
+                    return None
+            return self._row(layer, expert, ranges, started, issued_ns, source, thread)
+        r, t = self._resident_pages(self._files[layer], ranges)
+        if r < t:
+            return None
+        return self.read_bundle(layer, expert, into, source=source, thread=thread,
+                                issued_ns=issued_ns, waited=False, emit=False)
 
     def read_layer(
         self,
@@ -330,7 +362,6 @@ class ExpertStore:
         else:
             r, t = self._resident_pages(f, ranges)
             cold = r < t
-        nbytes = 0
         for (off, length), view in zip(ranges, views, strict=True):
             flags = view.flags
             if view.nbytes != length or not flags.c_contiguous or not flags.writeable:
@@ -342,28 +373,34 @@ class ExpertStore:
                 cold = not self._read_nowait(f, off, length, view, layer, expert)
             else:
                 self._read_buffered(f, off, length, view, layer, expert)
-            nbytes += length
-        finished = time.perf_counter_ns()
-        if not self.direct and self.page_cache_budget is not None:
-            self._account(layer, expert, f, ranges)
-        row = {
-            "step": self.step, "layer": layer, "expert": expert, "bytes": nbytes,
-            "offset": ranges[0][0], "issued_ns": issued, "started_ns": started,
-            "finished_ns": finished, "source": source, "cold": cold, "waited": waited,
-            "wait_ns": finished - issued if waited else 0, "thread": thread,
-        }
+        row = self._row(layer, expert, ranges, started, issued, source, thread, cold, waited)
         if emit:
             self.emit(row)
         return row
+
+    def _row(self, layer, expert, ranges, started, issued_ns, source, thread, cold=False,
+             waited=False) -> dict:
+        """A finished read's load row (the page-cache budget is charged here)."""
+        finished = time.perf_counter_ns()
+        issued = started if issued_ns is None else issued_ns
+        if not self.direct and self.page_cache_budget is not None:
+            self._account(layer, expert, self._files[layer], ranges)
+        return {
+            "step": self.step, "layer": layer, "expert": expert,
+            "bytes": sum(length for _, length in ranges), "offset": ranges[0][0],
+            "issued_ns": issued, "started_ns": started, "finished_ns": finished,
+            "source": source, "cold": cold, "waited": waited,
+            "wait_ns": finished - issued if waited else 0, "thread": thread,
+        }
 
     def _fail(self, f: _File, layer: int, expert: int, what: str) -> ExpertReadError:
         who = "whole layer" if expert == WHOLE_LAYER else f"expert {expert}"
         return ExpertReadError(f"{f.path}: read of layer {layer} {who} failed: {what}")
 
     def _read_nowait(self, f: _File, off: int, length: int, view: np.ndarray, layer,
-                     expert) -> bool:
+                     expert, finish: bool = True) -> bool:
         """Read a range, first with RWF_NOWAIT. True when the page cache held all of it (one
-        syscall); otherwise the rest is read blocking and the load is cold."""
+        syscall); otherwise (`finish`) the rest is read blocking and the load is cold."""
         try:
             n = os.preadv(f.fd, [view], off, _RWF_NOWAIT)
         except OSError as err:
@@ -372,7 +409,8 @@ class ExpertStore:
             n = 0
         if n == length:
             return True
-        self._read_buffered(f, off, length, view, layer, expert, n)
+        if finish:
+            self._read_buffered(f, off, length, view, layer, expert, n)
         return False
 
     def _read_buffered(self, f: _File, off: int, length: int, view: np.ndarray, layer, expert,

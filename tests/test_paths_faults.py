@@ -63,8 +63,7 @@ def test_eio_fails_request_names_it_engine_survives(preset, phase, tiny_random_c
             fault.armed = fault.fired == 0
 
     if preset == "hot":  # a fresh, empty LRU would not read on decode otherwise: make room
-        store.runtime.hot.lru.clear()
-        store.runtime.hot.free = list(range(store.runtime.hot.rows))
+        store.runtime.hot.clear()
     with pytest.raises(ExpertReadError) as err:
         for _ in range(3):  # slots / LRU rows may be warm for a while: keep decoding
             generate(model, tok, PROMPT + " " * _, 24, stop_at_eos=False, store=store,

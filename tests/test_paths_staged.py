@@ -148,3 +148,44 @@ def test_main_thread_helps_only_with_unstarted_reads(env, monkeypatch):
     _call(path, store, [1, 2, 3, 4], np.random.default_rng(3))
     assert sorted(r["expert"] for r in rows if r["thread"] == "main") == [1, 1, 2, 2, 3, 3, 4, 4]
     assert all(r["waited"] for r in rows)
+
+
+def test_warm_misses_read_on_main_cold_ones_in_parallel(env, monkeypatch):
+    """Held (on-demand) misses: page-cache copies happen on the main thread, no reader wakes;
+    cold misses: the first on the main thread, the others handed to the readers."""
+    store, stats, _, rows = env
+    pool = ReaderPool(store, 2, stats, help_main=True)
+    started = []
+    real_start = pool._start
+    monkeypatch.setattr(pool, "_start", lambda: (started.append(1), real_start()))
+    path = StagedPath(store, 0, pool, stats)
+    rng = np.random.default_rng(5)
+    hidden = store.manifest.config["hidden_size"]
+
+    def call(experts):
+        x = mx.array(rng.standard_normal((1, hidden)).astype(np.float32))
+        inds = mx.array(np.array([experts], dtype=np.uint32))
+        y = np.array(path(x, inds))
+        mine = list(rows)
+        assert np.array_equal(y, np.array(ExactPath(store, 0)(x, inds)))
+        rows.clear()
+        return mine
+
+    for e in (1, 2, 3, 4):  # cache the bundles' pages
+        store.read_bundle(0, e, _buffers_of(store, 0), emit=False)
+    mine = call([1, 2, 3, 4])
+    assert [r["thread"] for r in mine] == ["main"] * 4 and not started
+    assert all(r["waited"] and not r["cold"] for r in mine)
+    store.drop_page_cache()
+    if store.page_cache_bytes() != 0:
+        pool.close()
+        pytest.skip("this filesystem keeps file pages resident (tmpfs?): nothing is cold")
+    mine = call([5, 6, 7, 8])
+    assert sorted(r["expert"] for r in mine) == [5, 6, 7, 8] and all(r["cold"] for r in mine)
+    assert started  # the cold ones went to the readers
+    assert sum(r["thread"] == "main" for r in mine) >= 1
+    pool.close()
+
+
+def _buffers_of(store, layer):
+    return {n: np.zeros(s, dtype=dt) for n, (s, dt) in store.expert_shapes(layer).items()}

@@ -185,3 +185,34 @@ def test_nowait_probe_falls_back_to_mincore(tiny_random_converted, monkeypatch):
         assert s.residency_method == "mincore" and "RWF_NOWAIT" in s.residency_fallback
     with ExpertStore(m, o_direct=True) as s:
         assert s.residency_method == "mincore"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_read_if_warm_copies_only_a_fully_cached_bundle(method, tiny_random_converted,
+                                                        model_copy, monkeypatch):
+    root = model_copy(tiny_random_converted)
+    with _open(root, method) as s:
+        layer, e = s.manifest.moe_layers[1], 7
+        ref = _file_bytes(root, s, layer, e)
+        s.drop_page_cache()
+        blocking = []
+        real = os.preadv
+
+        def watching(fd, buffers, offset, *flags):
+            if not flags:
+                blocking.append(offset)
+            return real(fd, buffers, offset, *flags)
+
+        monkeypatch.setattr(os, "preadv", watching)
+        assert s.read_bundle_if_warm(layer, e, _buffers(s, layer)) is None  # cold: refused
+        assert blocking == []  # ... without waiting for the device
+        monkeypatch.setattr(os, "preadv", real)
+        s.read_bundle(layer, e, _buffers(s, layer))  # now cached
+        buf = _buffers(s, layer)
+        row = s.read_bundle_if_warm(layer, e, buf, thread="main")
+        assert row is not None and row["cold"] is False and row["thread"] == "main"
+        assert row["bytes"] == sum(n for _, n in s.bundle_ranges(layer, e))
+        _assert_bytes(buf, ref)
+    with ExpertStore(read_manifest(root), o_direct=True) as s:  # O_DIRECT: never a copy
+        if s.direct:
+            assert s.read_bundle_if_warm(layer, e, _buffers(s, layer)) is None

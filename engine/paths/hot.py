@@ -63,6 +63,13 @@ class HotPool:
         mx.eval(list(self.tables.values()))
         self.tables_np = {i: np.asarray(t) for i, t in self.tables.items()}  # zero-copy
 
+    def clear(self) -> None:
+        """Empty the pool: every expert reads again on next use."""
+        self.lru.clear()
+        self.free = list(range(self.rows - 1, -1, -1))
+        for t in self.tables_np.values():
+            t[:] = self.rows
+
     @property
     def nbytes(self) -> int:
         return self.rows * self.store.manifest.bundle_bytes
@@ -133,8 +140,18 @@ class HotPath:
         return self._gather(x, inds)
 
     def _fill(self, inds: mx.array) -> None:
-        """Fill point: the routed ids to the host, misses read into the pool."""
-        self._lookup(host_routed(inds, self.stats, deferred=True))
+        """Fill point: the routed ids to the host, misses read into the pool. It runs while the
+        compute thread waits, so the usual case (every routed expert published in this
+        layer's table) only refreshes recency."""
+        experts = set(host_routed(inds, self.stats, deferred=True).ravel().tolist())
+        pool, layer = self.pool, self.layer
+        table, absent = pool.tables_np[layer], pool.rows
+        if any(table[e] == absent for e in experts):
+            pool.rows_for(layer, sorted(experts))
+            return
+        for e in experts:
+            pool.lru.move_to_end((layer, e))
+        self.stats.cache_hits += len(experts)
 
     def _lookup(self, host) -> bool:
         """Make every routed expert resident in the pool (published in this layer's table);
