@@ -143,10 +143,12 @@ class MainThread:
     def new_load(self, step: int, layer: int, expert: int, key: int, nbytes: int, pieces: int,
                  source: str, priority: int) -> Load:
         load = Load(step, layer, expert, key, nbytes, pieces, source, self.now, priority)
-        if self.pool is not None:
+        # A demand read the page cache holds is a copy the engine's main thread does itself
+        # (engine.prefetch: cheaper than a reader hand-off); others go to the readers.
+        if self.pool is not None and not (source == DEMAND and self.fetcher.pc.holds(key)):
             self.pool.advance(self.now)
             self.pool.submit(load)
-        else:  # no reader threads: the main thread reads it now and is blocked meanwhile
+        else:  # the main thread reads it now and is blocked meanwhile
             finish = self.fetcher.perform(load, self.now, "main")
             load.waited = True
             load.wait = finish - self.now

@@ -27,6 +27,10 @@ class PageCache:
         """Is this bundle resident? (marks it recently used, as a read of it would)"""
         return self.enabled and self.lru.lookup(key)
 
+    def holds(self, key: int) -> bool:
+        """Is this bundle resident? (no recency change: a look, not a read)"""
+        return self.enabled and key in self.lru
+
     def fill(self, key: int) -> None:
         if self.enabled:
             self.lru.insert(key)
