@@ -28,6 +28,7 @@ import numpy as np
 
 from engine.paths.stats import PathStats
 from engine.store import ExpertStore
+from sim.readers import INLINE_WARM_BYTES  # the policy, defined once (no MLX there)
 
 
 class Ticket:
@@ -58,10 +59,11 @@ class ReaderPool:
     (readers busy, or not yet scheduled on a loaded machine), it does that read itself instead
     of sleeping through a thread hand-off; reads a reader has started are waited for. Reads
     submitted with `now=True` (the caller waits for them at once: on-demand fills) are not
-    queued at submit; `wait` does those the page cache holds on the main thread (a copy:
-    cheaper than waking a reader, and on a small machine readers compete with MLX's compute
-    thread for cores), keeps the first cold one for the main thread and queues the other cold
-    ones, so several cold misses still read in parallel. Rows say which thread read
+    queued at submit; `wait` does those the page cache holds on the main thread when bundles
+    are small (`INLINE_WARM_BYTES`: a copy cheaper than waking a reader, and on a small machine
+    readers compete with MLX's compute thread for cores), keeps the first of the others for the
+    main thread and queues the rest, so several cold (or large) misses still read in
+    parallel. Rows say which thread read
     (`thread`)."""
 
     def __init__(self, store: ExpertStore, n: int = 2, stats: PathStats | None = None,
@@ -113,8 +115,8 @@ class ReaderPool:
             return 0
         start = time.perf_counter_ns()
         held = [t for t in tickets if not t.queued and not t.claimed]  # submitted with now=True
-        if self.help_main:  # warm ones first, here: a page-cache copy beats a thread hand-off
-            held = [t for t in held if not self._execute_if_warm(t)]
+        if self.help_main and self.store.manifest.bundle_bytes <= INLINE_WARM_BYTES:
+            held = [t for t in held if not self._execute_if_warm(t)]  # small warm ones, here
         for t in held[1:]:  # cold: the first on this thread, the others in parallel
             self._enqueue(t)
         if self.help_main:

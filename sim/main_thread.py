@@ -49,7 +49,7 @@ import simpy
 from sim.caches import BundleLRU, StagedSlots
 from sim.loads import DEMAND, PREFETCH, WHOLE_LAYER, Fetcher, Load
 from sim.policies import Policy
-from sim.readers import DEMAND_PRIORITY, PREFETCH_PRIORITY, ReaderPool
+from sim.readers import DEMAND_PRIORITY, INLINE_WARM_BYTES, PREFETCH_PRIORITY, ReaderPool
 from sim.scenario import Scenario
 
 _ABSENT = object()
@@ -143,9 +143,12 @@ class MainThread:
     def new_load(self, step: int, layer: int, expert: int, key: int, nbytes: int, pieces: int,
                  source: str, priority: int) -> Load:
         load = Load(step, layer, expert, key, nbytes, pieces, source, self.now, priority)
-        # A demand read the page cache holds is a copy the engine's main thread does itself
-        # (engine.prefetch: cheaper than a reader hand-off); others go to the readers.
-        if self.pool is not None and not (source == DEMAND and self.fetcher.pc.holds(key)):
+        # A small demand read the page cache holds is a copy the engine's main thread does
+        # itself (engine.prefetch.INLINE_WARM_BYTES: cheaper than a reader hand-off); others
+        # go to the readers.
+        inline = (source == DEMAND and nbytes <= INLINE_WARM_BYTES
+                  and self.fetcher.pc.holds(key))
+        if self.pool is not None and not inline:
             self.pool.advance(self.now)
             self.pool.submit(load)
         else:  # the main thread reads it now and is blocked meanwhile

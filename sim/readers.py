@@ -21,6 +21,13 @@ import heapq
 
 from sim.loads import Fetcher, Load
 
+# A demand miss the page cache holds, up to this size, is copied by the engine's main thread
+# itself when it must wait for it (engine.prefetch.ReaderPool.wait; MainThread.new_load here):
+# such a copy (~60 KB: ~20-40 us on the 2-core dev VM) is shorter than a hand-off to a reader
+# and back (reports/bench/roundtrip.py; calibrate's handoff_ms); bigger ones are worth copying
+# in parallel on the readers.
+INLINE_WARM_BYTES = 256 << 10
+
 DEMAND_PRIORITY = 0
 PREFETCH_PRIORITY = 1
 

@@ -189,3 +189,25 @@ def test_warm_misses_read_on_main_cold_ones_in_parallel(env, monkeypatch):
 
 def _buffers_of(store, layer):
     return {n: np.zeros(s, dtype=dt) for n, (s, dt) in store.expert_shapes(layer).items()}
+
+
+def test_large_warm_misses_still_copy_in_parallel(env, monkeypatch):
+    """Bundles above INLINE_WARM_BYTES: the main thread keeps the first held miss and hands the
+    others to the readers (as for cold ones), which copy them in parallel."""
+    store, stats, _, rows = env
+    monkeypatch.setattr("engine.prefetch.INLINE_WARM_BYTES", 0)
+    pool = ReaderPool(store, 2, stats, help_main=True)
+    queued = []
+    real_enqueue = pool._enqueue
+    monkeypatch.setattr(pool, "_enqueue", lambda t: (queued.append(t.expert), real_enqueue(t)))
+    path = StagedPath(store, 0, pool, stats)
+    for e in (1, 2, 3, 4):  # cache the bundles' pages
+        store.read_bundle(0, e, _buffers_of(store, 0), emit=False)
+    rng = np.random.default_rng(6)
+    x = mx.array(rng.standard_normal((1, store.manifest.config["hidden_size"]))
+                 .astype(np.float32))
+    inds = mx.array(np.array([[1, 2, 3, 4]], dtype=np.uint32))
+    y = np.array(path(x, inds))
+    assert sorted(queued) == [2, 3, 4]  # all but the first
+    assert np.array_equal(y, np.array(ExactPath(store, 0)(x, inds)))
+    pool.close()

@@ -9,6 +9,7 @@ import pytest
 from sim_helpers import MB, hardware, model, routing_input, scenario, uniform_routing
 
 from sim.profiles import apply_overrides, load_hardware
+from sim.readers import INLINE_WARM_BYTES
 from sim.replay import run_scenario
 from ssdmoe_cli.errors import BadInput
 
@@ -112,20 +113,25 @@ def test_handoff_is_optional_non_negative_and_settable(tmp_path):
         apply_overrides(scenario(), ["handoff_ms=-1"])
 
 
-def test_warm_demand_read_is_done_by_the_main_thread_without_handoff():
+@pytest.mark.parametrize("bundle", [64 << 10, MB])
+def test_small_warm_demand_read_is_done_by_the_main_thread_without_handoff(bundle):
     """hot, one reader, a one-bundle LRU, 64 GiB of page cache, routing 0, 1, 0, 1, ...: the
-    first two loads are cold (a reader, load + h each); from step 2 on every load is a page
-    cache copy that the main thread does itself (engine.prefetch: warm demand misses are not
-    handed to readers): load overhead only, no hand-off."""
+    first two loads are cold (a reader: load + h each); from step 2 on every load is a page
+    cache copy. A small one (<= INLINE_WARM_BYTES) the main thread does itself, as the engine
+    does (engine.prefetch): load overhead only, no hand-off; a big one still goes to the
+    reader and costs overhead + h."""
     h, steps = 0.2, 12
-    m = model(layers=1, experts=16, k=1, build_ms_per_layer=0.5)
-    sc = scenario(hw=hardware(handoff_ms=h, **IO), m=m, policy="hot", lru_bytes=MB,
+    m = model(layers=1, experts=16, k=1, build_ms_per_layer=0.5, bundle_bytes=bundle)
+    sc = scenario(hw=hardware(handoff_ms=h, **IO), m=m, policy="hot", lru_bytes=bundle,
                   readers=1, decode_steps=steps)
     router = np.array([[[s % 2]] for s in range(steps)], dtype=np.int16)
     result = run_scenario(sc, routing=routing_input(router))
     loads = result.trace.loads.sort("step")
-    assert loads["thread"].to_list() == ["reader0"] * 2 + ["main"] * (steps - 2)
+    small = bundle <= INLINE_WARM_BYTES
+    warm_thread = "main" if small else "reader0"
+    assert loads["thread"].to_list() == ["reader0"] * 2 + [warm_thread] * (steps - 2)
     assert loads["cold"].to_list() == [True] * 2 + [False] * (steps - 2)
-    warm_ms = 0.05  # load_overhead_ms; no copy term (memcpy_gbps=0), no cold overhead
+    cold_ms = 0.1 + bundle / 1e9 * 1e3 + 0.05 + 0.02  # latency + transfer + overheads
+    warm_ms = 0.05 + (0.0 if small else h)  # load_overhead_ms (no copy term: memcpy_gbps=0)
     assert _decode(result)["blocked_ns"].to_list() == \
-        [round((LOAD_MS + h) * 1e6)] * 2 + [round(warm_ms * 1e6)] * (steps - 2)
+        [round((cold_ms + h) * 1e6)] * 2 + [round(warm_ms * 1e6)] * (steps - 2)
