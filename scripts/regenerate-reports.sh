@@ -33,7 +33,7 @@ run uv run python reports/validation/generate.py
 
 if [ $bench = 1 ]; then
     A=resident,engine-resident,resident-sync,on-demand,hot,staged,staged-oracle
-    run uv run ssdmoe bench $M --arms $A --rounds 5 --json reports/bench/tiny-trained-warm.json
+    run uv run ssdmoe bench $M --arms $A --rounds 9 --json reports/bench/tiny-trained-warm.json
     run uv run ssdmoe bench $M --arms $A --rounds 5 --page-cache-budget 25% \
         --json reports/bench/tiny-trained-budget25.json
 fi

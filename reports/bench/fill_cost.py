@@ -1,13 +1,16 @@
 """Where staged decode loses to resident on a small model: the fill points or the reads?
 
-One process, arms rotated each round, the same prompt and greedy tokens:
+One process, arms rotated each round, the benchmark's two prompts, greedy tokens:
   engine-resident  the resident model through engine.generate (no fill points)
   staged           preset staged: K + K = 8 sticky slots per layer, misses read on demand
+                   (a warm miss copied by the main thread itself: engine.prefetch)
+  staged-readers   the same with every held miss but the first handed to the reader threads
+                   (INLINE_WARM_BYTES = 0: the policy before warm misses were copied inline)
   staged-all-hit   preset staged with 64 slots per layer: after warm-up every expert is in
                    a slot, so a step has the same six fill points but reads nothing
 
 Run: uv run python reports/bench/fill_cost.py [MODEL] [--rounds N]
-(default models/tiny-trained-stream, 9 rounds: about a minute). Prints a table and writes
+(default models/tiny-trained-stream, 12 rounds: about three minutes). Prints a table and writes
 reports/bench/fill-cost.json."""
 
 from __future__ import annotations
@@ -22,19 +25,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 OUT = Path(__file__).with_name("fill-cost.json")
-PROMPT = "def parse_args(argv):\n    parser = argparse.ArgumentParser("
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", default=str(ROOT / "models" / "tiny-trained-stream"))
-    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()
     if not Path(args.model, "manifest.json").is_file():
         sys.exit(f"{args.model}: no converted model (uv run ssdmoe convert models/tiny-trained "
                  "models/tiny-trained-stream)")
 
+    import engine.prefetch
+    from engine.bench import PROMPTS, load_prompts
     from engine.config import EngineConfig
     from engine.generate import generate
     from engine.loader import load_resident, load_streaming
@@ -46,12 +50,21 @@ def main() -> None:
     all_hit = load_streaming(args.model, config=EngineConfig.from_preset(
         "staged", staged_headroom=experts - k))
 
-    def run(model, tok, store=None) -> float:
-        return generate(model, tok, PROMPT, args.tokens, stop_at_eos=False,
-                        store=store).decode_tok_s
+    prompts = load_prompts(PROMPTS, 2)  # the benchmark's (`ssdmoe bench`)
+    inline = engine.prefetch.INLINE_WARM_BYTES
+
+    def run(model, tok, store=None, inline_bytes: int = inline) -> float:
+        engine.prefetch.INLINE_WARM_BYTES = inline_bytes
+        steps, seconds = 0, 0.0
+        for p in prompts:
+            r = generate(model, tok, p, args.tokens, stop_at_eos=False, store=store)
+            steps += sum(1 for s in r.steps if s["phase"] == "decode")
+            seconds += r.decode_s
+        return steps / seconds
 
     arms = {"engine-resident": lambda: run(resident, rtok),
             "staged": lambda: run(*staged),
+            "staged-readers": lambda: run(*staged, inline_bytes=0),
             "staged-all-hit": lambda: run(*all_hit)}
     for arm in arms.values():  # warm-up: JIT kernels, fill slots
         arm()
@@ -62,12 +75,19 @@ def main() -> None:
         for a in names[r % len(names):] + names[:r % len(names)]:
             rounds[a].append(arms[a]())
     loads = {}
+    engine.prefetch.INLINE_WARM_BYTES = inline
     for name, (model, tok, store) in {"staged": staged, "staged-all-hit": all_hit}.items():
         rows: list[dict] = []
         store.on_load = rows.append
-        r = generate(model, tok, PROMPT, args.tokens, stop_at_eos=False, store=store)
-        decode = {s["step"] for s in r.steps if s["phase"] == "decode"}
-        loads[name] = sum(1 for x in rows if x["step"] in decode) / max(len(decode), 1)
+        n_loads = n_steps = 0
+        for p in prompts:
+            rows.clear()
+            r = generate(model, tok, p, args.tokens, stop_at_eos=False, store=store)
+            decode = {s["step"] for s in r.steps if s["phase"] == "decode"}
+            n_loads += sum(1 for x in rows if x["step"] in decode)
+            n_steps += len(decode)
+        loads[name] = n_loads / max(n_steps, 1)
+    loads["staged-readers"] = loads["staged"]  # same model, routing and slots: same reads
     base = rounds["engine-resident"]
     print(f"{args.model}: {args.tokens} tokens, {args.rounds} rounds, one process")
     print("| arm | decode tok/s (median) | vs engine-resident | paired | loads/step |")
