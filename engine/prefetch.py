@@ -63,8 +63,7 @@ class ReaderPool:
     are small (`INLINE_WARM_BYTES`: a copy cheaper than waking a reader, and on a small machine
     readers compete with MLX's compute thread for cores), keeps the first of the others for the
     main thread and queues the rest, so several cold (or large) misses still read in
-    parallel. Rows say which thread read
-    (`thread`)."""
+    parallel. Rows say which thread read (`thread`)."""
 
     def __init__(self, store: ExpertStore, n: int = 2, stats: PathStats | None = None,
                  help_main: bool = True):

@@ -300,11 +300,8 @@ class ExpertStore:
         (the kernel may have started reading it since), so the row says cold."""
         ranges = self._bundle_ranges(layer, expert)
         views = [into[n] for n in TENSOR_NAMES]
-        row = self._load(layer, expert, ranges, views, source, thread, issued_ns, waited, False)
-        row["cold"] = row["cold"] or known_cold
-        if emit:
-            self.emit(row)
-        return row
+        return self._load(layer, expert, ranges, views, source, thread, issued_ns, waited, emit,
+                          cold=True if known_cold else None)
 
     def read_bundle_if_warm(self, layer: int, expert: int, into: Mapping[str, np.ndarray], *,
                             source: str = "demand", thread: str = "main",
@@ -329,8 +326,8 @@ class ExpertStore:
         r, t = self._resident_pages(self._files[layer], ranges)
         if r < t:
             return None
-        return self.read_bundle(layer, expert, into, source=source, thread=thread,
-                                issued_ns=issued_ns, waited=False, emit=False)
+        return self._load(layer, expert, ranges, [into[n] for n in TENSOR_NAMES], source, thread,
+                          issued_ns, False, False, cold=False)
 
     def read_layer(
         self,
@@ -352,14 +349,16 @@ class ExpertStore:
         if self.on_load is not None:
             self.on_load(row)
 
-    def _load(self, layer, expert, ranges, views, source, thread, issued_ns, waited, emit):
+    def _load(self, layer, expert, ranges, views, source, thread, issued_ns, waited, emit,
+              cold: bool | None = None):
+        """`cold`: already known (checked by the caller), else found out here."""
         f = self._files[layer]
         started = time.perf_counter_ns()
         issued = started if issued_ns is None else issued_ns
         nowait = not self.direct and self.residency_method == "rwf_nowait"
-        if nowait:
+        if cold is None and nowait:
             cold = False  # until a range is not wholly in the page cache
-        else:
+        elif cold is None:
             r, t = self._resident_pages(f, ranges)
             cold = r < t
         for (off, length), view in zip(ranges, views, strict=True):
