@@ -213,6 +213,11 @@ def test_read_if_warm_copies_only_a_fully_cached_bundle(method, tiny_random_conv
         assert row is not None and row["cold"] is False and row["thread"] == "main"
         assert row["bytes"] == sum(n for _, n in s.bundle_ranges(layer, e))
         _assert_bytes(buf, ref)
+        # A read that a refused warm attempt sent to a reader stays cold in its row, even if
+        # the kernel's readahead has cached the pages by the time the reader gets to it.
+        buf = _buffers(s, layer)
+        assert s.read_bundle(layer, e, buf, known_cold=True)["cold"] is True
+        _assert_bytes(buf, ref)
     with ExpertStore(read_manifest(root), o_direct=True) as s:  # O_DIRECT: never a copy
         if s.direct:
             assert s.read_bundle_if_warm(layer, e, _buffers(s, layer)) is None
