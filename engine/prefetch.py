@@ -175,7 +175,7 @@ class ReaderPool:
         except BaseException as err:  # noqa: BLE001 - raised by wait, like a reader's
             row, t.error = None, err
         if row is None and t.error is None:
-            t.cold = True
+            t.cold = not self.store.direct  # refused because not cached (O_DIRECT: never tried)
             return False
         t.claimed = True  # held: no reader has seen it
         t.row = row

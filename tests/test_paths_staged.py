@@ -211,3 +211,31 @@ def test_large_warm_misses_still_copy_in_parallel(env, monkeypatch):
     assert sorted(queued) == [2, 3, 4]  # all but the first
     assert np.array_equal(y, np.array(ExactPath(store, 0)(x, inds)))
     pool.close()
+
+
+def test_o_direct_rows_keep_the_residency_classification(tiny_random_converted):
+    """Under O_DIRECT nothing is copied from the page cache, and a demand miss's row is classed
+    cold or warm by page-cache residency, as the exact path's rows are (not by the refused
+    warm-only attempt)."""
+    rows: list[dict] = []
+    store = ExpertStore(read_manifest(tiny_random_converted), o_direct=True, on_load=rows.append)
+    if not store.direct:
+        store.close()
+        pytest.skip("O_DIRECT not available on this filesystem")
+    stats = PathStats()
+    pool = ReaderPool(store, 2, stats, help_main=True)
+    for e in (1, 2, 3, 4):  # cache the bundles' pages: residency says warm
+        store.read_bundle(0, e, _buffers_of(store, 0), emit=False)
+    resident = [store.residency(0, e) == 1.0 for e in (1, 2, 3, 4)]
+    rows.clear()
+    path = StagedPath(store, 0, pool, stats)
+    rng = np.random.default_rng(7)
+    x = mx.array(rng.standard_normal((1, store.manifest.config["hidden_size"]))
+                 .astype(np.float32))
+    inds = mx.array(np.array([[1, 2, 3, 4]], dtype=np.uint32))
+    y = np.array(path(x, inds))
+    mine = sorted((r["expert"], r["cold"]) for r in rows)
+    assert mine == [(e, not warm) for e, warm in zip((1, 2, 3, 4), resident, strict=True)]
+    assert np.array_equal(y, np.array(ExactPath(store, 0)(x, inds)))
+    pool.close()
+    store.close()
