@@ -2,9 +2,9 @@
 
 For each arm, in one process, arms rotated each round (the benchmark's two prompts, greedy),
 per decode step: wall time, the main thread's and the compute thread's time on a CPU, and the
-compute thread's idle time (wall - on CPU), from Linux's per-thread scheduler statistics
-(/proc/self/task/*/schedstat: ns on CPU, ns runnable but waiting, times scheduled). The
-compute thread is the busiest non-main thread.
+compute thread's idle time (wall - on CPU - runnable but waiting for a CPU), from Linux's
+per-thread scheduler statistics (/proc/self/task/*/schedstat: ns on CPU, ns runnable but
+waiting, times scheduled). The compute thread is the busiest non-main thread.
   engine-resident  the resident model through engine.generate (no fill points)
   staged           preset staged (fill points, misses read on demand)
   staged-all-hit   preset staged with every expert in a slot (fill points, no reads)
