@@ -17,6 +17,10 @@ Arms:
                    next step's graph is built (engine.fill_points)
   staged-oracle    staged decode filled one token ahead from routing recorded in an untimed
                    identical run: what a perfect prerouter would give (an upper bound)
+  staged-prerouter staged decode with trained prerouter heads (MODEL/prerouter, or
+                   --prerouter DIR; `ssdmoe train heads`): their predictions ARE the routing
+                   of the consumer layers, staged one token ahead; layers without a head fill
+                   on demand. A different model in effect: its tokens differ from resident's
 
 Per arm: decode and prefill tok/s, MLX peak and process peak RSS (reset after warm-up),
 blocked ms per decode step (main thread waiting on expert loads), loads and cold MiB per
@@ -43,10 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ARMS = ("resident", "engine-resident", "resident-sync", "on-demand", "hot", "staged",
-        "staged-oracle")
+        "staged-oracle", "staged-prerouter")
 DEFAULT_ARMS = ("resident", "on-demand", "hot", "staged")
 STREAMING = {"on-demand": "on-demand", "hot": "hot", "staged": "staged",
-             "staged-oracle": "staged"}
+             "staged-oracle": "staged", "staged-prerouter": "staged"}
 PROMPTS = Path(__file__).resolve().parents[1] / "traces" / "prompts" / "default.jsonl"
 
 
@@ -58,6 +62,7 @@ class BenchSpec:
     max_tokens: int = 64
     rounds: int = 3
     page_cache_budget: int | None = None
+    prerouter: str | None = None  # heads for staged-prerouter (default MODEL/prerouter)
     warmup_tokens: int = 8
     timeout_s: int = 900
 
@@ -233,7 +238,9 @@ def run_arm(spec: dict) -> dict:
     else:
         config = EngineConfig.from_preset(STREAMING[arm],
                                           page_cache_budget=spec["page_cache_budget"],
-                                          lead=1 if arm == "staged-oracle" else 0)
+                                          lead=1 if arm == "staged-oracle" else 0,
+                                          prerouter=spec.get("prerouter")
+                                          if arm == "staged-prerouter" else None)
         model, tok, store = load_streaming(model_dir, config=config, on_load=loads.append)
         rt = store.runtime
     load_s = time.perf_counter() - t_load
@@ -386,13 +393,21 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
                 result = _spawn(arm, spec, Path(tmp))
                 runs[arm].append(result)
                 tokens.setdefault(arm, [p["tokens"] for p in result["prompts"]])
-    ref = next(iter(tokens.values()))
+    # staged-prerouter runs the base model with predicted routing: other tokens, by design
+    same = {a: t for a, t in tokens.items() if a != "staged-prerouter"}
+    ref = next(iter(same.values()), None)
+    agreement = None
+    if "staged-prerouter" in tokens and ref is not None:
+        pairs = [(a, b) for p, q in zip(tokens["staged-prerouter"], ref, strict=True)
+                 for a, b in zip(p, q, strict=False)]
+        agreement = sum(a == b for a, b in pairs) / len(pairs)
     return resummarize({
         "model": str(model), "arms": spec.arms, "rounds": spec.rounds,
         "max_tokens": spec.max_tokens, "prompts": spec.prompts,
         "page_cache_budget": spec.page_cache_budget, "expert_bytes": expert_bytes(model),
         "disk_bandwidth_bytes_s": bandwidth, "order": order_log,
-        "tokens_identical": all(t == ref for t in tokens.values()),
+        "tokens_identical": all(t == ref for t in same.values()),
+        "prerouter_token_agreement": agreement,  # share of positions equal to the base tokens
         "runs": runs, "machine": _machine(),
     })
 
@@ -411,7 +426,8 @@ def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
     out_file.unlink(missing_ok=True)
     spec_file.write_text(json.dumps({
         "arm": arm, "model": spec.model, "prompts": spec.prompts, "max_tokens": spec.max_tokens,
-        "page_cache_budget": spec.page_cache_budget, "warmup_tokens": spec.warmup_tokens}))
+        "page_cache_budget": spec.page_cache_budget, "warmup_tokens": spec.warmup_tokens,
+        "prerouter": spec.prerouter or str(Path(spec.model) / "prerouter")}))
     cmd = [sys.executable, "-m", "engine.bench", str(spec_file), str(out_file)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=spec.timeout_s)

@@ -37,7 +37,9 @@ class EngineConfig:
     help_reads: bool = True  # main thread does a needed read no reader has started yet
     o_direct: bool = False
     page_cache_budget: int | None = None  # bytes of expert pages kept in the page cache
-    prerouter: bool = False  # placeholder: no prerouter yet
+    # prerouter heads directory (`ssdmoe train heads`): at decode their predictions ARE the
+    # routing of the consumer layers, staged one token ahead (engine.prerouter)
+    prerouter: str | None = None
     lead: int = 0  # tokens of staged lookahead (1 with a prerouter); 0 = fill on demand
     lookahead: bool = True  # decode loop builds step t+1's graph while step t computes
     # (mlx-lm's generate_step does the same); in effect only when no decode layer syncs at
@@ -56,6 +58,11 @@ class EngineConfig:
                 raise BadInput(f"engine config: layer {i}: unknown phase {sorted(bad)[0]!r}")
         if self.readers < 1:
             raise BadInput(f"engine config: readers must be >= 1, got {self.readers}")
+        if self.prerouter is False:  # run.json files written before the prerouter existed
+            self.prerouter = None
+        if self.prerouter is not None:
+            self.prerouter = str(self.prerouter)
+            self.lead = 1
         if self.lead not in (0, 1):
             raise BadInput(f"engine config: lead must be 0 or 1, got {self.lead}")
         if self.staged_headroom is not None and self.staged_headroom < 0:

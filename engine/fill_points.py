@@ -73,10 +73,29 @@ class FillPoints:
         return points
 
     def begin(self, points: list[Point], final: mx.array | None) -> None:
-        """Start evaluating a step: its points to resolve in order, then `final`."""
-        self.backlog = deque(points)
+        """Start evaluating a step: its points to resolve in order, then `final`.
+
+        Wait-only points (a fill marked `wait_only`: it needs nothing this step computes,
+        e.g. staging a layer whose ids a prerouter predicted during the previous step) are
+        resolved here, at once, after the evaluation up to the first other point is queued:
+        the compute thread need never stop at them."""
+        waits = [p for p in points if _wait_only(p)]
+        self.backlog = deque(p for p in points if not _wait_only(p))
         self.final = final
-        self._kick()
+        early = bool(points) and not _wait_only(points[0])
+        if early:
+            self._kick()
+        for inds, fill, _ in waits:
+            t0 = time.perf_counter_ns()
+            try:
+                fill(inds)
+            except BaseException:
+                self.backlog.clear()
+                raise
+            finally:
+                self.busy.append((t0, time.perf_counter_ns()))
+        if not early:
+            self._kick()
 
     def progress(self) -> None:
         """Resolve the next point of the step being evaluated, if any: paths call this as
@@ -118,6 +137,10 @@ class FillPoints:
             self.final = None
 
 
+def _wait_only(point: Point) -> bool:
+    return getattr(point[1], "wait_only", False)
+
+
 def at_build_step(store, fill: Fill) -> Fill:
     """`fill` run with `store.step` set back to the step being built now, so the load rows
     of a fill resolved during a later step's build carry the step that consumes them."""
@@ -130,6 +153,7 @@ def at_build_step(store, fill: Fill) -> Fill:
         finally:
             store.step = now
 
+    run.wait_only = getattr(fill, "wait_only", False)
     return run
 
 

@@ -32,6 +32,7 @@ Hooks (the trace recorder plugs in here):
                                       [start, end) ns intervals of graph building inside the
                                       window; not a trace column)
   on_text(segment)                    streamed text as tokens are decoded
+With a prerouter (runtime.preroute) its state is reset at the start: a new sequence.
 `store.step` (if a store is given) is the step whose loads are being done, so load rows carry
 it.
 """
@@ -76,6 +77,7 @@ class _Built:
     out: mx.array | None  # sampled token [1], or None for a prefill chunk
     points: list  # its fill points (engine.fill_points)
     span: tuple[int, int]  # graph building, perf_counter_ns
+    also: list = field(default_factory=list)  # side outputs evaluated with `out` (predictions)
     begun: bool = False  # its evaluation is queued (FillPoints.begin)
 
 
@@ -116,6 +118,9 @@ def generate(
     # sync would evaluate the layers before it, fill points not yet resolved included.
     deferring = runtime is None or not runtime.syncs_at_build("decode")
     lookahead = lookahead and deferring
+    preroute = getattr(runtime, "preroute", None)
+    if preroute is not None:  # a new sequence: no previous token, nothing predicted
+        preroute.reset()
     steps: list[dict] = []
     counter = [step0]
 
@@ -136,7 +141,12 @@ def generate(
         if sample:
             logits = logits[:, -1, :]
             out = sampler(logits - mx.logsumexp(logits, keepdims=True))
-        return _Built(step, phase, tokens.size, out, fills.take(), (b0, time.perf_counter_ns()))
+        # The prerouter's predictions for the next call are side outputs: queued with the
+        # step, in layer order, they are computed where they occur instead of after the
+        # whole step (the next step's build waits on them layer by layer).
+        also = list(preroute.pending().values()) if preroute is not None and sample else []
+        return _Built(step, phase, tokens.size, out, fills.take(), (b0, time.perf_counter_ns()),
+                      also)
 
     def record(b: _Built, start: int, spans: list[tuple[int, int]], end: int) -> None:
         spans = [(max(a, start), min(z, end)) for a, z in spans if z > start and a < end]
@@ -163,14 +173,14 @@ def generate(
         if store is not None:
             store.step = b.step
         if not b.begun:
-            fills.begin(b.points, b.out)
+            fills.begin(b.points, [*b.also, b.out] if b.also else b.out)
         if lookahead and want_next:
             fills.overlapping = True
             fills.busy = []
             nxt = build(b.out, "decode", sample=True)  # resolves b's fill points as it goes
             fills.drain()
             spans = spans + _minus(nxt.span, fills.busy)
-            fills.begin(nxt.points, nxt.out)
+            fills.begin(nxt.points, [*nxt.also, nxt.out] if nxt.also else nxt.out)
             nxt.begun = True
         else:
             fills.drain()

@@ -159,6 +159,14 @@ def load_streaming(
                              None if prefill is path else prefill, on_routing)
         setattr(layer, arch.moe_attr, block)
     _load_weights(model, weights, manifest)
+    if config.prerouter is not None:
+        from engine.prerouter import Prerouter, install
+
+        pre = Prerouter.load(Path(config.prerouter))
+        m = manifest
+        pre.check(m.moe_layers, m.config["hidden_size"], m.num_experts, m.top_k,
+                  Path(config.prerouter))
+        rt.preroute = install(streaming_blocks(model), pre)
     return model, load_tokenizer(manifest), store
 
 

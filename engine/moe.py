@@ -3,7 +3,8 @@
 block's resident parts under their original names (router `gate`, shared experts) so resident
 weights load by their mlx-lm names, and hands the routed experts to an execution path.
 
-Per call: router logits (resident) -> engine.routing -> optional `on_routing(layer, inds,
+Per call: router logits (resident) -> engine.routing (or, with a prerouter, the routing its
+head predicted for this layer one token earlier) -> optional `on_routing(layer, inds,
 weights)` -> path(x, inds) [..., K, D] -> weighted sum (mlx-lm's exact op order) -> + shared.
 The path is chosen per call: `prefill_path` when the call carries more than one token and one
 is set, else `path`. Swap paths freely (`block.path = ...`): every path shares the kernel.
@@ -48,6 +49,7 @@ class StreamingMoE(nn.Module):
         self.path = path
         self.prefill_path = prefill_path
         self.on_routing = on_routing
+        self.preroute = None  # engine.prerouter.PrerouteLink, when heads are installed
 
     def router_logits(self, x: mx.array) -> tuple[mx.array, mx.array | None]:
         """(logits [..., E], expert bias or None) from the resident router."""
@@ -55,17 +57,32 @@ class StreamingMoE(nn.Module):
             return self.gate.gate_proj(x), getattr(self.gate, "expert_bias", None)
         return self.gate(x), None
 
+    def router_logits_bias(self) -> mx.array | None:
+        """The expert bias routing adds to the scores (sigmoid-group routers), else None."""
+        return getattr(self.gate, "expert_bias", None) if self.spec.rule == "sigmoid_group" \
+            else None
+
     def __call__(self, x: mx.array) -> mx.array:
         shape = x.shape
         if self.arch.flatten_tokens:  # olmoe routes [B*L, D]
             x = x.reshape(-1, shape[-1])
-        logits, bias = self.router_logits(x)
-        inds, weights = route(self.spec, logits, bias)
+        tokens = x.size // x.shape[-1]
+        link = self.preroute
+        predicted = link.routing(self.layer_index, tokens) if link is not None else None
+        if predicted is not None:  # routing predicted one token ahead: the router does not run
+            inds, weights = (a.reshape(*x.shape[:-1], -1) for a in predicted)
+        else:
+            logits, bias = self.router_logits(x)
+            inds, weights = route(self.spec, logits, bias)
+        if link is not None:
+            link.observe(self.layer_index, x, inds)
         if self.on_routing is not None:
             self.on_routing(self.layer_index, inds, weights)
-        tokens = x.size // x.shape[-1]
         path = self.prefill_path if tokens > 1 and self.prefill_path is not None else self.path
-        out = path(x, inds)
+        if predicted is not None and hasattr(path, "predicted"):
+            out = path.predicted(x, inds)  # known a token ahead: staged, no router sync
+        else:
+            out = path(x, inds)
         y = (out * weights[..., None]).sum(axis=-2)
         if self.arch.aggregate_cast:
             y = y.astype(out.dtype)

@@ -21,6 +21,7 @@ from engine.paths.staged import StagedPath
 from engine.paths.stats import PathStats, stats_for
 from engine.paths.whole_layer import WholeLayerLoader, WholeLayerPath
 from engine.prefetch import ReaderPool
+from engine.prerouter import PrerouteLink
 from engine.store import ExpertStore
 
 
@@ -34,6 +35,7 @@ class Runtime:
     whole: WholeLayerLoader | None = None
     paths: dict[tuple[int, str], ExpertPath] = field(default_factory=dict)
     fills: FillPoints = field(default_factory=FillPoints)
+    preroute: PrerouteLink | None = None  # installed prerouter heads (engine.prerouter)
 
     def path(self, layer: int, phase: str) -> ExpertPath:
         return self.paths[(layer, phase)]
@@ -67,6 +69,8 @@ class Runtime:
                 p.reset()
         if self.whole:
             self.whole.reset()
+        if self.preroute is not None:
+            self.preroute.reset()
 
     def close(self) -> None:
         self.readers.close()

@@ -22,7 +22,7 @@ def bench(
     model: Annotated[Path, typer.Argument(help="Converted model directory (ssdmoe convert).")],
     arms: Annotated[str, typer.Option(
         "--arms", help="Comma-separated: resident, engine-resident, on-demand, hot, staged, "
-        "staged-oracle.")] = "resident,on-demand,hot,staged",
+        "staged-oracle, staged-prerouter.")] = "resident,on-demand,hot,staged",
     page_cache_budget: Annotated[str | None, typer.Option(
         "--page-cache-budget", help="Expert bytes kept in the page cache by streaming arms: "
         "bytes, 64M, 1G, or 25% (of the expert bytes). Default: no budget, warm.")] = None,
@@ -35,6 +35,9 @@ def bench(
         "--json", help="Write the result JSON here (default reports/bench/NAME.json).")] = None,
     png: Annotated[Path | None, typer.Option(
         "--png", help="Bar chart path (default: next to the JSON, .png).")] = None,
+    prerouter: Annotated[Path | None, typer.Option(
+        "--prerouter", help="Heads for the staged-prerouter arm (default: MODEL/prerouter).")]
+        = None,
     from_json: Annotated[Path | None, typer.Option(
         "--from-json", help="Re-render the table and chart of an earlier result JSON "
         "(summary recomputed from its raw rounds); runs nothing.")] = None,
@@ -74,6 +77,15 @@ def bench(
     if rounds < 1 or max_tokens < 2 or num_prompts < 1:
         raise BadInput("--rounds and --num-prompts must be >= 1, --max-tokens >= 2")
     manifest = open_manifest(model, verify=False)
+    if "staged-prerouter" in arm_list:
+        from engine.prerouter import META, Prerouter
+
+        heads_dir = prerouter or Path(model) / "prerouter"
+        if not (heads_dir / META).is_file():
+            raise BadInput(f"{heads_dir}: no prerouter heads for the staged-prerouter arm "
+                           f"(make them with `ssdmoe train heads {model}`)")
+        Prerouter.load(heads_dir).check(manifest.moe_layers, manifest.config["hidden_size"],
+                                        manifest.num_experts, manifest.top_k, heads_dir)
     total = expert_bytes(model)
     budget = None if page_cache_budget is None else parse_bytes(page_cache_budget, total)
     if budget is not None:
@@ -83,7 +95,8 @@ def bench(
                            f"working set: minimum {need} bytes")
     spec = BenchSpec(model=str(model), arms=arm_list,
                      prompts=load_prompts(prompts or PROMPTS, num_prompts),
-                     max_tokens=max_tokens, rounds=rounds, page_cache_budget=budget)
+                     max_tokens=max_tokens, rounds=rounds, page_cache_budget=budget,
+                     prerouter=None if prerouter is None else str(prerouter))
     name = Path(model).name + ("" if budget is None else f"-budget{round(100 * budget / total)}")
     json_path = json_out or Path("reports/bench") / f"{name}.json"
     png_path = png or json_path.with_suffix(".png")

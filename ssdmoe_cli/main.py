@@ -16,6 +16,7 @@ from ssdmoe_cli import (
     model_cmds,
     sim_cmds,
     trace_cmds,
+    train_cmds,
 )
 from ssdmoe_cli.errors import BadInput
 
@@ -32,6 +33,7 @@ for module in (demo_cmd, fixture_cmd, model_cmds, capture_cmd, bench_cmd, calibr
     module.register(app)
 app.add_typer(trace_cmds.app, name="trace")
 app.add_typer(sim_cmds.app, name="sim")
+app.add_typer(train_cmds.app, name="train")
 
 
 def main() -> None:

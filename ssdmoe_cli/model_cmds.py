@@ -66,6 +66,9 @@ def generate(
         help="sha256 every file (default: files up to 256 MiB; sizes always).")] = None,
     preset: Annotated[str, typer.Option(
         "--preset", help="Engine preset: on-demand (exact), hot, staged.")] = "on-demand",
+    prerouter: Annotated[Path | None, typer.Option(
+        "--prerouter", help="Prerouter heads directory (ssdmoe train heads): their predictions "
+        "are the decode routing of the layers after a head.")] = None,
     trace: Annotated[Path | None, typer.Option(
         "--trace", help="Record a trace (steps, routing, loads) into this new directory.")] = None,
     lookahead: Annotated[bool, typer.Option(
@@ -92,7 +95,8 @@ def generate(
         trace = prepare_out_dir(trace, force, "--trace")
     budget = None if page_cache_mb is None else int(page_cache_mb * 2**20)
     config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget,
-                                      lookahead=lookahead)
+                                      lookahead=lookahead,
+                                      prerouter=None if prerouter is None else str(prerouter))
     lm, tokenizer, store = load_streaming(model, verify=verify, config=config)
     if not tokenizer.encode(prompt):
         raise BadInput("--prompt: encodes to no tokens")

@@ -24,7 +24,7 @@ def test_presets_and_round_trip():
     assert c.path_for(0, "decode") == "staged"
     d = json.loads(json.dumps(c.to_dict()))
     assert EngineConfig.from_dict(d) == c
-    assert d["prerouter"] is False and d["lead"] == 0
+    assert d["prerouter"] is None and d["lead"] == 0
     on = EngineConfig.from_preset("on-demand")
     assert (on.prefill, on.decode) == ("exact", "exact")
 

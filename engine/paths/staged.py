@@ -18,6 +18,10 @@ Two ways the slots get filled:
   checked against the router's actual ids after the step (`verify`, on already evaluated
   arrays); a routed expert that was not staged raises, it is never silently dropped. Inside
   the decode loop the wait, too, moves to a fill point.
+- predicted (`predicted(x, inds)`, with a prerouter, engine.prerouter): the ids were
+  predicted during the previous call and ARE the routing, so staged set and routed set are
+  one; the staging is a wait-only fill point that the decode loop resolves as it starts the
+  step, without stopping the compute thread (engine.fill_points).
 
 Double buffering is per slot: new experts are only written into slots that no queued or
 in-flight call uses, so with headroom >= K a fill for step t+1 never touches step t's slots
@@ -150,6 +154,39 @@ class StagedPath:
         self._place(experts, protected, source="prefetch")
         self.queue.append(experts)
 
+    def predicted(self, x: mx.array, inds: mx.array) -> mx.array:
+        """A single-token call whose ids a prerouter predicted during the previous call (they
+        ARE its routing: nothing to verify). Inside the decode loop the staging is a wait-only
+        fill point, done when the loop starts evaluating this call: its ids come to the host
+        then (one flush per step: the previous call made them all at its end), the missing
+        experts are read into slots the previous call does not use, and published before
+        this call's gather can run. Elsewhere it is done now."""
+        try:
+            if self.queue:
+                raise StagingError(f"layer {self.layer}: a predicted call while sets are "
+                                   "staged by another driver")
+            if self.points.active:
+                def fill(_inds: mx.array) -> None:
+                    self._stage_and_settle(inds)
+                fill.wait_only = True
+            else:
+                fill = None
+                self._stage_and_settle(inds)
+        except BaseException:
+            self.reset()
+            raise
+        out = switch_glu(x, self.arrays, mx.take(self.table, inds), self.quant)
+        if fill is not None:
+            self._defer(inds, fill, out)
+        return out
+
+    def _stage_and_settle(self, inds: mx.array) -> None:
+        experts = sorted(set(np.array(inds).ravel().tolist()))
+        tickets = self._place(experts, self.in_use, source="prefetch")
+        where = self.resident()
+        self.in_use = {where[e] for e in experts}  # the next call's fill must keep these
+        self._settle(tickets)
+
     def verify(self) -> None:
         """Check that every routed expert of the calls since the last verify was staged (the
         routed ids are evaluated by now: no pipeline break; while the loop overlaps steps the
@@ -241,4 +278,5 @@ class StagedPath:
                 self.reset()
                 raise
 
+        guarded.wait_only = getattr(fill, "wait_only", False)
         self.points.defer(inds, at_build_step(self.store, guarded), out)

@@ -1,0 +1,199 @@
+"""Training phase 1, head distillation (edge0 paper digest, "Training"): only the prerouter
+heads train; the base model is frozen as it is served (the converted int4 checkpoint: "train
+what you serve"). Each head N learns to imitate layer N+1's true router one token ahead:
+
+    loss = KL(softmax(router_{N+1}(x_{N+1}(t+1))) || softmax(head_N(x_N(t), ids_N(t), ids_N(t-1))))
+
+Data: windows of the model's own training text (for the fixtures, the same Python-stdlib
+corpus; any UTF-8 text file otherwise), run once through the served model to record, per
+owner layer, the head inputs and the next layer's router logits one token later. Then heads
+train on those records (cheap: the base model does not run again).
+
+Held-out report, per head and averaged: recall of the next token's top-K (how many of the K
+routed experts the prediction got), against two baselines the head must beat
+(reference/machine-notes.md): reuse (the next layer's set at the current token) and the warm
+start (the next router applied to this layer's state, what an untrained head predicts).
+
+Not here (later phases): the recovery LoRA and the LM quality under predicted routing."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+
+from engine.prerouter import Prerouter, PrerouterSpec, owners_for, router_weight
+
+
+@dataclass
+class HeadData:
+    """Records of one owner layer N: rows are positions t with a previous token."""
+    x: np.ndarray  # [R, D] layer N's MoE input at t
+    ids: np.ndarray  # [R, K] layer N's routed ids at t
+    prev: np.ndarray  # [R, K] layer N's routed ids at t-1
+    target: np.ndarray  # [R, E] layer N+1's router logits at t+1
+    reuse: np.ndarray  # [R, K] layer N+1's routed ids at t (the reuse baseline)
+
+
+@dataclass
+class HeadsConfig:
+    hidden: int = 128
+    steps: int = 600
+    batch: int = 512
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    seq_len: int = 128
+    train_windows: int = 256
+    eval_windows: int = 64
+    seed: int = 0
+
+
+def record(model: nn.Module, tokens: np.ndarray, seq_len: int, windows: int,
+           batch: int = 16) -> dict[int, HeadData]:
+    """Run `windows` windows of `tokens` (spread evenly) through the model; return each owner
+    layer's head records."""
+    from engine.fixtures.train_loop import forward_with_taps
+
+    layers = model.model.layers
+    owners = owners_for(list(range(len(layers))))
+    available = (len(tokens) - 1) // seq_len
+    n = min(windows, available)
+    if n < 1:
+        raise ValueError(f"text too short: {len(tokens)} tokens for windows of {seq_len}")
+    picks = (np.arange(n) * available) // n
+    parts: dict[int, list[list[np.ndarray]]] = {o: [[], [], [], [], []] for o in owners}
+    for b0 in range(0, n, batch):
+        rows = [tokens[i * seq_len:(i + 1) * seq_len] for i in picks[b0:b0 + batch]]
+        w = mx.array(np.stack(rows))
+        _, taps = forward_with_taps(model, w)
+        logits = {o + 1: layers[o + 1].mlp.gate(taps[o + 1].x) for o in owners}
+        mx.eval([t.x for t in taps], [t.inds for t in taps], list(logits.values()))
+        for o in owners:
+            x, ids = np.array(taps[o].x), np.array(taps[o].inds)
+            nxt_ids, nxt_logits = np.array(taps[o + 1].inds), np.array(logits[o + 1])
+            p = parts[o]
+            # t runs over 1 .. L-2: a previous token and a next one inside the window
+            p[0].append(x[:, 1:-1].reshape(-1, x.shape[-1]))
+            p[1].append(ids[:, 1:-1].reshape(-1, ids.shape[-1]))
+            p[2].append(ids[:, :-2].reshape(-1, ids.shape[-1]))
+            p[3].append(nxt_logits[:, 2:].reshape(-1, nxt_logits.shape[-1]))
+            p[4].append(nxt_ids[:, 1:-1].reshape(-1, ids.shape[-1]))
+    return {o: HeadData(*(np.concatenate(a) for a in parts[o])) for o in owners}
+
+
+def kl_loss(pred_logits: mx.array, target_logits: mx.array) -> mx.array:
+    """Mean KL(teacher || student) over rows."""
+    t = target_logits - mx.logsumexp(target_logits, axis=-1, keepdims=True)
+    s = pred_logits - mx.logsumexp(pred_logits, axis=-1, keepdims=True)
+    return (mx.exp(t) * (t - s)).sum(axis=-1).mean()
+
+
+def topk_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    return np.argpartition(-logits, k - 1, axis=-1)[..., :k]
+
+
+def recall(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean |a_row & b_row| / K over rows of two [R, K] id arrays."""
+    return float((a[:, :, None] == b[:, None, :]).any(-1).sum(-1).mean() / a.shape[-1])
+
+
+def evaluate(pre: Prerouter, data: dict[int, HeadData], routers: dict[int, mx.array]) -> dict:
+    """Held-out recall of the next token's top-K: trained head, reuse, warm start."""
+    rows = []
+    k = pre.spec.top_k
+    for o, d in data.items():
+        truth = topk_ids(d.target, k)
+        logits = pre.head(o)(mx.array(d.x), mx.array(d.ids), mx.array(d.prev))
+        warm = mx.array(d.x) @ routers[o + 1].T
+        mx.eval(logits, warm)
+        rows.append({"owner": o, "consumer": o + 1, "rows": int(len(d.x)),
+                     "head_recall": recall(topk_ids(np.array(logits), k), truth),
+                     "reuse_recall": recall(d.reuse, truth),
+                     "warm_start_recall": recall(topk_ids(np.array(warm), k), truth),
+                     "kl": float(kl_loss(logits, mx.array(d.target)).item())})
+    mean = {key: float(np.mean([r[key] for r in rows]))
+            for key in ("head_recall", "reuse_recall", "warm_start_recall", "kl")}
+    return {"per_head": rows, **{f"{key}_mean": v for key, v in mean.items()}}
+
+
+def train_heads(model: nn.Module, train_tokens: np.ndarray, eval_tokens: np.ndarray,
+                cfg: HeadsConfig | None = None, progress=None) -> Prerouter:
+    """Distill one head per owner layer from the frozen model; returns the heads with the
+    training and held-out figures in `spec.report`."""
+    cfg = cfg or HeadsConfig()
+    t0 = time.perf_counter()
+    layers = model.model.layers
+    moe = layers[0].mlp
+    owners = owners_for(list(range(len(layers))))
+    if not owners:
+        raise ValueError("the model has no pair of consecutive MoE layers: nothing to predict")
+    spec = PrerouterSpec(owners=owners, dims=model.args.hidden_size, experts=moe.num_experts,
+                         top_k=moe.top_k, hidden=cfg.hidden)
+    routers = {o + 1: router_weight(layers[o + 1].mlp.gate) for o in owners}
+    pre = Prerouter.warm_started(spec, routers, seed=cfg.seed)
+    train = record(model, train_tokens, cfg.seq_len, cfg.train_windows)
+    held = record(model, eval_tokens, cfg.seq_len, cfg.eval_windows)
+    t_record = time.perf_counter() - t0
+    before = evaluate(pre, held, routers)
+
+    arrays = {o: tuple(mx.array(a) for a in (d.x, d.ids, d.prev, d.target))
+              for o, d in train.items()}
+
+    def loss_fn(pre: Prerouter, picks: mx.array) -> mx.array:
+        total = mx.array(0.0)
+        for o, (x, ids, prev, target) in arrays.items():
+            logits = pre.head(o)(x[picks], ids[picks], prev[picks])
+            total = total + kl_loss(logits, target[picks])
+        return total / len(arrays)
+
+    opt = optim.AdamW(learning_rate=optim.cosine_decay(cfg.lr, cfg.steps, cfg.lr * 0.1),
+                      weight_decay=cfg.weight_decay)
+    step = nn.value_and_grad(pre, loss_fn)
+    rng = np.random.default_rng(cfg.seed)
+    rows = len(next(iter(train.values())).x)
+    history = []
+    t1 = time.perf_counter()
+    for i in range(cfg.steps):
+        picks = mx.array(rng.integers(0, rows, size=min(cfg.batch, rows)))
+        loss, grads = step(pre, picks)
+        opt.update(pre, grads)
+        mx.eval(loss, pre.parameters(), opt.state)
+        if i % 50 == 0 or i == cfg.steps - 1:
+            history.append({"step": i + 1, "loss": float(loss.item())})
+        if progress is not None:
+            progress(i + 1, float(loss.item()))
+    t_train = time.perf_counter() - t1
+    after = evaluate(pre, held, routers)
+    spec.report = {
+        "phase": "head distillation (phase 1)", "config": cfg.__dict__,
+        "train_rows_per_head": rows, "heldout_rows_per_head": len(next(iter(held.values())).x),
+        "record_s": round(t_record, 1), "train_s": round(t_train, 1),
+        "heldout_before": before, "heldout": after, "history": history,
+    }
+    return pre
+
+
+def corpus_tokens(tokenizer, text_file: Path | None, heldout_mod: int = 20
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) token streams: the fixtures' stdlib corpus by default, else a UTF-8
+    text file split 19:1 by paragraph blocks."""
+    from engine.fixtures.corpus import CorpusConfig, assemble_corpus
+
+    if text_file is None:
+        corpus = assemble_corpus(CorpusConfig(heldout_mod=heldout_mod))
+        train_docs = [t for _, t in corpus.train]
+        held_docs = [t for _, t in corpus.heldout]
+    else:
+        blocks = Path(text_file).read_text(encoding="utf-8").split("\n\n")
+        train_docs = [b for i, b in enumerate(blocks) if i % heldout_mod]
+        held_docs = [b for i, b in enumerate(blocks) if not i % heldout_mod]
+
+    def encode(docs: list[str]) -> np.ndarray:
+        return np.asarray(tokenizer.encode("\n\n".join(docs)), dtype=np.int32)
+
+    return encode(train_docs), encode(held_docs)

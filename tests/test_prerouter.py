@@ -1,0 +1,298 @@
+"""The prerouter (engine.prerouter): the head's math against the paper's concatenated one-hot
+form computed in numpy, the warm start, the double shift (layer N's head at token t routes
+layer N+1 at token t+1) checked on recorded decode calls, every path giving the same tokens
+under prerouting, staging without host syncs of the router, per-request reset, head training,
+and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine.config import EngineConfig
+from engine.generate import generate
+from engine.loader import load_resident, load_streaming, streaming_blocks
+from engine.manifest import read_manifest
+from engine.prerouter import Prerouter, PrerouterHead, PrerouterSpec, owners_for, router_weight
+from engine.train_heads import HeadsConfig, train_heads
+from ssdmoe_cli.errors import BadInput
+
+PROMPT = "Prediction as routing: def g(n): return n * 2"
+
+
+def _np_onehot(inds: np.ndarray, experts: int) -> np.ndarray:
+    out = np.zeros(inds.shape[:-1] + (experts,))
+    np.put_along_axis(out, inds.astype(np.int64), 1.0, axis=-1)
+    return out
+
+
+def _np_head(head: PrerouterHead, x, inds, prev) -> np.ndarray:
+    """fc2(gelu(fc1(u))) + skip(u) on u = concat(x, onehot(t), onehot(t-1)), float64."""
+    e, h = head.experts, head.hidden
+    u = np.concatenate([x, _np_onehot(inds, e),
+                        _np_onehot(prev, e) if prev is not None else np.zeros(x.shape[:-1] + (e,))],
+                       axis=-1)
+    w = np.concatenate([np.array(head.proj.weight), np.array(head.table).T], axis=1)  # [H+E, D+2E]
+    z = u @ w.T.astype(np.float64) + np.array(head.proj.bias)
+    gelu = np.vectorize(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))
+    a = gelu(z[..., :h])
+    return a @ np.array(head.fc2.weight).T + np.array(head.fc2.bias) + z[..., h:]
+
+
+def _spec(m) -> PrerouterSpec:
+    return PrerouterSpec(owners=owners_for(m.moe_layers), dims=m.config["hidden_size"],
+                         experts=m.num_experts, top_k=m.top_k, hidden=16)
+
+
+def _heads(root: Path, out: Path, seed: int = 0) -> Path:
+    """Warm-started heads, then perturbed so that they differ from the next router."""
+    m = read_manifest(root)
+    model, _, store = load_streaming(root)
+    routers = {i: router_weight(b.gate) for i, b in streaming_blocks(model).items()}
+    store.close()
+    pre = Prerouter.warm_started(_spec(m), routers, seed=seed)
+    rng = np.random.default_rng(seed)
+    for n in pre.spec.owners:
+        head = pre.head(n)
+        head.fc2.weight = mx.array(rng.normal(0, 0.5, head.fc2.weight.shape).astype(np.float32))
+        head.table = head.table + mx.array(rng.normal(0, 0.5, head.table.shape)
+                                           .astype(np.float32))
+    pre.save(out)
+    return out
+
+
+def test_head_equals_the_concatenated_onehot_form():
+    mx.random.seed(3)
+    head = PrerouterHead(dims=24, experts=10, hidden=12)
+    head.table = mx.random.normal(head.table.shape)
+    head.proj.bias = mx.random.normal(head.proj.bias.shape)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 24)).astype(np.float32)
+    inds = np.stack([rng.choice(10, 3, replace=False) for _ in range(5)]).astype(np.uint32)
+    prev = np.stack([rng.choice(10, 3, replace=False) for _ in range(5)]).astype(np.uint32)
+    for p in (prev, None):
+        got = np.array(head(mx.array(x), mx.array(inds), None if p is None else mx.array(p)))
+        want = _np_head(head, x.astype(np.float64), inds, p)
+        assert np.allclose(got, want, rtol=1e-4, atol=1e-4), p is None
+
+
+def test_warm_started_head_is_the_next_router():
+    mx.random.seed(0)
+    router = mx.random.normal((10, 24))
+    head = PrerouterHead(dims=24, experts=10, hidden=12)
+    head.warm_start(router)
+    x = mx.random.normal((4, 24))
+    inds = mx.array(np.tile(np.arange(3, dtype=np.uint32), (4, 1)))
+    got = head(x, inds, inds + 3)
+    assert np.allclose(np.array(got), np.array(x @ router.T), atol=1e-5)
+
+
+def test_decode_routes_consumers_by_the_previous_tokens_head(tiny_random_converted, tmp_path):
+    """Recorded per call: each owner's input and ids. At decode call c, consumer N+1's ids must
+    be the top-K of head_N on call c-1's (x_N, ids_N) and call c-2's ids_N, computed here in
+    numpy; the first MoE layer keeps its router."""
+    heads = _heads(tiny_random_converted, tmp_path / "pre")
+    pre = Prerouter.load(heads)
+    model, tok, store = load_streaming(tiny_random_converted,
+                                       config=EngineConfig.from_preset("on-demand",
+                                                                       prerouter=str(heads)))
+    link = store.runtime.preroute
+    seen: list[dict[int, tuple[np.ndarray, np.ndarray]]] = []
+    observe = link.observe
+
+    def spy(layer, x, inds):
+        if layer == link.first:
+            seen.append({})
+        seen[-1][layer] = (np.array(x).reshape(-1, x.shape[-1])[-1],
+                           np.array(inds).reshape(-1, inds.shape[-1]))
+        observe(layer, x, inds)
+
+    link.observe = spy
+    r = generate(model, tok, PROMPT, 6, stop_at_eos=False, store=store, lookahead=False)
+    store.close()
+    assert len(r.tokens) == 6 and len(seen) >= 7
+    k = pre.spec.top_k
+    checked = 0
+    for c in range(1, len(seen)):
+        for n in pre.spec.owners:
+            x, ids = seen[c - 1][n]
+            prev = seen[c - 2][n][1][-1:] if c >= 2 else ids[-2:-1]
+            logits = _np_head(pre.head(n), x[None].astype(np.float64), ids[-1:],
+                              prev if len(prev) else None)[0]
+            used = seen[c][n + 1][1]
+            if used.shape[0] != 1:
+                continue  # a multi-token call routes itself
+            want = set(np.argsort(-logits)[:k].tolist())
+            assert set(used[0].tolist()) == want, (c, n)
+            checked += 1
+    assert checked >= 5 * len(pre.spec.owners)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_random_converted", "tiny_grouped_converted"])
+def test_every_path_gives_the_same_tokens_under_prerouting(fixture, request, tmp_path):
+    root = request.getfixturevalue(fixture)
+    heads = _heads(root, tmp_path / "pre", seed=1)
+    tokens, stats = {}, {}
+    for preset in ("on-demand", "hot", "staged"):
+        model, tok, store = load_streaming(root, config=EngineConfig.from_preset(
+            preset, prerouter=str(heads)))
+        tokens[preset] = generate(model, tok, PROMPT, 12, stop_at_eos=False, store=store).tokens
+        stats[preset] = store.runtime.stats.snapshot()
+        assert store.runtime.config.lead == 1
+        store.close()
+    assert tokens["hot"] == tokens["on-demand"] == tokens["staged"]
+    # Staged consumers never bring router ids to the host: per single-token call only the
+    # MoE layers without a head before them sync (12 tokens = 12 single-token calls).
+    m = read_manifest(root)
+    unpredicted = len(m.moe_layers) - len(owners_for(m.moe_layers))
+    s = stats["staged"]
+    assert s["route_syncs"] + s["deferred_syncs"] == unpredicted * 12
+    assert s["cache_hits"] + s["cache_misses"] >= m.top_k * 12 * len(m.moe_layers)
+
+
+class _Forced:
+    """A resident MoE block fed recorded routing instead of its router."""
+
+    def __init__(self, block, layer: int, routes: list, call: list[int]):
+        self.block, self.layer, self.routes, self.call = block, layer, routes, call
+
+    def __call__(self, x):
+        inds, weights = self.routes[self.call[0]][self.layer]
+        y = self.block.switch_mlp(x, inds)  # mlx-lm's own QuantizedSwitchGLU, all experts
+        return (y * weights[..., None]).sum(axis=-2)
+
+
+def test_staged_prerouter_equals_the_resident_model_fed_the_same_routing(
+        tiny_random_converted, tmp_path):
+    """Independent reference: the fully loaded mlx-lm model, its MoE blocks fed the routing the
+    streaming run used call by call, gives the same greedy tokens."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    heads = _heads(tiny_random_converted, tmp_path / "pre", seed=2)
+    model, tok, store = load_streaming(tiny_random_converted, config=EngineConfig.from_preset(
+        "staged", prerouter=str(heads)))
+    blocks = streaming_blocks(model)
+    routes: list[dict[int, tuple[mx.array, mx.array]]] = []
+
+    def on_routing(layer, inds, weights):
+        if layer == min(blocks):
+            routes.append({})
+        routes[-1][layer] = (inds, weights)
+
+    for b in blocks.values():
+        b.on_routing = on_routing
+    r = generate(model, tok, PROMPT, 8, stop_at_eos=False, store=store, lookahead=False)
+    store.close()
+    mx.eval([a for call in routes for pair in call.values() for a in pair])
+    resident, _ = load_resident(tiny_random_converted)
+    call = [0]
+    for i in blocks:
+        layer = resident.model.layers[i]
+        layer.mlp = _Forced(layer.mlp, i, routes, call)
+    ids = tok.encode(PROMPT)
+    feeds = [ids[:-1], ids[-1:]] + [[t] for t in r.tokens[:-1]]  # engine: prompt[:-1] first
+    assert len(feeds) == len(routes)
+    cache = make_prompt_cache(resident)
+    tokens = []
+    for i, f in enumerate(feeds):
+        call[0] = i
+        out = resident(mx.array(f)[None], cache=cache)
+        if i >= 1:
+            tokens.append(int(mx.argmax(out[0, -1]).item()))
+    assert tokens == r.tokens
+
+
+def test_new_request_starts_without_predictions(tiny_random_converted, tmp_path):
+    heads = _heads(tiny_random_converted, tmp_path / "pre", seed=3)
+    cfg = EngineConfig.from_preset("staged", prerouter=str(heads))
+    model, tok, store = load_streaming(tiny_random_converted, config=cfg)
+    a = generate(model, tok, [5], 8, stop_at_eos=False, store=store).tokens
+    generate(model, tok, PROMPT, 8, stop_at_eos=False, store=store)
+    b = generate(model, tok, [5], 8, stop_at_eos=False, store=store).tokens
+    store.close()
+    assert a == b
+
+
+def test_train_heads_improves_on_the_warm_start(tiny_random_converted):
+    model, _ = load_resident(tiny_random_converted)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, model.args.vocab_size, 40 * 33).astype(np.int32)
+    cfg = HeadsConfig(hidden=32, steps=80, batch=256, lr=3e-3, seq_len=32, train_windows=40,
+                      eval_windows=40)
+    pre = train_heads(model, tokens, tokens, cfg)
+    rep = pre.spec.report
+    assert pre.spec.owners == owners_for(list(range(len(model.model.layers))))
+    assert rep["heldout"]["kl_mean"] < 0.8 * rep["heldout_before"]["kl_mean"]
+    assert rep["heldout"]["head_recall_mean"] > rep["heldout_before"]["head_recall_mean"]
+    assert rep["history"][-1]["loss"] < rep["history"][0]["loss"]
+
+
+def test_cli_train_heads_then_generate(tiny_random_converted, model_copy, tmp_path, ssdmoe):
+    root = model_copy(tiny_random_converted)
+    text = tmp_path / "t.txt"
+    text.write_text("\n\n".join(f"paragraph {i}: the quick brown fox {i * 7} jumps" * 8
+                                for i in range(60)))
+    args = ("train", "heads", str(root), "--text", str(text), "--steps", "5", "--hidden", "8",
+            "--train-windows", "4", "--eval-windows", "2")
+    r = ssdmoe(*args)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["out"] == str(root / "prerouter")
+    meta = json.loads((root / "prerouter" / "prerouter.json").read_text())
+    assert meta["report"]["heldout"]["per_head"] and meta["hidden"] == 8
+    r = ssdmoe(*args)
+    assert r.returncode == 2 and "already exists" in r.stderr
+    r = ssdmoe("generate", str(root), "--prompt", "the quick", "--max-tokens", "4", "--preset",
+               "staged", "--prerouter", str(root / "prerouter"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) == 4
+
+
+def test_bad_prerouter_input(tiny_random_converted, tmp_path, ssdmoe):
+    with pytest.raises(BadInput, match="prerouter.json: no such file"):
+        load_streaming(tiny_random_converted,
+                       config=EngineConfig.from_preset("staged", prerouter=str(tmp_path / "x")))
+    m = read_manifest(tiny_random_converted)
+    spec = _spec(m)
+    spec.dims += 8  # heads for another model
+    Prerouter(spec).save(tmp_path / "other")
+    with pytest.raises(BadInput, match="heads are for"):
+        load_streaming(tiny_random_converted, config=EngineConfig.from_preset(
+            "staged", prerouter=str(tmp_path / "other")))
+    heads = _heads(tiny_random_converted, tmp_path / "pre")
+    (heads / "prerouter.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(BadInput, match="does not match"):
+        Prerouter.load(heads)
+    (heads / "prerouter.json").write_text("{")
+    with pytest.raises(BadInput, match="not a prerouter description"):
+        Prerouter.load(heads)
+    r = ssdmoe("bench", str(tiny_random_converted), "--arms", "resident,staged-prerouter",
+               "--prerouter", str(tmp_path / "none"))
+    assert r.returncode == 2 and "no prerouter heads" in r.stderr
+
+
+def test_stacked_heads_equal_each_head():
+    """The one-flush batched form equals running each head on its own, with and without a
+    previous token."""
+    from engine.prerouter import StackedHeads
+
+    mx.random.seed(5)
+    spec = PrerouterSpec(owners=[0, 1, 2], dims=16, experts=8, top_k=2, hidden=6)
+    pre = Prerouter(spec)
+    for n in spec.owners:
+        pre.head(n).table = mx.random.normal(pre.head(n).table.shape)
+        pre.head(n).proj.bias = mx.random.normal(pre.head(n).proj.bias.shape)
+    stacked = StackedHeads(pre)
+    x = mx.random.normal((3, 16))
+    ids = mx.array([[0, 5], [2, 3], [7, 1]], dtype=mx.uint32)
+    prev = mx.array([[4, 6], [0, 0], [3, 2]], dtype=mx.uint32)
+    e = spec.experts
+    rows = mx.stack([prev[0] + e, mx.full((2,), stacked.none, mx.uint32), prev[2] + 4 * e + e])
+    got = np.array(stacked(x, ids, rows))
+    want = [pre.head(0)(x[0:1], ids[0:1], prev[0:1]), pre.head(1)(x[1:2], ids[1:2], None),
+            pre.head(2)(x[2:3], ids[2:3], prev[2:3])]
+    assert np.allclose(got, np.array(mx.concatenate(want)), atol=1e-5)
