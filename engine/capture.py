@@ -78,6 +78,7 @@ def load_engine(
     page_cache_fraction: float | None = None,
     verify: bool | None = None,
     lookahead: bool = True,
+    prerouter: str | Path | None = None,
 ):
     """-> (model, tokenizer, store, config): the streaming model for `preset`
     (engine.config.PRESETS) with the page-cache budget given in MiB or as a fraction of the
@@ -91,7 +92,8 @@ def load_engine(
     elif page_cache_fraction is not None:
         budget = int(page_cache_fraction * expert_bytes(open_manifest(model_dir, verify=False)))
     config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget,
-                                      lookahead=lookahead)
+                                      lookahead=lookahead,
+                                      prerouter=None if prerouter is None else str(prerouter))
     model, tokenizer, store = load_streaming(model_dir, verify=verify, config=config)
     return model, tokenizer, store, config
 

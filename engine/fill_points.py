@@ -76,24 +76,20 @@ class FillPoints:
         """Start evaluating a step: its points to resolve in order, then `final`.
 
         Wait-only points (a fill marked `wait_only`: it needs nothing this step computes,
-        e.g. staging a layer whose ids a prerouter predicted during the previous step) are
-        resolved here, at once, after the evaluation up to the first other point is queued:
-        the compute thread need never stop at them."""
-        waits = [p for p in points if _wait_only(p)]
-        self.backlog = deque(p for p in points if not _wait_only(p))
+        e.g. staging a layer whose ids a prerouter predicted during the previous step) never
+        stop the compute thread: their `start` (issuing the reads) runs here, after the
+        evaluation up to the first other point is queued, and their fill (waiting for the
+        reads, publishing the slots) runs just before the evaluation is queued past them."""
+        self.backlog = deque(points)
         self.final = final
         early = bool(points) and not _wait_only(points[0])
         if early:
             self._kick()
-        for inds, fill, _ in waits:
-            t0 = time.perf_counter_ns()
-            try:
-                fill(inds)
-            except BaseException:
-                self.backlog.clear()
-                raise
-            finally:
-                self.busy.append((t0, time.perf_counter_ns()))
+        for inds, fill, _ in points:
+            start = getattr(fill, "start", None)
+            if start is not None:
+                self._timed(start, inds)
+        self._resolve_waits()
         if not early:
             self._kick()
 
@@ -114,7 +110,24 @@ class FillPoints:
             self.busy.append((t0, time.perf_counter_ns()))
         if gather is not None:  # restart compute before the longer walk to the next router
             mx.async_eval(gather)
+        self._resolve_waits()
         self._kick()
+
+    def _resolve_waits(self) -> None:
+        """Resolve the wait-only points at the head of the backlog (see `begin`)."""
+        while self.backlog and _wait_only(self.backlog[0]):
+            inds, fill, _ = self.backlog.popleft()
+            self._timed(fill, inds)
+
+    def _timed(self, fn: Fill, inds: mx.array) -> None:
+        t0 = time.perf_counter_ns()
+        try:
+            fn(inds)
+        except BaseException:
+            self.backlog.clear()
+            raise
+        finally:
+            self.busy.append((t0, time.perf_counter_ns()))
 
     def drain(self) -> None:
         """Resolve the remaining points of the step being evaluated, in order."""
@@ -154,6 +167,9 @@ def at_build_step(store, fill: Fill) -> Fill:
             store.step = now
 
     run.wait_only = getattr(fill, "wait_only", False)
+    start = getattr(fill, "start", None)
+    if start is not None:
+        run.start = at_build_step(store, start)
     return run
 
 

@@ -14,7 +14,9 @@ routed experts the prediction got), against two baselines the head must beat
 (reference/machine-notes.md): reuse (the next layer's set at the current token) and the warm
 start (the next router applied to this layer's state, what an untrained head predicts).
 
-Not here (later phases): the recovery LoRA and the LM quality under predicted routing."""
+And the price: held-out next-token cross-entropy with the model's own routing and with the
+heads' predictions as routing (`forward_prerouted`), and how often the greedy tokens agree.
+Recovering that loss is the later phases' work (the recovery LoRA), not this one's."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import mlx.optimizers as optim
 import numpy as np
 
 from engine.prerouter import Prerouter, PrerouterSpec, owners_for, router_weight
+from engine.routing import RoutingSpec, route
 
 
 @dataclass
@@ -121,6 +124,64 @@ def evaluate(pre: Prerouter, data: dict[int, HeadData], routers: dict[int, mx.ar
     return {"per_head": rows, **{f"{key}_mean": v for key, v in mean.items()}}
 
 
+def forward_prerouted(model: nn.Module, pre: Prerouter, inputs: mx.array) -> mx.array:
+    """Logits of a qwen3_moe-style model when each consumer layer routes position t >= 1 by
+    its owner's head at position t-1 (prediction as routing, as the engine decodes; position
+    0 routes itself, as a prompt does). The heads' one-hot inputs are the ids each owner layer
+    EXECUTED, predicted ones included: the feature drift the engine has at decode."""
+    from mlx_lm.models.base import create_attention_mask
+
+    inner = model.model
+    h = inner.embed_tokens(inputs)
+    mask = create_attention_mask(h, None)
+    owners = set(pre.spec.owners)
+    pred = None  # [B, L, E]: this layer's logits for position t+1, made at position t
+    for i, layer in enumerate(inner.layers):
+        h = h + layer.self_attn(layer.input_layernorm(h), mask, None)
+        x = layer.post_attention_layernorm(h)
+        moe = layer.mlp
+        logits = moe.gate(x)
+        if pred is not None:
+            logits = mx.concatenate([logits[:, :1], pred[:, :-1]], axis=1)
+        spec = RoutingSpec("softmax_topk", moe.top_k, bool(moe.norm_topk_prob))
+        inds, weights = route(spec, logits)
+        y = moe.switch_mlp(x, inds)
+        h = h + (y * weights[..., None]).sum(axis=-2)
+        pred = None
+        if i in owners:
+            head = pre.head(i)
+            first = head(x[:, :1], inds[:, :1], None)  # no previous token at position 0
+            rest = head(x[:, 1:], inds[:, 1:], inds[:, :-1])
+            pred = mx.concatenate([first, rest], axis=1)
+    h = inner.norm(h)
+    if model.args.tie_word_embeddings:
+        return inner.embed_tokens.as_linear(h)
+    return model.lm_head(h)
+
+
+def lm_quality(model: nn.Module, pre: Prerouter, tokens: np.ndarray, seq_len: int,
+               windows: int, batch: int = 16) -> dict:
+    """Held-out next-token cross-entropy with the model's own routing and with predicted
+    routing, and how often their greedy next tokens agree."""
+    available = (len(tokens) - 1) // seq_len
+    n = min(windows, available)
+    picks = (np.arange(n) * available) // n
+    ce_base = ce_pre = agree = 0.0
+    for b0 in range(0, n, batch):
+        w = mx.array(np.stack([tokens[i * seq_len:(i + 1) * seq_len + 1]
+                               for i in picks[b0:b0 + batch]]))
+        base = model(w[:, :-1])
+        routed = forward_prerouted(model, pre, w[:, :-1])
+        a = nn.losses.cross_entropy(base, w[:, 1:], reduction="sum")
+        b = nn.losses.cross_entropy(routed, w[:, 1:], reduction="sum")
+        same = (base.argmax(-1) == routed.argmax(-1)).sum()
+        mx.eval(a, b, same)
+        ce_base, ce_pre, agree = ce_base + a.item(), ce_pre + b.item(), agree + same.item()
+    count = n * seq_len
+    return {"windows": int(n), "ce_base": ce_base / count, "ce_prerouted": ce_pre / count,
+            "greedy_agreement": agree / count}
+
+
 def train_heads(model: nn.Module, train_tokens: np.ndarray, eval_tokens: np.ndarray,
                 cfg: HeadsConfig | None = None, progress=None) -> Prerouter:
     """Distill one head per owner layer from the frozen model; returns the heads with the
@@ -169,11 +230,12 @@ def train_heads(model: nn.Module, train_tokens: np.ndarray, eval_tokens: np.ndar
             progress(i + 1, float(loss.item()))
     t_train = time.perf_counter() - t1
     after = evaluate(pre, held, routers)
+    quality = lm_quality(model, pre, eval_tokens, cfg.seq_len, cfg.eval_windows)
     spec.report = {
         "phase": "head distillation (phase 1)", "config": cfg.__dict__,
         "train_rows_per_head": rows, "heldout_rows_per_head": len(next(iter(held.values())).x),
         "record_s": round(t_record, 1), "train_s": round(t_train, 1),
-        "heldout_before": before, "heldout": after, "history": history,
+        "heldout_before": before, "heldout": after, "lm_heldout": quality, "history": history,
     }
     return pre
 

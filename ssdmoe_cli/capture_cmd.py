@@ -42,6 +42,9 @@ def capture(
         "--max-tokens", help="Tokens generated per prompt.")] = 64,
     preset: Annotated[str, typer.Option(
         "--preset", help="Engine preset: on-demand (exact), hot, staged.")] = "on-demand",
+    prerouter: Annotated[Path | None, typer.Option(
+        "--prerouter", help="Prerouter heads directory (ssdmoe train heads): their predictions "
+        "are the decode routing of the layers after a head.")] = None,
     page_cache_mb: Annotated[float | None, typer.Option(
         "--page-cache-mb", help="Keep expert bytes in the page cache within this budget.")] = None,
     page_cache_fraction: Annotated[float | None, typer.Option(
@@ -101,7 +104,8 @@ def capture(
         out = prepare_out_dir(out, force)
     lm, tokenizer, store, config = load_engine(
         model, preset=preset, o_direct=o_direct, page_cache_mb=page_cache_mb,
-        page_cache_fraction=page_cache_fraction, verify=verify, lookahead=lookahead)
+        page_cache_fraction=page_cache_fraction, verify=verify, lookahead=lookahead,
+        prerouter=prerouter)
     for n, text in enumerate(texts, 1):
         if not tokenizer.encode(text):
             raise BadInput(f"{prompts}:{n}: prompt encodes to no tokens")

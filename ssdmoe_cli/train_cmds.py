@@ -80,5 +80,9 @@ def heads(
     h = rep["heldout"]
     typer.echo(f"{'mean':>8} {h['head_recall_mean']:7.3f} {h['reuse_recall_mean']:7.3f} "
                f"{h['warm_start_recall_mean']:7.3f}")
+    q = rep["lm_heldout"]
+    typer.echo(f"held-out cross-entropy: own routing {q['ce_base']:.3f}, predicted routing "
+               f"{q['ce_prerouted']:.3f}; greedy tokens agree {100 * q['greedy_agreement']:.1f}%"
+               " (no recovery LoRA yet)")
     typer.echo(f"wrote {out} (record {rep['record_s']} s, train {rep['train_s']} s)")
     typer.echo(json.dumps({"out": str(out), "head_recall_mean": h["head_recall_mean"]}))

@@ -296,3 +296,43 @@ def test_stacked_heads_equal_each_head():
     want = [pre.head(0)(x[0:1], ids[0:1], prev[0:1]), pre.head(1)(x[1:2], ids[1:2], None),
             pre.head(2)(x[2:3], ids[2:3], prev[2:3])]
     assert np.allclose(got, np.array(mx.concatenate(want)), atol=1e-5)
+
+
+def test_engine_decode_equals_the_sequence_forward_under_predicted_routing(
+        tiny_random_converted, tmp_path):
+    """forward_prerouted (the training-side reference: whole sequence at once, mlx-lm's
+    resident experts) and the engine (token by token, staged slots, one flush per step)
+    implement prediction-as-routing separately; from a one-token prompt (which routes itself,
+    as position 0 does there) they give the same greedy tokens and close logits."""
+    from engine.train_heads import forward_prerouted
+
+    heads = _heads(tiny_random_converted, tmp_path / "pre", seed=4)
+    model, tok, store = load_streaming(tiny_random_converted, config=EngineConfig.from_preset(
+        "staged", prerouter=str(heads)))
+    r = generate(model, tok, [7], 10, stop_at_eos=False, store=store)
+    store.close()
+    resident, _ = load_resident(tiny_random_converted)
+    logits = forward_prerouted(resident, Prerouter.load(heads), mx.array([[7] + r.tokens[:-1]]))
+    assert np.array(logits[0].argmax(-1)).tolist() == r.tokens
+    own = resident(mx.array([[7] + r.tokens[:-1]]))
+    assert np.array(own[0].argmax(-1)).tolist() != r.tokens  # the routing did change
+
+
+def test_predicted_layers_read_ahead_and_label_loads_with_their_step(tiny_random_converted,
+                                                                     tmp_path):
+    """Decode loads of consumer layers are prefetches (issued before their step computes);
+    only the layers without a head read on demand."""
+    heads = _heads(tiny_random_converted, tmp_path / "pre", seed=5)
+    loads: list[dict] = []
+    model, tok, store = load_streaming(tiny_random_converted, on_load=loads.append,
+                                       config=EngineConfig.from_preset("staged",
+                                                                       prerouter=str(heads)))
+    steps: list[dict] = []
+    generate(model, tok, PROMPT, 10, stop_at_eos=False, store=store, on_step=steps.append)
+    store.close()
+    decode = {s["step"] for s in steps if s["tokens"] == 1}
+    consumers = set(Prerouter.load(heads).spec.consumers)
+    rows = [r for r in loads if r["step"] in decode]
+    assert rows
+    assert {r["source"] for r in rows if r["layer"] in consumers} == {"prefetch"}
+    assert {r["source"] for r in rows if r["layer"] not in consumers} <= {"demand"}

@@ -157,21 +157,27 @@ class StagedPath:
     def predicted(self, x: mx.array, inds: mx.array) -> mx.array:
         """A single-token call whose ids a prerouter predicted during the previous call (they
         ARE its routing: nothing to verify). Inside the decode loop the staging is a wait-only
-        fill point, done when the loop starts evaluating this call: its ids come to the host
-        then (one flush per step: the previous call made them all at its end), the missing
-        experts are read into slots the previous call does not use, and published before
-        this call's gather can run. Elsewhere it is done now."""
+        fill point: when the loop starts evaluating this call, its ids come to the host (one
+        flush per step: the previous call made them all at its end) and the missing experts
+        start reading into slots the previous call does not use; they are waited for and
+        published just before the evaluation is queued past this layer (engine.fill_points).
+        Elsewhere it is done now."""
         try:
             if self.queue:
                 raise StagingError(f"layer {self.layer}: a predicted call while sets are "
                                    "staged by another driver")
             if self.points.active:
+                issued: list[list[Ticket]] = []
+
+                def start(_inds: mx.array) -> None:
+                    issued.append(self._stage_predicted(inds))
+
                 def fill(_inds: mx.array) -> None:
-                    self._stage_and_settle(inds)
-                fill.wait_only = True
+                    self._settle(issued.pop() if issued else self._stage_predicted(inds))
+                fill.wait_only, fill.start = True, start
             else:
                 fill = None
-                self._stage_and_settle(inds)
+                self._settle(self._stage_predicted(inds))
         except BaseException:
             self.reset()
             raise
@@ -180,12 +186,14 @@ class StagedPath:
             self._defer(inds, fill, out)
         return out
 
-    def _stage_and_settle(self, inds: mx.array) -> None:
+    def _stage_predicted(self, inds: mx.array) -> list[Ticket]:
+        """Give the predicted experts slots the previous call does not use; start reading the
+        missing ones. Returns the tickets to settle before this call's gather runs."""
         experts = sorted(set(np.array(inds).ravel().tolist()))
         tickets = self._place(experts, self.in_use, source="prefetch")
         where = self.resident()
         self.in_use = {where[e] for e in experts}  # the next call's fill must keep these
-        self._settle(tickets)
+        return tickets
 
     def verify(self) -> None:
         """Check that every routed expert of the calls since the last verify was staged (the
@@ -279,4 +287,13 @@ class StagedPath:
                 raise
 
         guarded.wait_only = getattr(fill, "wait_only", False)
+        start = getattr(fill, "start", None)
+        if start is not None:
+            def guarded_start(i: mx.array) -> None:
+                try:
+                    start(i)
+                except BaseException:
+                    self.reset()
+                    raise
+            guarded.start = guarded_start
         self.points.defer(inds, at_build_step(self.store, guarded), out)

@@ -8,6 +8,8 @@ waiting, times scheduled). The compute thread is the busiest non-main thread.
   engine-resident  the resident model through engine.generate (no fill points)
   staged           preset staged (fill points, misses read on demand)
   staged-all-hit   preset staged with every expert in a slot (fill points, no reads)
+  staged-prerouter preset staged with MODEL/prerouter's heads (when present): layers 1-5
+                   routed by prediction, staged a token ahead (one on-demand fill point)
 
 Run: uv run python reports/bench/compute_idle.py [MODEL] [--rounds N]  (Linux only; default
 models/tiny-trained-stream, 8 rounds: about two minutes). Prints a table and writes
@@ -93,6 +95,10 @@ def main() -> None:
                 "compute_waits": compute[2] / steps}
 
     arms = {"engine-resident": resident, "staged": staged, "staged-all-hit": all_hit}
+    heads = Path(args.model, "prerouter")
+    if (heads / "prerouter.json").is_file():
+        arms["staged-prerouter"] = load_streaming(args.model, config=EngineConfig.from_preset(
+            "staged", prerouter=str(heads)))
     for arm in arms.values():  # warm-up: JIT kernels, fill slots
         run(*arm)
     rounds: dict[str, list[dict]] = {a: [] for a in arms}
