@@ -160,6 +160,12 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     sets = [f"k={k}"]
     if engine.get("prerouter"):
         sets += ["policy=prerouter", "lead=token", f"readers={readers}"]
+        if path == "staged":
+            headroom = engine.get("staged_headroom")
+            headroom = k if headroom is None else int(headroom)
+            sets.append(f"lru_bytes={max(m.layers * headroom * m.bundle_bytes, m.bundle_bytes)}")
+            notes.append(f"staged with heads: the last token's set stays in its slots; the other "
+                         f"{headroom} slots per layer simulated as one shared LRU of their bytes")
     elif path == "exact":
         sets += ["policy=hot", f"lru_bytes={m.bundle_bytes}", "readers=0"]
     elif path == "hot":

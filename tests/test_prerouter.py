@@ -336,3 +336,34 @@ def test_predicted_layers_read_ahead_and_label_loads_with_their_step(tiny_random
     assert rows
     assert {r["source"] for r in rows if r["layer"] in consumers} == {"prefetch"}
     assert {r["source"] for r in rows if r["layer"] not in consumers} <= {"demand"}
+
+
+def test_sim_compare_replays_a_prerouter_trace(tiny_random_converted, tmp_path):
+    """A trace captured with heads replays under the simulator's prerouter policy, its
+    consumer layers taken from the heads' prerouter.json; unreadable heads are bad input."""
+    from engine.capture import capture, load_engine, start_recorder
+    from sim.compare import compare, scenario_for
+    from traces.reader import read_trace
+
+    heads = _heads(tiny_random_converted, tmp_path / "pre", seed=6)
+    out = tmp_path / "trace"
+    lm, tok, store, config = load_engine(tiny_random_converted, preset="staged", prerouter=heads)
+    rec = start_recorder(out, lm, store, config=config, command=["test"])
+    try:
+        capture(lm, tok, store, [PROMPT], 9, recorder=rec)
+    finally:
+        rec.close()
+        store.close()
+    trace = read_trace(out)
+    assert trace.run["engine"]["prerouter"] == str(heads)
+    sc, derived, notes = scenario_for(trace)
+    owners = Prerouter.load(heads).spec.owners
+    assert sc.policy == "prerouter" and "lead=token" in derived
+    assert (sc.model.consumer_first, sc.model.consumer_last) == (owners[0] + 1, owners[-1] + 1)
+    assert sc.model.heads == len(owners) and any("prediction heads" in n for n in notes)
+    assert compare(trace).simulated["decode_tok_s"] > 0
+    run = json.loads((out / "run.json").read_text())
+    run["engine"]["prerouter"] = str(tmp_path / "gone")
+    (out / "run.json").write_text(json.dumps(run))
+    with pytest.raises(BadInput, match="cannot read"):
+        scenario_for(read_trace(out))

@@ -54,7 +54,7 @@ def _row(path: Path) -> dict[str, Any]:
     engine = trace.run.get("engine") or {}
     d["engine"] = {k: engine.get(k) for k in ("preset", "decode", "readers", "page_cache_budget",
                                               "o_direct", "hot_bytes", "staged_headroom",
-                                              "lookahead")}
+                                              "lookahead", "prerouter")}
     # which decode loop the sim ran (sim.compare: lookahead only for staged traces recording it)
     d["sim_loop"] = "lookahead" if c.scenario.lookahead else "synchronous"
     d["decode_steps"] = c.extra["decode_steps"]
@@ -89,6 +89,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         m = r["metrics"]
         e = r["engine"]
         eng = f"{e.get('preset') or e.get('decode')}"
+        if e.get("prerouter"):
+            eng += " + prerouter heads"
         if e.get("page_cache_budget"):
             eng += f", page cache {e['page_cache_budget'] / 2**20:.1f} MiB"
         if e.get("o_direct"):
