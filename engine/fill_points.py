@@ -99,15 +99,8 @@ class FillPoints:
         step t+1 is built."""
         if not self.backlog:
             return
-        t0 = time.perf_counter_ns()
         inds, fill, gather = self.backlog.popleft()
-        try:
-            fill(inds)
-        except BaseException:
-            self.backlog.clear()
-            raise
-        finally:
-            self.busy.append((t0, time.perf_counter_ns()))
+        self._timed(fill, inds)
         if gather is not None:  # restart compute before the longer walk to the next router
             mx.async_eval(gather)
         self._resolve_waits()

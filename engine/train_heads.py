@@ -60,19 +60,13 @@ def record(model: nn.Module, tokens: np.ndarray, seq_len: int, windows: int,
            batch: int = 16) -> dict[int, HeadData]:
     """Run `windows` windows of `tokens` (spread evenly) through the model; return each owner
     layer's head records."""
-    from engine.fixtures.train_loop import forward_with_taps
+    from engine.fixtures.train_loop import forward_with_taps, window_batches
 
     layers = model.model.layers
     owners = owners_for(list(range(len(layers))))
-    available = (len(tokens) - 1) // seq_len
-    n = min(windows, available)
-    if n < 1:
-        raise ValueError(f"text too short: {len(tokens)} tokens for windows of {seq_len}")
-    picks = (np.arange(n) * available) // n
     parts: dict[int, list[list[np.ndarray]]] = {o: [[], [], [], [], []] for o in owners}
-    for b0 in range(0, n, batch):
-        rows = [tokens[i * seq_len:(i + 1) * seq_len] for i in picks[b0:b0 + batch]]
-        w = mx.array(np.stack(rows))
+    for rows in window_batches(tokens, seq_len, windows, batch):
+        w = mx.array(rows[:, :-1])
         _, taps = forward_with_taps(model, w)
         logits = {o + 1: layers[o + 1].mlp.gate(taps[o + 1].x) for o in owners}
         mx.eval([t.x for t in taps], [t.inds for t in taps], list(logits.values()))
@@ -163,13 +157,13 @@ def lm_quality(model: nn.Module, pre: Prerouter, tokens: np.ndarray, seq_len: in
                windows: int, batch: int = 16) -> dict:
     """Held-out next-token cross-entropy with the model's own routing and with predicted
     routing, and how often their greedy next tokens agree."""
-    available = (len(tokens) - 1) // seq_len
-    n = min(windows, available)
-    picks = (np.arange(n) * available) // n
+    from engine.fixtures.train_loop import window_batches
+
     ce_base = ce_pre = agree = 0.0
-    for b0 in range(0, n, batch):
-        w = mx.array(np.stack([tokens[i * seq_len:(i + 1) * seq_len + 1]
-                               for i in picks[b0:b0 + batch]]))
+    n = 0
+    for rows in window_batches(tokens, seq_len, windows, batch):
+        n += len(rows)
+        w = mx.array(rows)
         base = model(w[:, :-1])
         routed = forward_prerouted(model, pre, w[:, :-1])
         a = nn.losses.cross_entropy(base, w[:, 1:], reduction="sum")

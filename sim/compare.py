@@ -41,7 +41,6 @@ this token], build = the NEXT step's graph building inside it, eval = the rest n
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -238,27 +237,19 @@ def with_page_cache(sc: Scenario, budget_bytes: int, notes: list[str],
 def with_trace_heads(sc: Scenario, trace: Trace, notes: list[str]) -> Scenario:
     """A trace taken with prerouter heads (run.json engine.prerouter: their directory) on a
     model profile without heads: the heads' layers and bytes from their prerouter.json."""
+    from sim.model_profile import heads_profile
+
     where = (trace.run.get("engine") or {}).get("prerouter")
     if not where or sc.model.consumer_count > 0:
         return sc
     meta = Path(str(where)) / "prerouter.json"
-    try:
-        spec = json.loads(meta.read_text())
-        owners = [int(n) for n in spec["owners"]]
-        d, e, h = int(spec["dims"]), int(spec["experts"]), int(spec["hidden"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise BadInput(f"{trace.path}: run.json engine.prerouter: cannot read {meta} "
-                       f"({type(err).__name__}: {err})") from None
-    if owners != list(range(owners[0], owners[-1] + 1)):
-        raise BadInput(f"{meta}: owners {owners} are not consecutive layers; the simulator's "
-                       "model profile takes one range of consumer layers")
-    head_bytes = 4 * ((d + 1) * (h + e) + 2 * e * (h + e) + (h + 1) * e)  # float32
-    notes.append(f"prediction heads from {meta}: owners {owners[0]}-{owners[-1]}, {head_bytes} "
-                 "bytes each; head_build_ms stays the profile's (not measured)")
-    model = dataclasses.replace(sc.model, consumer_first=owners[0] + 1,
-                                consumer_last=owners[-1] + 1, heads=len(owners),
-                                head_bytes=head_bytes)
-    return dataclasses.replace(sc, model=model)
+    if not meta.is_file():
+        raise BadInput(f"{trace.path}: run.json engine.prerouter: cannot read {meta}")
+    values = {k: v for k, (v, _) in heads_profile(meta).items() if k != "head_build_ms"}
+    notes.append(f"prediction heads from {meta}: owners {values['consumer_first'] - 1}-"
+                 f"{values['consumer_last'] - 1}, {values['head_bytes']} bytes each; "
+                 "head_build_ms stays the profile's (not measured)")
+    return dataclasses.replace(sc, model=dataclasses.replace(sc.model, **values))
 
 
 def scenario_for(trace: Trace, scenario: str | None = None,

@@ -122,14 +122,37 @@ def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | Non
             f"MoE layers x K={k} x {per_expert} params per expert")),
         "kv_bytes_per_token": (kv, f"2 x {layers} layers x {kv_heads} KV heads x head_dim "
                                f"{head_dim} x 4 bytes (float32 cache)"),
-        "consumer_first": (-1, "no prediction heads (no prerouter yet)"),
-        "consumer_last": (-1, "no prediction heads"),
-        "heads": (0, "no prediction heads"),
-        "head_bytes": (0, "no prediction heads"),
+        **heads_profile(model_dir / "prerouter" / "prerouter.json"),
         "build_ms_per_layer": (round(float(build_ms_per_layer), 4), build_how or "given"),
-        "head_build_ms": (0.0, "no prediction heads"),
         "whole_layer_reads": (9, "9 tensors per MoE layer file"),
     }
+
+
+def heads_profile(meta: Path) -> dict[str, tuple[Any, str]]:
+    """Model-profile keys of prerouter heads from their prerouter.json (engine.prerouter),
+    or "no heads" when the file does not exist. BadInput when it exists but is unreadable."""
+    if not meta.is_file():
+        none = f"no prediction heads ({meta} absent: ssdmoe train heads makes them)"
+        return {"consumer_first": (-1, none), "consumer_last": (-1, "no prediction heads"),
+                "heads": (0, "no prediction heads"), "head_bytes": (0, "no prediction heads"),
+                "head_build_ms": (0.0, "no prediction heads")}
+    try:
+        spec = json.loads(meta.read_text())
+        owners = [int(n) for n in spec["owners"]]
+        d, e, h = int(spec["dims"]), int(spec["experts"]), int(spec["hidden"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise BadInput(f"{meta}: not a prerouter description ({type(err).__name__}: {err})") \
+            from None
+    if not owners or owners != list(range(owners[0], owners[-1] + 1)):
+        raise BadInput(f"{meta}: owners {owners} are not one range of consecutive layers, "
+                       "which the simulator's model profile needs")
+    head_bytes = 4 * ((d + 1) * (h + e) + 2 * e * (h + e) + (h + 1) * e)  # float32
+    src = f"{meta}: owners {owners[0]}-{owners[-1]}"
+    return {"consumer_first": (owners[0] + 1, f"{src} (owner N predicts layer N+1)"),
+            "consumer_last": (owners[-1] + 1, src),
+            "heads": (len(owners), src),
+            "head_bytes": (head_bytes, f"{meta}: float32 proj, one-hot table and fc2 of width {h}"),
+            "head_build_ms": (0.0, "not measured (the heads run as one batched flush per step)")}
 
 
 def model_toml(values: dict[str, tuple[Any, str]], name: str, header: list[str]) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 from engine.config import EngineConfig
 from engine.generate import generate
@@ -367,3 +368,21 @@ def test_sim_compare_replays_a_prerouter_trace(tiny_random_converted, tmp_path):
     (out / "run.json").write_text(json.dumps(run))
     with pytest.raises(BadInput, match="cannot read"):
         scenario_for(read_trace(out))
+
+
+def test_model_profile_reads_heads_from_the_model_directory(tiny_random_converted, model_copy):
+    from sim.model_profile import profile_from_manifest
+
+    root = model_copy(tiny_random_converted)
+    assert profile_from_manifest(root)["consumer_first"][0] == -1
+    _heads(root, root / "prerouter")
+    owners = Prerouter.load(root / "prerouter").spec.owners
+    p = profile_from_manifest(root)
+    assert (p["consumer_first"][0], p["consumer_last"][0], p["heads"][0]) == (
+        owners[0] + 1, owners[-1] + 1, len(owners))
+    head = Prerouter.load(root / "prerouter").head(owners[0])
+    weights = sum(v.size for _, v in tree_flatten(head.parameters()))
+    assert p["head_bytes"][0] == 4 * weights
+    (root / "prerouter" / "prerouter.json").write_text("[]")
+    with pytest.raises(BadInput, match="not a prerouter description"):
+        profile_from_manifest(root)

@@ -181,10 +181,7 @@ class StagedPath:
         except BaseException:
             self.reset()
             raise
-        out = switch_glu(x, self.arrays, mx.take(self.table, inds), self.quant)
-        if fill is not None:
-            self._defer(inds, fill, out)
-        return out
+        return self._gather(x, inds, fill)
 
     def _stage_predicted(self, inds: mx.array) -> list[Ticket]:
         """Give the predicted experts slots the previous call does not use; start reading the
@@ -255,6 +252,10 @@ class StagedPath:
         except BaseException:
             self.reset()
             raise
+        return self._gather(x, inds, fill)
+
+    def _gather(self, x: mx.array, inds: mx.array, fill) -> mx.array:
+        """The experts through the slot table; with `fill`, registered as its fill point."""
         out = switch_glu(x, self.arrays, mx.take(self.table, inds), self.quant)
         if fill is not None:
             self._defer(inds, fill, out)
