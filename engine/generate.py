@@ -141,9 +141,8 @@ def generate(
         if sample:
             logits = logits[:, -1, :]
             out = sampler(logits - mx.logsumexp(logits, keepdims=True))
-        # The prerouter's predictions for the next call are side outputs: queued with the
-        # step, in layer order, they are computed where they occur instead of after the
-        # whole step (the next step's build waits on them layer by layer).
+        # The prerouter's predictions for the next call are side outputs of this step: queued
+        # with it, so they are ready when the next step's staging asks for them as it begins.
         also = list(preroute.pending().values()) if preroute is not None and sample else []
         return _Built(step, phase, tokens.size, out, fills.take(), (b0, time.perf_counter_ns()),
                       also)

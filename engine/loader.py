@@ -163,9 +163,8 @@ def load_streaming(
         from engine.prerouter import Prerouter, install
 
         pre = Prerouter.load(Path(config.prerouter))
-        m = manifest
-        pre.check(m.moe_layers, m.config["hidden_size"], m.num_experts, m.top_k,
-                  Path(config.prerouter))
+        pre.check(manifest.moe_layers, manifest.config["hidden_size"], manifest.num_experts,
+                  manifest.top_k, Path(config.prerouter))
         rt.preroute = install(streaming_blocks(model), pre)
     return model, load_tokenizer(manifest), store
 

@@ -54,13 +54,14 @@ class StreamingMoE(nn.Module):
     def router_logits(self, x: mx.array) -> tuple[mx.array, mx.array | None]:
         """(logits [..., E], expert bias or None) from the resident router."""
         if self.spec.rule == "sigmoid_group":
-            return self.gate.gate_proj(x), getattr(self.gate, "expert_bias", None)
+            return self.gate.gate_proj(x), self.expert_bias()
         return self.gate(x), None
 
-    def router_logits_bias(self) -> mx.array | None:
+    def expert_bias(self) -> mx.array | None:
         """The expert bias routing adds to the scores (sigmoid-group routers), else None."""
-        return getattr(self.gate, "expert_bias", None) if self.spec.rule == "sigmoid_group" \
-            else None
+        if self.spec.rule == "sigmoid_group":
+            return getattr(self.gate, "expert_bias", None)
+        return None
 
     def __call__(self, x: mx.array) -> mx.array:
         shape = x.shape

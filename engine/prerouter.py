@@ -57,37 +57,25 @@ def owners_for(moe_layers: list[int]) -> list[int]:
     return [n for n in sorted(layers) if n + 1 in layers]
 
 
-def onehot(inds: mx.array, experts: int, dtype=mx.float32) -> mx.array:
-    """[..., K] ids -> [..., E] 0/1 membership (the paper's one-hot features; reference)."""
-    return (inds[..., None] == mx.arange(experts)).any(axis=-2).astype(dtype)
-
-
-def head_input(x: mx.array, inds: mx.array, prev: mx.array | None, experts: int) -> mx.array:
-    """concat(x, onehot(ids at t), onehot(ids at t-1)); prev None: no previous token. The
-    heads never build it (see PrerouterHead); tests use it as the reference."""
-    now = onehot(inds, experts, x.dtype)
-    before = onehot(prev, experts, x.dtype) if prev is not None else mx.zeros_like(now)
-    return mx.concatenate([x, now, before], axis=-1)
-
-
 class PrerouterHead(nn.Module):
-    """logits = fc2(gelu(fc1(u))) + skip(u), u = head_input(x, ids_t, ids_t-1).
+    """logits = fc2(gelu(fc1(u))) + skip(u), u = concat(x, onehot(ids at t), onehot(ids at
+    t-1)) (no previous token: zeros).
 
     fc1 and skip share their input, so they are one projection [D + 2E -> H + E]; and a
     matmul of a one-hot set is the sum of the set's rows, so the one-hot parts are a table
     lookup (`ids` rows of `table`, ids at t-1 offset by E) instead of a [2E]-wide matmul: the
-    same numbers with a third of the operations, which matters at decode where a tiny model's
-    step is a few hundred dispatched operations."""
+    same numbers (tests/test_prerouter.py checks them against the concatenated form) with
+    fewer and smaller operations."""
 
     def __init__(self, dims: int, experts: int, hidden: int):
         super().__init__()
         self.experts, self.hidden = experts, hidden
-        self.proj = nn.Linear(dims, hidden + experts)  # [fc1 | skip] on x (skip part: no bias)
-        self.table = mx.zeros((2 * experts, hidden + experts))  # [fc1 | skip] on the one-hots
+        self.proj = nn.Linear(dims, hidden + experts)  # [fc1 | skip] on x, one bias for both
         self.fc2 = nn.Linear(hidden, experts)
         scale = (dims + 2 * experts) ** -0.5  # nn.Linear's init for the full input width
         self.proj.weight = mx.random.uniform(-scale, scale, self.proj.weight.shape)
-        self.table = mx.random.uniform(-scale, scale, self.table.shape)
+        # [fc1 | skip] on the one-hots: rows 0..E-1 for the ids at t, E..2E-1 for t-1
+        self.table = mx.random.uniform(-scale, scale, (2 * experts, hidden + experts))
         self.proj.bias = mx.zeros_like(self.proj.bias)
 
     def __call__(self, x: mx.array, inds: mx.array, prev: mx.array | None) -> mx.array:
@@ -105,12 +93,6 @@ class PrerouterHead(nn.Module):
             [self.table[:, :h], mx.zeros((2 * self.experts, self.experts))], axis=1)
         self.fc2.weight = mx.zeros_like(self.fc2.weight)
         self.fc2.bias = mx.zeros_like(self.fc2.bias)
-
-    def reference(self, u: mx.array) -> mx.array:
-        """The same head on the paper's concatenated input u = head_input(...) (tests)."""
-        w = mx.concatenate([self.proj.weight, self.table.T], axis=1)  # [H + E, D + 2E]
-        z = u @ w.T + self.proj.bias
-        return self.fc2(nn.gelu(z[..., :self.hidden])) + z[..., self.hidden:]
 
 
 class Prerouter(nn.Module):
@@ -219,7 +201,6 @@ class PrerouteLink:
         self.first = first  # the first MoE layer: a new call starts there
         self.spec = spec  # the consumers' routing spec (one for all)
         self.bias = bias  # () -> the consumers' expert biases [O, E], or None
-        self.enabled = True
         self.reset()
 
     def reset(self) -> None:
@@ -234,7 +215,7 @@ class PrerouteLink:
         if layer == self.first:
             self.now, self.ahead = self.ahead, {}
         pred = self.now.pop(layer, None)
-        return pred if tokens == 1 and self.enabled else None
+        return pred if tokens == 1 else None
 
     def observe(self, layer: int, x: mx.array, inds: mx.array) -> None:
         """After `layer` routed (x [..., D], executed ids [..., K]): an owner keeps its last
@@ -247,7 +228,7 @@ class PrerouteLink:
         prev = inds[-2:-1] if inds.shape[0] > 1 else self.prev.get(layer)
         self.prev[layer] = inds[-1:]
         self.inputs[layer] = (x[-1:], inds[-1:], prev)
-        if layer == self.last_owner and self.enabled:
+        if layer == self.last_owner:
             self._flush()
 
     def _flush(self) -> None:
@@ -283,7 +264,7 @@ def install(blocks: dict, prerouter: Prerouter) -> PrerouteLink:
     if len(specs) != 1:
         raise BadInput(f"prerouter: consumer layers route differently ({sorted(map(str, specs))})"
                        "; the stacked heads need one routing spec")
-    biases = [b.router_logits_bias() for b in consumers]
+    biases = [b.expert_bias() for b in consumers]
     stacked = None if any(v is None for v in biases) else mx.stack(biases)
     link = PrerouteLink(prerouter, min(blocks), specs.pop(), lambda: stacked)
     for block in blocks.values():

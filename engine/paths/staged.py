@@ -278,23 +278,20 @@ class StagedPath:
         self._settle(self._place(sorted(experts), set(), source="demand"))
 
     def _defer(self, inds: mx.array, fill, out: mx.array) -> None:
-        """Register `fill` as a fill point (its loads labelled with this call's step); a
-        failure resets the path."""
-        def guarded(i: mx.array) -> None:
-            try:
-                fill(i)
-            except BaseException:
-                self.reset()
-                raise
-
-        guarded.wait_only = getattr(fill, "wait_only", False)
-        start = getattr(fill, "start", None)
-        if start is not None:
-            def guarded_start(i: mx.array) -> None:
+        """Register `fill` (and its `start`, if any) as a fill point (its loads labelled with
+        this call's step); a failure resets the path."""
+        def resetting(fn):
+            def run(i: mx.array) -> None:
                 try:
-                    start(i)
+                    fn(i)
                 except BaseException:
                     self.reset()
                     raise
-            guarded.start = guarded_start
+            return run
+
+        guarded = resetting(fill)
+        guarded.wait_only = getattr(fill, "wait_only", False)
+        start = getattr(fill, "start", None)
+        if start is not None:
+            guarded.start = resetting(start)
         self.points.defer(inds, at_build_step(self.store, guarded), out)
