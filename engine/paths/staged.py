@@ -187,9 +187,13 @@ class StagedPath:
         """Give the predicted experts slots the previous call does not use; start reading the
         missing ones. Returns the tickets to settle before this call's gather runs."""
         experts = sorted(set(np.array(inds).ravel().tolist()))
+        slots = self._all_published(experts)
+        if slots is not None:  # usual on a warm step: nothing to read
+            self.in_use = set(slots)  # the next call's fill must keep these
+            return []
         tickets = self._place(experts, self.in_use, source="prefetch")
         where = self.resident()
-        self.in_use = {where[e] for e in experts}  # the next call's fill must keep these
+        self.in_use = {where[e] for e in experts}
         return tickets
 
     def verify(self) -> None:
@@ -267,15 +271,21 @@ class StagedPath:
         waits, so the usual case (every routed expert already published in a slot: nothing
         to read) takes a short path."""
         experts = set(host_routed(inds, self.stats, deferred=True).ravel().tolist())
+        if self._all_published(experts) is None:
+            self._settle(self._place(sorted(experts), set(), source="demand"))
+
+    def _all_published(self, experts) -> list[int] | None:
+        """The short path of a fill: when every expert is already published in a slot, count
+        the hits, refresh the slots' recency and return them; else None (nothing touched)."""
         table, sentinel = self.table_np, self.sentinel
         slots = [int(table[e]) for e in experts]
-        if sentinel not in slots:
-            self.clock += 1
-            for s in slots:
-                self.used_at[s] = self.clock
-            self.stats.cache_hits += len(slots)
-            return
-        self._settle(self._place(sorted(experts), set(), source="demand"))
+        if sentinel in slots:
+            return None
+        self.clock += 1
+        for s in slots:
+            self.used_at[s] = self.clock
+        self.stats.cache_hits += len(slots)
+        return slots
 
     def _defer(self, inds: mx.array, fill, out: mx.array) -> None:
         """Register `fill` (and its `start`, if any) as a fill point (its loads labelled with
