@@ -162,9 +162,7 @@ def load_streaming(
     if config.prerouter is not None:
         from engine.prerouter import Prerouter, install
 
-        pre = Prerouter.load(Path(config.prerouter))
-        pre.check(manifest.moe_layers, manifest.config["hidden_size"], manifest.num_experts,
-                  manifest.top_k, Path(config.prerouter))
+        pre = Prerouter.load_for(Path(config.prerouter), manifest)
         rt.preroute = install(streaming_blocks(model), pre)
     return model, load_tokenizer(manifest), store
 

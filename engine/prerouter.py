@@ -143,6 +143,14 @@ class Prerouter(nn.Module):
         mx.eval(pre.parameters())
         return pre
 
+    @classmethod
+    def load_for(cls, src: Path, manifest) -> Prerouter:
+        """`load`, then `check` against a converted model's manifest."""
+        pre = cls.load(src)
+        pre.check(manifest.moe_layers, manifest.config["hidden_size"], manifest.num_experts,
+                  manifest.top_k, Path(src))
+        return pre
+
     def check(self, moe_layers: list[int], dims: int, experts: int, top_k: int,
               where: Path) -> None:
         s = self.spec
@@ -165,7 +173,7 @@ class StackedHeads:
     def __init__(self, prerouter: Prerouter):
         spec = prerouter.spec
         heads = [prerouter.head(n) for n in spec.owners]
-        self.owners, self.experts, self.hidden = spec.owners, spec.experts, spec.hidden
+        self.experts, self.hidden = spec.experts, spec.hidden
         e, h = spec.experts, spec.hidden
         self.w_x = mx.stack([hd.proj.weight.T for hd in heads])  # [O, D, H+E]
         self.b_x = mx.stack([hd.proj.bias for hd in heads])  # [O, H+E]
@@ -198,11 +206,9 @@ class PrerouteLink:
 
     def __init__(self, prerouter: Prerouter, first: int, spec: RoutingSpec,
                  bias: Callable[[], mx.array | None]):
-        self.prerouter = prerouter
         self.heads = StackedHeads(prerouter)
         self.owners = list(prerouter.spec.owners)
         self.last_owner = max(self.owners)
-        self.experts = prerouter.spec.experts
         self.first = first  # the first MoE layer: a new call starts there
         self.spec = spec  # the consumers' routing spec (one for all)
         self.bias = bias  # () -> the consumers' expert biases [O, E], or None

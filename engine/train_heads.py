@@ -29,6 +29,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
+from engine.fixtures.train_loop import forward_with_taps, set_recall, window_batches
 from engine.prerouter import Prerouter, PrerouterSpec, owners_for, router_weight
 from engine.routing import RoutingSpec, route
 
@@ -60,8 +61,6 @@ def record(model: nn.Module, tokens: np.ndarray, seq_len: int, windows: int,
            batch: int = 16) -> dict[int, HeadData]:
     """Run `windows` windows of `tokens` (spread evenly) through the model; return each owner
     layer's head records."""
-    from engine.fixtures.train_loop import forward_with_taps, window_batches
-
     layers = model.model.layers
     owners = owners_for(list(range(len(layers))))
     parts: dict[int, list[list[np.ndarray]]] = {o: [[], [], [], [], []] for o in owners}
@@ -94,11 +93,6 @@ def topk_ids(logits: np.ndarray, k: int) -> np.ndarray:
     return np.argpartition(-logits, k - 1, axis=-1)[..., :k]
 
 
-def recall(a: np.ndarray, b: np.ndarray) -> float:
-    """Mean |a_row & b_row| / K over rows of two [R, K] id arrays."""
-    return float((a[:, :, None] == b[:, None, :]).any(-1).sum(-1).mean() / a.shape[-1])
-
-
 def evaluate(pre: Prerouter, data: dict[int, HeadData], routers: dict[int, mx.array]) -> dict:
     """Held-out recall of the next token's top-K: trained head, reuse, warm start."""
     rows = []
@@ -109,9 +103,9 @@ def evaluate(pre: Prerouter, data: dict[int, HeadData], routers: dict[int, mx.ar
         warm = mx.array(d.x) @ routers[o + 1].T
         mx.eval(logits, warm)
         rows.append({"owner": o, "consumer": o + 1, "rows": int(len(d.x)),
-                     "head_recall": recall(topk_ids(np.array(logits), k), truth),
-                     "reuse_recall": recall(d.reuse, truth),
-                     "warm_start_recall": recall(topk_ids(np.array(warm), k), truth),
+                     "head_recall": set_recall(topk_ids(np.array(logits), k), truth),
+                     "reuse_recall": set_recall(d.reuse, truth),
+                     "warm_start_recall": set_recall(topk_ids(np.array(warm), k), truth),
                      "kl": float(kl_loss(logits, mx.array(d.target)).item())})
     mean = {key: float(np.mean([r[key] for r in rows]))
             for key in ("head_recall", "reuse_recall", "warm_start_recall", "kl")}
@@ -157,8 +151,6 @@ def lm_quality(model: nn.Module, pre: Prerouter, tokens: np.ndarray, seq_len: in
                windows: int, batch: int = 16) -> dict:
     """Held-out next-token cross-entropy with the model's own routing and with predicted
     routing, and how often their greedy next tokens agree."""
-    from engine.fixtures.train_loop import window_batches
-
     ce_base = ce_pre = agree = 0.0
     n = 0
     for rows in window_batches(tokens, seq_len, windows, batch):

@@ -144,6 +144,12 @@ def looked_ahead(engine: dict[str, Any]) -> bool:
     return bool(engine.get("lookahead")) and decode_paths(engine) <= NO_BUILD_SYNC
 
 
+def staged_headroom(engine: dict[str, Any], k: int) -> int:
+    """The staged slots beyond K per layer (EngineConfig.staged_headroom; None means K)."""
+    headroom = engine.get("staged_headroom")
+    return k if headroom is None else int(headroom)
+
+
 def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], str, list[str]]:
     """(--set items, decode path name, notes) reproducing the trace's engine configuration."""
     m = sc.model
@@ -160,8 +166,7 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     if engine.get("prerouter"):
         sets += ["policy=prerouter", "lead=token", f"readers={readers}"]
         if path == "staged":
-            headroom = engine.get("staged_headroom")
-            headroom = k if headroom is None else int(headroom)
+            headroom = staged_headroom(engine, k)
             sets.append(f"lru_bytes={max(m.layers * headroom * m.bundle_bytes, m.bundle_bytes)}")
             notes.append(f"staged with heads: the last token's set stays in its slots; the other "
                          f"{headroom} slots per layer simulated as one shared LRU of their bytes")
@@ -172,8 +177,7 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
         hot = int(hot) if hot is not None else int(m.expert_bytes * HOT_FRACTION)
         sets += ["policy=hot", f"lru_bytes={max(hot, m.bundle_bytes)}", f"readers={readers}"]
     elif path == "staged":
-        headroom = engine.get("staged_headroom")
-        headroom = k if headroom is None else int(headroom)
+        headroom = staged_headroom(engine, k)
         slots = m.layers * (k + headroom) * m.bundle_bytes
         sets += ["policy=hot", f"lru_bytes={slots}", f"readers={readers}"]
         notes.append(f"staged: {k + headroom} slots per layer (least recently used victim) "

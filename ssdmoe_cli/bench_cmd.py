@@ -84,8 +84,7 @@ def bench(
         if not (heads_dir / META).is_file():
             raise BadInput(f"{heads_dir}: no prerouter heads for the staged-prerouter arm "
                            f"(make them with `ssdmoe train heads {model}`)")
-        Prerouter.load(heads_dir).check(manifest.moe_layers, manifest.config["hidden_size"],
-                                        manifest.num_experts, manifest.top_k, heads_dir)
+        Prerouter.load_for(heads_dir, manifest)
     total = expert_bytes(model)
     budget = None if page_cache_budget is None else parse_bytes(page_cache_budget, total)
     if budget is not None:
