@@ -17,6 +17,9 @@ Arms:
                    next step's graph is built (engine.fill_points)
   staged-oracle    staged decode filled one token ahead from routing recorded in an untimed
                    identical run: what a perfect prerouter would give (an upper bound)
+  staged-layer     staged decode with the same-token lead (engine.layer_lead): layer N+1's
+                   set is the next router on layer N's state, read while layer N computes; it
+                   IS the routing, so tokens differ from resident's as with the heads
   staged-prerouter staged decode with trained prerouter heads (MODEL/prerouter, or
                    --prerouter DIR; `ssdmoe train heads`): their predictions ARE the routing
                    of the consumer layers, staged one token ahead; layers without a head fill
@@ -28,6 +31,12 @@ decode step, app-cache hits/misses, ratio to `resident`, and the bound
 max(compute time, cold bytes / disk bandwidth) per decode step, where compute time is the
 resident arm's step time and disk bandwidth is measured in the same run (O_DIRECT sequential
 reads of the expert files, which do not touch the page cache).
+
+Decode tokens are sampled (temperature 1, seed 0 by default, the same in every arm) so that
+routing is realistic; greedy decoding of the tiny fixtures loops and every cache hits
+(`--temp 0` restores it). With `--read-mbps` / `--read-iops` each arm's worker runs under the
+kernel's block-I/O read throttle (engine.throttle), and the bound's bandwidth is the throttle's
+rate where that is lower than the disk's.
 
 Warm: the parent reads every expert file before each streaming arm (page cache warm).
 With a page-cache budget: the streaming arm's store drops the expert files' pages when it
@@ -47,10 +56,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ARMS = ("resident", "engine-resident", "resident-sync", "on-demand", "hot", "staged",
-        "staged-oracle", "staged-prerouter")
+        "staged-oracle", "staged-layer", "staged-prerouter")
+PREDICTED = ("staged-layer", "staged-prerouter")  # route by prediction: their own tokens
 DEFAULT_ARMS = ("resident", "on-demand", "hot", "staged")
 STREAMING = {"on-demand": "on-demand", "hot": "hot", "staged": "staged",
-             "staged-oracle": "staged", "staged-prerouter": "staged"}
+             "staged-oracle": "staged", "staged-layer": "staged", "staged-prerouter": "staged"}
 PROMPTS = Path(__file__).resolve().parents[1] / "traces" / "prompts" / "default.jsonl"
 
 
@@ -65,6 +75,10 @@ class BenchSpec:
     prerouter: str | None = None  # heads for staged-prerouter (default MODEL/prerouter)
     warmup_tokens: int = 8
     timeout_s: int = 900
+    temp: float = 1.0  # sampled decoding: realistic routing (0 = greedy)
+    seed: int = 0
+    read_mbps: float | None = None  # block-I/O read throttle of each arm's worker
+    read_iops: int | None = None
 
 
 # ---------------------------------------------------------------- helpers (no MLX)
@@ -175,15 +189,19 @@ def _reset_rss_peak() -> None:
         pass
 
 
-def _resident_run(model, tok, prompt: str, n: int) -> dict:
+def _resident_run(model, tok, prompt: str, n: int, temp: float = 0.0, seed: int = 0) -> dict:
     import mlx.core as mx
     from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
 
     ids = tok.encode(prompt)
     tokens = []
+    mx.random.seed(seed)
+    sampler = make_sampler(temp)
     t0 = time.perf_counter()
     t1, c1 = t0, time.process_time()
-    for i, (t, _) in enumerate(generate_step(mx.array(ids), model, max_tokens=n)):
+    for i, (t, _) in enumerate(generate_step(mx.array(ids), model, max_tokens=n,
+                                             sampler=sampler)):
         if i == 0:
             t1, c1 = time.perf_counter(), time.process_time()
         tokens.append(int(t))
@@ -239,6 +257,8 @@ def run_arm(spec: dict) -> dict:
         config = EngineConfig.from_preset(STREAMING[arm],
                                           page_cache_budget=spec["page_cache_budget"],
                                           lead=1 if arm == "staged-oracle" else 0,
+                                          lead_kind="layer" if arm == "staged-layer"
+                                          else "none",
                                           prerouter=spec.get("prerouter")
                                           if arm == "staged-prerouter" else None)
         model, tok, store = load_streaming(model_dir, config=config, on_load=loads.append)
@@ -254,7 +274,8 @@ def run_arm(spec: dict) -> dict:
             if on_step_start is not None:
                 on_step_start(step, phase, n_tokens)
 
-        r = generate(model, tok, prompt, tokens, stop_at_eos=False, store=store,
+        r = generate(model, tok, prompt, tokens, temp=spec.get("temp", 0.0),
+                     seed=spec.get("seed", 0), stop_at_eos=False, store=store,
                      on_step_start=on_start)
         steps = [s for s in r.steps if s["phase"] == "decode"]
         return {"prompt_tokens": r.prompt_tokens, "prefill_s": r.prefill_s,
@@ -264,7 +285,8 @@ def run_arm(spec: dict) -> dict:
 
     def run(prompt: str, tokens: int, replay=None) -> dict:
         if arm == "resident":
-            return _resident_run(model, tok, prompt, tokens)
+            return _resident_run(model, tok, prompt, tokens, spec.get("temp", 0.0),
+                                 spec.get("seed", 0))
         if replay is not None:
             return engine_run(prompt, tokens, on_step_start=replay.driver(rt.staged()))
         return engine_run(prompt, tokens)
@@ -317,8 +339,13 @@ def run_arm(spec: dict) -> dict:
 
 
 def worker_main(argv: list[str]) -> None:
+    from engine.throttle import ReadThrottle, ThrottleSpec
+
     spec = json.loads(Path(argv[0]).read_text())
-    result = run_arm(spec)
+    throttle = ThrottleSpec(spec.get("read_mbps"), spec.get("read_iops"))
+    with ReadThrottle(Path(spec["model"]), throttle) as th:
+        result = run_arm(spec)
+        result["throttle"] = th.record()
     Path(argv[1]).write_text(json.dumps(result))
 
 
@@ -378,6 +405,8 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
     model = Path(spec.model)
     files = expert_files(model)
     bandwidth = disk_bandwidth(files)
+    if spec.read_mbps is not None:  # the throttle is the device the arms see
+        bandwidth = min(bandwidth, spec.read_mbps * 1e6)
     runs: dict[str, list[dict]] = {a: [] for a in spec.arms}
     order_log = []
     tokens: dict[str, list] = {}
@@ -393,21 +422,28 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
                 result = _spawn(arm, spec, Path(tmp))
                 runs[arm].append(result)
                 tokens.setdefault(arm, [p["tokens"] for p in result["prompts"]])
-    # staged-prerouter runs the base model with predicted routing: other tokens, by design
-    same = {a: t for a, t in tokens.items() if a != "staged-prerouter"}
+    # the predicted-routing arms run the base model with other routing: other tokens
+    same = {a: t for a, t in tokens.items() if a not in PREDICTED}
     ref = next(iter(same.values()), None)
-    agreement = None
-    if "staged-prerouter" in tokens and ref is not None:
-        pairs = [(a, b) for p, q in zip(tokens["staged-prerouter"], ref, strict=True)
-                 for a, b in zip(p, q, strict=False)]
-        agreement = sum(a == b for a, b in pairs) / len(pairs)
+    agreement = {}
+    for arm in PREDICTED:
+        if arm in tokens and ref is not None:
+            pairs = [(a, b) for p, q in zip(tokens[arm], ref, strict=True)
+                     for a, b in zip(p, q, strict=False)]
+            agreement[arm] = sum(a == b for a, b in pairs) / len(pairs)
     return resummarize({
         "model": str(model), "arms": spec.arms, "rounds": spec.rounds,
         "max_tokens": spec.max_tokens, "prompts": spec.prompts,
         "page_cache_budget": spec.page_cache_budget, "expert_bytes": expert_bytes(model),
         "disk_bandwidth_bytes_s": bandwidth, "order": order_log,
         "tokens_identical": all(t == ref for t in same.values()),
-        "prerouter_token_agreement": agreement,  # share of positions equal to the base tokens
+        # share of positions equal to the base tokens, per predicted-routing arm
+        "prerouter_token_agreement": agreement.get("staged-prerouter"),
+        "predicted_token_agreement": agreement,
+        "decode_routing": {"mode": "greedy"} if spec.temp == 0 else
+        {"mode": "sampled", "temp": spec.temp, "seed": spec.seed},
+        "throttle": None if spec.read_mbps is None and spec.read_iops is None else
+        {"read_mbps": spec.read_mbps, "read_iops": spec.read_iops},
         "runs": runs, "machine": _machine(),
     })
 
@@ -427,6 +463,8 @@ def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
     spec_file.write_text(json.dumps({
         "arm": arm, "model": spec.model, "prompts": spec.prompts, "max_tokens": spec.max_tokens,
         "page_cache_budget": spec.page_cache_budget, "warmup_tokens": spec.warmup_tokens,
+        "temp": spec.temp, "seed": spec.seed, "read_mbps": spec.read_mbps,
+        "read_iops": spec.read_iops,
         "prerouter": spec.prerouter or str(Path(spec.model) / "prerouter")}))
     cmd = [sys.executable, "-m", "engine.bench", str(spec_file), str(out_file)]
     try:

@@ -15,6 +15,14 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from ssdmoe_cli.errors import BadInput
 
 PATHS = ("exact", "hot", "staged", "whole-layer")
+# How far ahead a staged layer's experts are known (architecture contract: lead kinds):
+#   none   on demand: the layer's own router, read when it routes
+#   token  one token ahead: the prerouter's heads (or the oracle replay) at token t give
+#          layer N+1's set at t+1, staged while step t computes (the paper)
+#   layer  same token, one layer ahead (Pre-gated MoE): layer N+1's own router applied to
+#          layer N's post-attention state gives N+1's set, read while layer N's experts
+#          compute; that prediction IS N+1's routing (engine.layer_lead)
+LEADS = ("none", "token", "layer")
 PHASES = ("prefill", "decode")
 HOT_FRACTION = 0.25  # default hot LRU budget: this fraction of all expert bytes
 
@@ -41,6 +49,8 @@ class EngineConfig:
     # routing of the consumer layers, staged one token ahead (engine.prerouter)
     prerouter: str | None = None
     lead: int = 0  # tokens of staged lookahead (1 with a prerouter); 0 = fill on demand
+    lead_kind: str = "none"  # LEADS; "token" whenever lead is 1
+    top_k: int | None = None  # route at this K instead of the model's own (routing studies)
     lookahead: bool = True  # decode loop builds step t+1's graph while step t computes
     # (mlx-lm's generate_step does the same); in effect only when no decode layer syncs at
     # build (exact): see engine.generate
@@ -65,6 +75,21 @@ class EngineConfig:
             self.lead = 1
         if self.lead not in (0, 1):
             raise BadInput(f"engine config: lead must be 0 or 1, got {self.lead}")
+        if self.lead_kind not in LEADS:
+            raise BadInput(f"engine config: lead {self.lead_kind!r} unknown "
+                           f"(one of: {', '.join(LEADS)})")
+        if self.lead_kind == "token" and self.prerouter is None and not self.lead:
+            raise BadInput("engine config: lead 'token' needs prerouter heads (--prerouter DIR)")
+        if self.lead == 1:
+            if self.lead_kind == "layer":
+                raise BadInput("engine config: lead 'layer' and prerouter heads (lead 'token') "
+                               "exclude each other: give one")
+            self.lead_kind = "token"
+        if self.lead_kind == "layer" and self.decode != "staged":
+            raise BadInput(f"engine config: lead 'layer' runs on the staged decode path "
+                           f"(preset staged), not {self.decode!r}")
+        if self.top_k is not None and self.top_k < 1:
+            raise BadInput(f"engine config: K (--top-k) must be >= 1, got {self.top_k}")
         if self.staged_headroom is not None and self.staged_headroom < 0:
             raise BadInput(f"engine config: staged headroom must be >= 0, got "
                            f"{self.staged_headroom}")
@@ -109,6 +134,9 @@ class EngineConfig:
     def validate(self, manifest) -> None:
         """Budgets against the model: each must hold at least one layer's decode working set
         (K bundles). Raises BadInput naming the minimum."""
+        if self.top_k is not None and self.top_k > manifest.num_experts:
+            raise BadInput(f"--top-k {self.top_k}: larger than the model's "
+                           f"{manifest.num_experts} experts")
         need = manifest.top_k * manifest.bundle_bytes
         what = f"one layer's working set: K={manifest.top_k} bundles of " \
                f"{manifest.bundle_bytes} bytes = minimum {need} bytes"

@@ -87,7 +87,7 @@ class FillPoints:
             self._kick()
         for inds, fill, _ in points:
             start = getattr(fill, "start", None)
-            if start is not None:
+            if start is not None and not _early(fill):
                 self._timed(start, inds)
         self._resolve_waits()
         if not early:
@@ -99,7 +99,7 @@ class FillPoints:
         step t+1 is built."""
         if not self.backlog:
             return
-        inds, fill, gather = self.backlog.popleft()
+        inds, fill, gather = self._pop()
         self._timed(fill, inds)
         if gather is not None:  # restart compute before the longer walk to the next router
             mx.async_eval(gather)
@@ -109,8 +109,18 @@ class FillPoints:
     def _resolve_waits(self) -> None:
         """Resolve the wait-only points at the head of the backlog (see `begin`)."""
         while self.backlog and _wait_only(self.backlog[0]):
-            inds, fill, _ = self.backlog.popleft()
+            inds, fill, _ = self._pop()
             self._timed(fill, inds)
+
+    def _pop(self) -> Point:
+        """The head point; when the point after it is `early` (a same-token, one-layer lead:
+        engine.layer_lead), that point's `start` runs first: its ids are ready when the head
+        layer's are, so its reads overlap the head layer's fill and expert compute."""
+        point = self.backlog.popleft()
+        if self.backlog and _early(self.backlog[0][1]):
+            inds, fill, _ = self.backlog[0]
+            self._timed(fill.start, inds)
+        return point
 
     def _timed(self, fn: Fill, inds: mx.array) -> None:
         t0 = time.perf_counter_ns()
@@ -147,6 +157,10 @@ def _wait_only(point: Point) -> bool:
     return getattr(point[1], "wait_only", False)
 
 
+def _early(fill: Fill) -> bool:
+    return getattr(fill, "early", False) and getattr(fill, "start", None) is not None
+
+
 def at_build_step(store, fill: Fill) -> Fill:
     """`fill` run with `store.step` set back to the step being built now, so the load rows
     of a fill resolved during a later step's build carry the step that consumes them."""
@@ -160,6 +174,7 @@ def at_build_step(store, fill: Fill) -> Fill:
             store.step = now
 
     run.wait_only = getattr(fill, "wait_only", False)
+    run.early = getattr(fill, "early", False)
     start = getattr(fill, "start", None)
     if start is not None:
         run.start = at_build_step(store, start)

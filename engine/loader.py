@@ -137,7 +137,7 @@ def load_streaming(
     if config is None:
         config = EngineConfig.from_preset("on-demand", o_direct=o_direct,
                                           page_cache_budget=page_cache_budget)
-    manifest = open_manifest(converted_dir, verify)
+    manifest = routed_at(open_manifest(converted_dir, verify), config.top_k)
     config.validate(manifest)
     weights = _resident_weights(manifest, mx.float32 if float32 else None)
     model, layers = _model(manifest, weights)
@@ -164,7 +164,27 @@ def load_streaming(
 
         pre = Prerouter.load_for(Path(config.prerouter), manifest)
         rt.preroute = install(streaming_blocks(model), pre)
+    elif config.lead_kind == "layer":
+        from engine import layer_lead
+
+        rt.preroute = layer_lead.install(streaming_blocks(model))
     return model, load_tokenizer(manifest), store
+
+
+def routed_at(manifest: Manifest, k: int | None) -> Manifest:
+    """The manifest as the engine sees it when routing at `k` experts per token instead of the
+    model's own K (None: unchanged). `native_top_k` keeps the model's K for the trace."""
+    import dataclasses
+
+    native = manifest.top_k
+    if k is not None and k != native:
+        if k > manifest.num_experts:
+            raise BadInput(f"--top-k {k}: larger than the model's {manifest.num_experts} "
+                           "experts")
+        manifest = dataclasses.replace(manifest, top_k=k,
+                                       config={**manifest.config, "num_experts_per_tok": k})
+    manifest.native_top_k = native
+    return manifest
 
 
 def streaming_blocks(model) -> dict[int, StreamingMoE]:
@@ -177,13 +197,15 @@ def streaming_blocks(model) -> dict[int, StreamingMoE]:
     return out
 
 
-def load_resident(converted_dir: Path, *, verify: bool | None = None, float32: bool = True):
+def load_resident(converted_dir: Path, *, verify: bool | None = None, float32: bool = True,
+                  top_k: int | None = None):
     """-> (model, tokenizer): plain mlx-lm model with all experts in memory, quantized exactly
-    as stored (QuantizedSwitchLinear), same resident numbers as `load_streaming`."""
+    as stored (QuantizedSwitchLinear), same resident numbers as `load_streaming` (routing at
+    `top_k` experts per token when given)."""
     import mlx.core as mx
     import mlx.nn as nn
 
-    manifest = open_manifest(converted_dir, verify)
+    manifest = routed_at(open_manifest(converted_dir, verify), top_k)
     weights = _resident_weights(manifest, mx.float32 if float32 else None)
     model, layers = _model(manifest, weights)
     q = manifest.quantization

@@ -49,7 +49,9 @@ class StreamingMoE(nn.Module):
         self.path = path
         self.prefill_path = prefill_path
         self.on_routing = on_routing
-        self.preroute = None  # engine.prerouter.PrerouteLink, when heads are installed
+        # engine.prerouter.PrerouteLink (heads, a token ahead) or engine.layer_lead.LayerLead
+        # (this token, a layer ahead): predicted routing, when one is installed
+        self.preroute = None
 
     def router_logits(self, x: mx.array) -> tuple[mx.array, mx.array | None]:
         """(logits [..., E], expert bias or None) from the resident router."""
@@ -81,7 +83,8 @@ class StreamingMoE(nn.Module):
             self.on_routing(self.layer_index, inds, weights)
         path = self.prefill_path if tokens > 1 and self.prefill_path is not None else self.path
         if predicted is not None and hasattr(path, "predicted"):
-            out = path.predicted(x, inds)  # known a token ahead: staged, no router sync
+            # known ahead (a token, or a layer of this token): staged, no router sync
+            out = path.predicted(x, inds, early=link.same_token)
         else:
             out = path(x, inds)
         y = (out * weights[..., None]).sum(axis=-2)

@@ -204,6 +204,8 @@ class StackedHeads:
 class PrerouteLink:
     """Per-request prerouting state shared by the MoE blocks of one model."""
 
+    same_token = False  # predictions are for the next token (engine.layer_lead: this one)
+
     def __init__(self, prerouter: Prerouter, first: int, spec: RoutingSpec,
                  bias: Callable[[], mx.array | None]):
         self.heads = StackedHeads(prerouter)

@@ -71,7 +71,7 @@ def model_info(manifest: Manifest, name: str | None = None) -> dict[str, Any]:
         "layers": int(layers),
         "moe_layers": manifest.moe_layers,
         "experts": manifest.num_experts,
-        "k": manifest.top_k,
+        "k": getattr(manifest, "native_top_k", manifest.top_k),  # the model's own K
         "bundle_bytes": manifest.bundle_bytes,
         "expert_bytes": sum(e.bundle_bytes for e in manifest.layers.values())
         * manifest.num_experts,
@@ -110,7 +110,7 @@ def engine_info(model, store, config: Any = None) -> dict[str, Any]:
                 "o_direct": store.direct or bool(store.direct_fallback),
                 "cache_budgets": {}, "prerouter": False, "lora": False, "lead": 0,
                 **(config or {})}
-    base.setdefault("k", store.manifest.top_k)
+    base.setdefault("k", store.manifest.top_k)  # the K it routed at (EngineConfig.top_k)
     base.setdefault("prerouter", False)
     base.setdefault("lora", False)
     runtime = getattr(store, "runtime", None)

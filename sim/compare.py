@@ -16,6 +16,11 @@ The engine configuration in run.json `engine` maps onto scenario keys:
                                         bundles standing in for the per-layer sticky slots
                                         (least recently used victim), readers
   prerouter true                        policy prerouter, lead token
+  lead_kind layer                       policy prerouter, lead 1 (same token, one layer ahead),
+                                        every MoE layer after the first a consumer, predictor
+                                        bytes 0 (the next layer's own router, resident)
+  extra.throttle                        throttle_read_mbps / throttle_read_iops (the kernel's
+                                        token bucket, sim.throttle)
   lookahead                             lookahead=true when the config has it on (traces from
                                         before it existed have no such key: off) and every decode
                                         path in use is one that does not sync at build (staged,
@@ -163,7 +168,15 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
         notes.append(f"decode paths differ per layer ({', '.join(in_use)}); simulated as {path}")
     readers = int(engine.get("readers") or 1)
     sets = [f"k={k}"]
-    if engine.get("prerouter"):
+    if engine.get("lead_kind") == "layer":
+        sets += ["policy=prerouter", "lead=1", f"readers={readers}", "model.consumer_first=1",
+                 f"model.consumer_last={m.layers - 1}", f"model.heads={m.layers - 1}",
+                 "model.head_bytes=0"]
+        headroom = staged_headroom(engine, k)
+        sets.append(f"lru_bytes={max(m.layers * headroom * m.bundle_bytes, m.bundle_bytes)}")
+        notes.append("same-token lead: layer N+1's set read after layer N's routing; the "
+                     f"other {headroom} slots per layer simulated as one shared LRU")
+    elif engine.get("prerouter"):
         sets += ["policy=prerouter", "lead=token", f"readers={readers}"]
         if path == "staged":
             headroom = staged_headroom(engine, k)
@@ -276,6 +289,13 @@ def scenario_for(trace: Trace, scenario: str | None = None,
     sc = with_trace_heads(sc, trace, notes)
     derived, _, more = engine_settings(trace.run.get("engine") or {}, sc)
     notes += more
+    throttle = (trace.run.get("extra") or {}).get("throttle") or {}
+    if throttle.get("read_mbps"):
+        derived.append(f"throttle_read_mbps={throttle['read_mbps']}")
+    if throttle.get("read_iops"):
+        derived.append(f"throttle_read_iops={throttle['read_iops']}")
+    if throttle.get("burst_s") is not None:
+        derived.append(f"throttle_burst_s={throttle['burst_s']}")
     sc = apply_overrides(sc, derived + list(sets or []))
     engine = trace.run.get("engine") or {}
     budget_bytes = engine.get("page_cache_budget")

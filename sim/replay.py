@@ -22,6 +22,7 @@ from sim.record import loads_frame, routing_frame, steps_frame
 from sim.routing_input import RoutingInput, from_trace, synthetic
 from sim.scenario import Scenario
 from sim.storage import Device
+from sim.throttle import TokenBucket
 from ssdmoe_cli.errors import BadInput
 from traces.reader import Trace
 from traces.run_info import RunInfo
@@ -67,6 +68,10 @@ def simulate(sc: Scenario, routing: RoutingInput) -> tuple[MainThread, Fetcher, 
         raise BadInput(f"{sc.source or sc.name}: lru_bytes: policy hot needs a bundle LRU of at "
                        f"least one bundle ({m.bundle_bytes} bytes)")
     device = Device(hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9, hw.queue_depth)
+    if hw.throttle_read_mbps > 0:
+        device.throttle_bytes = TokenBucket(hw.throttle_read_mbps * 1e6, hw.throttle_burst_s)
+    if hw.throttle_read_iops > 0:
+        device.throttle_requests = TokenBucket(hw.throttle_read_iops, hw.throttle_burst_s)
     pc = PageCache(max(mem.page_cache, 0), m.bundle_bytes, m.experts, enabled=not sc.o_direct)
     fetcher = Fetcher(hw, device, pc, m.experts, m.bundle_bytes)
     pool = ReaderPool(sc.readers, fetcher) if sc.readers > 0 else None

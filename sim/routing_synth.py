@@ -286,7 +286,9 @@ def routing_sets(trace: Trace) -> RoutingSets:
         pl.col("experts").is_not_null())
     model = trace.run.get("model") or {}
     layers = int(model.get("layers") or (int(rows["layer"].max()) + 1 if rows.height else 0))
-    k = int(model.get("k") or (rows["experts"].list.len().max() or 0))
+    engine = trace.run.get("engine") or {}
+    # the K the run routed at (engine.k: EngineConfig.top_k may differ from the model's own)
+    k = int(engine.get("k") or model.get("k") or (rows["experts"].list.len().max() or 0))
     keys = rows.select("request", "step", "token").unique().sort("request", "step", "token")
     keys = keys.with_row_index("pos")
     rows = rows.join(keys, on=["request", "step", "token"], how="inner")

@@ -39,6 +39,9 @@ class Hardware:
     lazy_compute: bool = False  # in the synchronous decode loop and prefill, queued work runs
     # only when the main thread syncs (MLX evaluates lazily and those loops have no async eval):
     # graph building never overlaps compute. The lookahead loop (Scenario.lookahead) is never lazy
+    throttle_read_mbps: float = 0.0  # block-I/O read throttle in MB/s (10^6); 0 = none
+    throttle_read_iops: float = 0.0  # read requests/s throttle; 0 = none
+    throttle_burst_s: float = 0.1  # the throttle's burst (engine.throttle.BURST_S)
     handoff_ms: float = 0.0  # thread hand-off the main thread pays per load it waits on that a
     # reader thread performs (queue put, reader wake-up, event set, main wake-up / GIL)
 
@@ -123,5 +126,5 @@ SCENARIO_KEYS = tuple(
 )
 HARDWARE_KEYS = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "description"))
 HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
-                     "handoff_ms")
+                     "handoff_ms", "throttle_read_mbps", "throttle_read_iops", "throttle_burst_s")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

@@ -5,6 +5,9 @@ and one shared transfer pipe at `bandwidth` bytes/s.
     transfer start x = max(s + latency, pipe free)
     finish         f = x + bytes / bandwidth
 
+A read throttle (sim.throttle: the kernel's token bucket, bytes and/or requests) may stand
+in front of the queue: a request enters service no earlier than the bucket lets it through.
+
 So latency overlaps across the queue depth while bytes share the bandwidth: effective throughput
 grows with request size and queue depth and saturates at `bandwidth`. With queue_depth 1 it is a
 plain FIFO server with deterministic service latency + bytes/bandwidth (an M/D/1 queue under
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+
+from sim.throttle import TokenBucket
 
 EPS_S = 1e-12
 
@@ -36,6 +41,8 @@ class Device:
     bytes_read: int = 0
     busy_s: float = 0.0  # pipe busy time (transfer), for utilisation
     log: list[tuple[float, float, float]] = field(default_factory=list)
+    throttle_bytes: TokenBucket | None = None  # a read_bps throttle
+    throttle_requests: TokenBucket | None = None  # a read_iops throttle
 
     def __post_init__(self) -> None:
         if self.queue_depth < 1:
@@ -53,6 +60,12 @@ class Device:
         `requests` > 1 models back-to-back reads of one thread (each pays the latency)."""
         assert arrival + EPS_S >= self._last_arrival, "device requests must arrive in time order"
         self._last_arrival = arrival
+        passed = arrival
+        if self.throttle_bytes is not None:
+            passed = self.throttle_bytes.admit(passed, nbytes)
+        if self.throttle_requests is not None:
+            passed = self.throttle_requests.admit(passed, requests)
+        arrival = passed
         free = self._slots[0]
         start = arrival if arrival > free else free
         xfer = start + self.latency_s * requests

@@ -21,8 +21,9 @@ def register(app: typer.Typer) -> None:
 def bench(
     model: Annotated[Path, typer.Argument(help="Converted model directory (ssdmoe convert).")],
     arms: Annotated[str, typer.Option(
-        "--arms", help="Comma-separated: resident, engine-resident, on-demand, hot, staged, "
-        "staged-oracle, staged-prerouter.")] = "resident,on-demand,hot,staged",
+        "--arms", help="Comma-separated: resident, engine-resident, resident-sync, on-demand, "
+        "hot, staged, staged-oracle, staged-layer, staged-prerouter.")] \
+        = "resident,on-demand,hot,staged",
     page_cache_budget: Annotated[str | None, typer.Option(
         "--page-cache-budget", help="Expert bytes kept in the page cache by streaming arms: "
         "bytes, 64M, 1G, or 25% (of the expert bytes). Default: no budget, warm.")] = None,
@@ -38,6 +39,15 @@ def bench(
     prerouter: Annotated[Path | None, typer.Option(
         "--prerouter", help="Heads for the staged-prerouter arm (default: MODEL/prerouter).")]
         = None,
+    temp: Annotated[float, typer.Option(
+        "--temp", help="Sampling temperature of every arm (default 1.0: realistic routing; "
+        "0 = greedy, whose tiny-fixture text loops).")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    read_mbps: Annotated[float | None, typer.Option(
+        "--read-mbps", help="Throttle every arm's reads from the model's disk to N MB/s "
+        "(kernel block-I/O throttle; Linux, root).")] = None,
+    read_iops: Annotated[int | None, typer.Option(
+        "--read-iops", help="Throttle every arm's reads to N reads/s.")] = None,
     from_json: Annotated[Path | None, typer.Option(
         "--from-json", help="Re-render the table and chart of an earlier result JSON "
         "(summary recomputed from its raw rounds); runs nothing.")] = None,
@@ -76,6 +86,11 @@ def bench(
         raise BadInput("--arms: an arm is listed twice")
     if rounds < 1 or max_tokens < 2 or num_prompts < 1:
         raise BadInput("--rounds and --num-prompts must be >= 1, --max-tokens >= 2")
+    if temp < 0:
+        raise BadInput(f"--temp: must be >= 0, got {temp}")
+    from engine.throttle import ThrottleSpec, check_available
+
+    check_available(ThrottleSpec(read_mbps, read_iops))
     manifest = open_manifest(model, verify=False)
     if "staged-prerouter" in arm_list:
         from engine.prerouter import META, Prerouter
@@ -95,8 +110,10 @@ def bench(
     spec = BenchSpec(model=str(model), arms=arm_list,
                      prompts=load_prompts(prompts or PROMPTS, num_prompts),
                      max_tokens=max_tokens, rounds=rounds, page_cache_budget=budget,
-                     prerouter=None if prerouter is None else str(prerouter))
+                     prerouter=None if prerouter is None else str(prerouter),
+                     temp=temp, seed=seed, read_mbps=read_mbps, read_iops=read_iops)
     name = Path(model).name + ("" if budget is None else f"-budget{round(100 * budget / total)}")
+    name += "" if read_mbps is None else f"-{read_mbps:g}mbps"
     json_path = json_out or Path("reports/bench") / f"{name}.json"
     png_path = png or json_path.with_suffix(".png")
 
@@ -123,5 +140,7 @@ def bench(
                + ("page cache warm" if budget is None else
                   f"page-cache budget {budget} bytes ({100 * budget / total:.0f}% of experts)"))
     typer.echo(markdown_table(result))
-    typer.echo(f"greedy tokens identical across arms: {result['tokens_identical']}")
+    mode = "greedy" if temp == 0 else f"sampled (temp {temp:g}, seed {seed})"
+    typer.echo(f"{mode} tokens identical across arms (predicted-routing arms aside): "
+               f"{result['tokens_identical']}")
     typer.echo(f"wrote {json_path} and {png_path}")

@@ -52,7 +52,24 @@ def capture(
         help="Page-cache budget as a fraction of the model's expert bytes.")] = None,
     o_direct: Annotated[bool, typer.Option(
         "--o-direct", help="Read experts with O_DIRECT (bypasses the page cache).")] = False,
-    temp: Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 = greedy.")] = 0.0,
+    lead: Annotated[str, typer.Option(
+        "--lead", help="How far ahead staged experts are known: none (on demand), token "
+        "(prerouter heads, one token ahead; implied by --prerouter), layer (same token, the "
+        "next layer's router on this layer's state; preset staged).")] = "none",
+    top_k: Annotated[int | None, typer.Option(
+        "--top-k", help="Route at K experts per token instead of the model's own K.")] = None,
+    read_mbps: Annotated[float | None, typer.Option(
+        "--read-mbps", help="Throttle this run's reads from the model's disk to N MB/s "
+        "(kernel block-I/O throttle; Linux, root).")] = None,
+    read_iops: Annotated[int | None, typer.Option(
+        "--read-iops", help="Throttle this run's reads from the model's disk to N reads/s.")]
+        = None,
+    temp: Annotated[float, typer.Option(
+        "--temp", help="Sampling temperature (default 1.0: realistic routing; 0 = greedy).")]
+        = 1.0,
+    greedy: Annotated[bool, typer.Option(
+        "--greedy", help="Greedy decoding (same as --temp 0; tiny fixtures' greedy text loops, "
+        "so its routing repeats).")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
     prefill_step_size: Annotated[int, typer.Option(
         "--prefill-step-size", help="Prompt tokens per prefill step.")] = 2048,
@@ -95,17 +112,35 @@ def capture(
         raise BadInput(f"--rounds: must be >= 1, got {rounds}")
     if not overhead and out is None:
         raise BadInput("--out: required (the trace directory to write)")
+    if greedy:
+        temp = 0.0
+    from engine.throttle import ReadThrottle, ThrottleSpec, check_available
+
+    throttle = ThrottleSpec(read_mbps, read_iops)
+    check_available(throttle)
+    if not (model / "manifest.json").is_file():
+        raise BadInput(f"{model}: not a converted model (no manifest.json; ssdmoe convert)")
 
     from engine.capture import capture as run_capture
-    from engine.capture import load_engine, prepare_out_dir, read_prompts, start_recorder
+    from engine.capture import (
+        decode_routing,
+        load_engine,
+        prepare_out_dir,
+        read_prompts,
+        start_recorder,
+    )
 
     texts = read_prompts(prompts)
-    if out is not None and not overhead:
-        out = prepare_out_dir(out, force)
     lm, tokenizer, store, config = load_engine(
         model, preset=preset, o_direct=o_direct, page_cache_mb=page_cache_mb,
         page_cache_fraction=page_cache_fraction, verify=verify, lookahead=lookahead,
-        prerouter=prerouter)
+        prerouter=prerouter, lead=lead, top_k=top_k)
+    if out is not None and not overhead:
+        try:
+            out = prepare_out_dir(out, force)
+        except BaseException:
+            store.close()
+            raise
     for n, text in enumerate(texts, 1):
         if not tokenizer.encode(text):
             raise BadInput(f"{prompts}:{n}: prompt encodes to no tokens")
@@ -114,15 +149,19 @@ def capture(
             _overhead(model, lm, tokenizer, store, texts, max_tokens, rounds, report, progress)
             return
         _sigterm_as_interrupt()
-        extra = {"capture": {"prompts_file": str(prompts), "prompts": len(texts),
-                             "max_tokens": max_tokens, "temp": temp, "seed": seed,
-                             "prefill_step_size": prefill_step_size,
-                             "stop_at_eos": stop_at_eos}}
-        rec = start_recorder(out, lm, store, config=config, extra=extra)
-        with rec, _progress(progress, len(texts) * max(max_tokens - 1, 1)) as bar:
-            results = run_capture(lm, tokenizer, store, texts, max_tokens, recorder=rec,
-                                  temp=temp, seed=seed, prefill_step_size=prefill_step_size,
-                                  stop_at_eos=stop_at_eos, on_step=bar)
+        with ReadThrottle(model, throttle) as th:
+            extra = {"capture": {"prompts_file": str(prompts), "prompts": len(texts),
+                                 "max_tokens": max_tokens, "temp": temp, "seed": seed,
+                                 "decode_routing": decode_routing(temp, seed),
+                                 "prefill_step_size": prefill_step_size,
+                                 "stop_at_eos": stop_at_eos},
+                     "throttle": th.record()}
+            rec = start_recorder(out, lm, store, config=config, extra=extra)
+            with rec, _progress(progress, len(texts) * max(max_tokens - 1, 1)) as bar:
+                results = run_capture(lm, tokenizer, store, texts, max_tokens, recorder=rec,
+                                      temp=temp, seed=seed,
+                                      prefill_step_size=prefill_step_size,
+                                      stop_at_eos=stop_at_eos, on_step=bar)
     finally:
         store.close()
     from engine.capture import decode_tok_s

@@ -16,6 +16,8 @@ import typer
 from ssdmoe_cli import model_cmds, trace_cmds
 
 DEFAULT_PROMPT = "The with statement is used to wrap the execution of a block"
+DEMO_MBPS = 15.0  # below on-demand's cold-read demand at a 1/4 page cache (~40 MB/s here)
+DEMO_HEAD_STEPS = 200  # quick heads for the demo (the full training is 600 steps, ~5 min)
 
 
 def register(app: typer.Typer) -> None:
@@ -38,12 +40,15 @@ def demo(
         "--temp", help="Sampling temperature (greedy decoding of this small model loops).")] = 0.8,
     trace: Annotated[Path | None, typer.Option(
         "--trace", help="Trace directory (default runs/demo-<time>).")] = None,
+    validate: Annotated[bool, typer.Option(
+        "--validate/--no-validate", help="End with the validation in short (on-demand vs "
+        "prerouter, measured and simulated).")] = True,
 ) -> None:
     """Build tiny-trained (once), convert it (once), generate from SSD with a trace, summarise."""
     source = models / "tiny-trained"
     converted = models / "tiny-trained-stream"
     if not (source / "fixture.json").is_file():
-        typer.echo(f"[1/4] building the tiny-trained fixture into {source} (offline, minutes)")
+        typer.echo(f"[1/5] building the tiny-trained fixture into {source} (offline, minutes)")
         # In a child process: training re-executes itself with OpenBLAS preloaded, and its
         # memory must not count in the generation's peak RSS below.
         force = ["--force"] if source.exists() else []
@@ -53,17 +58,70 @@ def demo(
         if code != 0:
             raise typer.Exit(code)
     else:
-        typer.echo(f"[1/4] fixture {source} exists")
+        typer.echo(f"[1/5] fixture {source} exists")
     if _stale(converted, source):
-        typer.echo(f"[2/4] converting to the streaming layout in {converted}")
+        typer.echo(f"[2/5] converting to the streaming layout in {converted}")
         model_cmds.convert(source, converted, bits=4, group_size=64, force=converted.exists())
     else:
-        typer.echo(f"[2/4] streaming layout {converted} is up to date")
+        typer.echo(f"[2/5] streaming layout {converted} is up to date")
     trace = trace or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
-    typer.echo(f"[3/4] generating with preset {preset!r}, trace in {trace}\n")
+    typer.echo(f"[3/5] generating with preset {preset!r}, trace in {trace}\n")
     model_cmds.generate(converted, prompt=prompt, max_tokens=max_tokens, temp=temp, seed=0,
                         json_out=False, o_direct=False, page_cache_mb=None, verify=None,
                         preset=preset, trace=trace, force=False)
-    typer.echo(f"\n[4/4] trace summary (also: ssdmoe trace summary {trace};"
+    typer.echo(f"\n[4/5] trace summary (also: ssdmoe trace summary {trace};"
                f" ssdmoe trace export {trace} --chrome timeline.json)")
     trace_cmds.summary(trace, as_json=False)
+    if validate:
+        _validate_short(converted, trace.with_name(trace.name + "-validate"))
+
+
+def _validate_short(model: Path, out: Path) -> None:
+    """The validation in short: on-demand and the prerouter (token lead) under a page-cache
+    budget of 1/4 of the expert bytes and, where it can be set, a read throttle below
+    on-demand's demand; each captured, then simulated; measured and simulated side by side."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from engine.throttle import ThrottleSpec, ThrottleUnavailable, check_available
+    from validation import run
+    from validation.matrix import Config
+
+    storage = f"{DEMO_MBPS:g}mbps"
+    try:
+        check_available(ThrottleSpec(read_mbps=DEMO_MBPS))
+    except ThrottleUnavailable as err:
+        typer.echo(f"demo: {err}; measuring unthrottled")
+        storage = "unthrottled"
+    heads = model / "prerouter"
+    if not (heads / "prerouter.json").is_file():
+        typer.echo(f"[5/5] training prerouter heads into {heads} (ssdmoe train heads --steps "
+                   f"{DEMO_HEAD_STEPS}; `ssdmoe train heads --force` trains the full 600)")
+        code = subprocess.run(run.cli("train", "heads", str(model), "--steps",
+                                      str(DEMO_HEAD_STEPS))).returncode
+        if code != 0:
+            raise typer.Exit(code)
+    typer.echo(f"[5/5] validation in short: page cache 1/4 of the experts, reads {storage}, "
+               f"sampled decoding; each arm captured, then simulated (into {out})")
+    plan = run.Plan(model=model, out=out, prompts=2, max_tokens=48, heads=heads)
+    prompts = run.prompts_file(plan)
+    rows = []
+    for path in ("on-demand", "staged-token"):
+        c = Config(path=path, storage=storage)
+        run.capture(plan, c, prompts)
+        rows.append(run.compare_one(plan, c))
+    table = Table(title="measured / simulated (sim compare on this machine's profile)")
+    for col in ("arm", "decode tok/s", "blocked ms/step", "cold fraction", "MiB/step"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        m, s = r["measured"], r["simulated"]
+        table.add_row(r["config"]["path"], *(
+            f"{m[k]:.2f} / {s[k]:.2f}" if m.get(k) is not None and s.get(k) is not None
+            else "-" for k in ("decode_tok_s", "blocked_ms_per_step", "cold_fraction",
+                               "mib_per_step")))
+    Console().print(table)
+    gain = rows[1]["measured"]["decode_tok_s"] / rows[0]["measured"]["decode_tok_s"]
+    sim_gain = rows[1]["simulated"]["decode_tok_s"] / rows[0]["simulated"]["decode_tok_s"]
+    typer.echo(f"prerouter over on-demand: measured {gain:.2f}x, simulated {sim_gain:.2f}x. "
+               "The whole matrix, with errors per component: `ssdmoe validate --quick` "
+               "(reports/validation/README.md).")

@@ -17,6 +17,7 @@ from ssdmoe_cli import (
     sim_cmds,
     trace_cmds,
     train_cmds,
+    validate_cmd,
 )
 from ssdmoe_cli.errors import BadInput
 
@@ -29,7 +30,8 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-for module in (demo_cmd, fixture_cmd, model_cmds, capture_cmd, bench_cmd, calibrate_cmd):
+for module in (demo_cmd, fixture_cmd, model_cmds, capture_cmd, bench_cmd, calibrate_cmd,
+               validate_cmd):
     module.register(app)
 app.add_typer(trace_cmds.app, name="trace")
 app.add_typer(sim_cmds.app, name="sim")

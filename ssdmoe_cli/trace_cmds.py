@@ -79,17 +79,23 @@ def _incomplete_note(trace: Any, console: Console) -> None:
 @app.command()
 def summary(directory: DirArg, as_json: JsonOpt = False) -> None:
     """Decode/prefill tok/s, step-time percentiles, loads, bytes, overlap, entropy, memory."""
+    from traces.regime import regime
     from traces.summary import summarize, summarize_layers
 
     trace = _load(directory)
     metrics = summarize(trace)
+    warning = regime(trace, metrics["adjacent_overlap"]).warning()
     if as_json:
         if not trace.complete:
             print(f"warning: incomplete trace {trace.path}", file=sys.stderr)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
         print(json.dumps(metrics, indent=2))
         return
     console = Console()
     _incomplete_note(trace, console)
+    if warning:
+        console.print(f"[yellow]warning[/yellow]: {warning}")
     n = trace.steps.height
     console.print(metrics_table(f"{trace.path} ({trace.kind}, {n} steps)",
                                 {trace.kind: metrics}))

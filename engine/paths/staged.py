@@ -154,14 +154,18 @@ class StagedPath:
         self._place(experts, protected, source="prefetch")
         self.queue.append(experts)
 
-    def predicted(self, x: mx.array, inds: mx.array) -> mx.array:
+    def predicted(self, x: mx.array, inds: mx.array, early: bool = False) -> mx.array:
         """A single-token call whose ids a prerouter predicted during the previous call (they
         ARE its routing: nothing to verify). Inside the decode loop the staging is a wait-only
         fill point: when the loop starts evaluating this call, its ids come to the host (one
         flush per step: the previous call made them all at its end) and the missing experts
         start reading into slots the previous call does not use; they are waited for and
         published just before the evaluation is queued past this layer (engine.fill_points).
-        Elsewhere it is done now."""
+        Elsewhere it is done now.
+        `early` (same-token lead, engine.layer_lead): the ids were predicted from the previous
+        layer's state of this same token, so they are ready only when this step's compute
+        reaches that layer; the reads start when the previous layer's fill point is resolved
+        and the fill waits for them in layer order (not a wait-only point)."""
         try:
             if self.queue:
                 raise StagingError(f"layer {self.layer}: a predicted call while sets are "
@@ -174,7 +178,7 @@ class StagedPath:
 
                 def fill(_inds: mx.array) -> None:
                     self._settle(issued.pop() if issued else self._stage_predicted(inds))
-                fill.wait_only, fill.start = True, start
+                fill.wait_only, fill.start, fill.early = not early, start, early
             else:
                 fill = None
                 self._settle(self._stage_predicted(inds))
@@ -301,6 +305,7 @@ class StagedPath:
 
         guarded = resetting(fill)
         guarded.wait_only = getattr(fill, "wait_only", False)
+        guarded.early = getattr(fill, "early", False)
         start = getattr(fill, "start", None)
         if start is not None:
             guarded.start = resetting(start)

@@ -1,0 +1,186 @@
+"""`ssdmoe validate [MODEL] [--quick]`: run a matrix of real configurations on this machine
+(page-cache budget, path and lead, storage throttle, K), capture a trace of each, predict each
+with the simulator, and write reports/validation/ (Markdown, JSON, PNGs). Calibration comes
+first (`ssdmoe calibrate`: microbenchmarks, into this machine's profile) and is kept apart from
+the held-out configurations. Resumable: re-running keeps what was measured. The engine runs in
+child processes; this process never imports MLX."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ssdmoe_cli.errors import BadInput
+
+DEFAULT_MODEL = Path("models") / "tiny-trained-stream"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate)
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _model_name(model: Path) -> str:
+    name = model.resolve().name
+    return name[: -len("-stream")] if name.endswith("-stream") else name
+
+
+def _calibrate(model: Path, out: Path, quick: bool) -> dict:
+    """`ssdmoe calibrate` into this machine's profiles (what `sim compare` reads)."""
+    from validation.run import cli
+
+    name = _model_name(model)
+    hw = Path("scenarios/hardware/this-machine.toml")
+    cmd = cli("calibrate", "--out", str(hw), "--model", str(model),
+              "--model-out", f"scenarios/models/{name}.toml",
+              "--scenario-out", f"scenarios/this-machine-{name}.toml",
+              "--json", str(out / "calibration.json"), *(["--quick"] if quick else []))
+    _say("validate: calibrating (ssdmoe calibrate: storage, kernel and graph-build "
+         "microbenchmarks)")
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise BadInput(f"validate: calibration failed: {last}")
+    info = {"command": " ".join(["ssdmoe", *cmd[3:]]), "profile": str(hw),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    (out / "calibration-run.json").write_text(json.dumps(info, indent=1) + "\n")
+    return info
+
+
+def _heads(model: Path, needed: bool, train: bool) -> Path | None:
+    heads = model / "prerouter"
+    if (heads / "prerouter.json").is_file() or not needed:
+        return heads if (heads / "prerouter.json").is_file() else None
+    if not train:
+        raise BadInput(f"{heads}: no prerouter heads for the staged-token configurations (make "
+                       f"them with `ssdmoe train heads {model}`, or pass --train-heads)")
+    from validation.run import cli
+
+    _say(f"validate: training prerouter heads into {heads} (ssdmoe train heads, ~5 min)")
+    if subprocess.run(cli("train", "heads", str(model))).returncode != 0:
+        raise BadInput(f"validate: ssdmoe train heads {model} failed")
+    return heads
+
+
+def validate(
+    model: Annotated[Path, typer.Argument(
+        help="Converted model (default models/tiny-trained-stream).")] = DEFAULT_MODEL,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="Fewer corners, prompts and tokens, quick calibration (< 10 min).")]
+        = False,
+    matrix: Annotated[Path | None, typer.Option(
+        "--matrix", help="Matrix TOML ([axes], [defaults], [[corners]], [calibration]).")]
+        = None,
+    out: Annotated[Path, typer.Option(
+        "--out", help="Report directory.")] = Path("reports") / "validation",
+    fresh: Annotated[bool, typer.Option(
+        "--fresh", help="Forget earlier measurements in --out and start over.")] = False,
+    calibrate: Annotated[bool, typer.Option(
+        "--calibrate/--no-calibrate", help="Run ssdmoe calibrate first (default; a resumed "
+        "run keeps its calibration).")] = True,
+    train_heads: Annotated[bool, typer.Option(
+        "--train-heads/--no-train-heads", help="Train prerouter heads if the model has none "
+        "(needed by staged-token).")] = True,
+    prompts: Annotated[int | None, typer.Option(
+        "--prompts", help="Prompts per configuration (default 2 quick, 4 full).")] = None,
+    max_tokens: Annotated[int | None, typer.Option(
+        "--max-tokens", help="Decode tokens per prompt (default 48 quick, 96 full).")] = None,
+) -> None:
+    """Measure a matrix of real configurations, predict each with the simulator, report."""
+    from engine.throttle import ThrottleSpec, ThrottleUnavailable, check_available
+    from validation import report, run
+    from validation.matrix import default_matrix, load_matrix
+
+    if not (model / "manifest.json").is_file():
+        raise BadInput(f"{model}: not a converted model (no manifest.json; ssdmoe convert)")
+    m = load_matrix(matrix) if matrix is not None else default_matrix(quick)
+    configs = m.configs()
+    skipped = []
+    if any(c.read_mbps for c in configs):
+        try:
+            check_available(ThrottleSpec(read_mbps=1.0))
+        except ThrottleUnavailable as err:
+            _say(f"validate: {err}; the throttled configurations are skipped")
+            skipped = [c.name for c in configs if c.read_mbps]
+            configs = [c for c in configs if not c.read_mbps]
+    n_prompts = prompts or (2 if quick else 4)
+    tokens = max_tokens or (48 if quick else 96)
+    if n_prompts < 1 or tokens < 2:
+        raise BadInput("--prompts must be >= 1 and --max-tokens >= 2")
+    sha = _sha(model / "manifest.json")
+    stamp = out / "run-settings.json"
+    settings = {"model_sha256": sha, "prompts": n_prompts, "max_tokens": tokens}
+    if fresh or (stamp.is_file() and json.loads(stamp.read_text()) != settings):
+        if stamp.is_file() and not fresh:
+            _say("validate: model or settings changed since the last run: starting over")
+        for sub in ("traces", "results", "simulated"):
+            shutil.rmtree(out / sub, ignore_errors=True)
+        (out / "calibration-run.json").unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps(settings) + "\n")
+    heads = _heads(model, any(c.path == "staged-token" for c in configs), train_heads)
+    if heads is None:
+        skipped += [c.name for c in configs if c.path == "staged-token"]
+        configs = [c for c in configs if c.path != "staged-token"]
+        _say("validate: no prerouter heads: the staged-token configurations are skipped")
+    cal_file = out / "calibration-run.json"
+    if calibrate and not cal_file.is_file():
+        cal = _calibrate(model, out, quick)
+    elif cal_file.is_file():
+        cal = json.loads(cal_file.read_text())
+    else:
+        cal = {"command": "(not run: --no-calibrate; the committed profile)",
+               "profile": "scenarios/hardware/this-machine.toml", "date": "-"}
+
+    plan = run.Plan(model=model, out=out, prompts=n_prompts, max_tokens=tokens, heads=heads)
+    t0 = time.perf_counter()
+
+    def progress(i: int, n: int, c, what: str) -> None:
+        _say(f"[{i}/{n}] {c.name} ({c.role}): {what}  [{time.perf_counter() - t0:.0f} s]")
+
+    results = run.run(plan, configs, progress)
+    missing = [c.name for c in run.missing(plan, configs)] + skipped
+    from sim.profiles import load_hardware
+    from traces.regime import heldout_overlap
+
+    hw = load_hardware("this-machine")
+    from dataclasses import asdict
+
+    meta = {"command": " ".join(["ssdmoe", "validate", *sys.argv[2:]]) if len(sys.argv) > 1
+            and sys.argv[1] == "validate" else f"ssdmoe validate {model}",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": _machine(), "model": str(model), "model_sha256": sha,
+            "prompts": n_prompts, "max_tokens": tokens,
+            "decode_routing": f"sampled at temperature {plan.temp} with seed {plan.seed}",
+            "calibration": f"{cal['profile']}, {cal['command']}, {cal['date']}",
+            "heldout_overlap": heldout_overlap(model)[0], "skipped": skipped}
+    doc = report.write_report(out, results, missing, meta, asdict(hw))
+    s = doc["summary"]["decode_tok_s"]
+    _say(f"validate: {len(results)} configurations in {time.perf_counter() - t0:.0f} s; "
+         f"held-out decode tok/s error median {s['median_ape_pct'] or 0:.1f}%, "
+         f"p90 {s['p90_ape_pct'] or 0:.1f}%")
+    if missing:
+        _say(f"validate: missing {len(missing)}: {', '.join(missing)} (re-run to measure them)")
+    typer.echo(f"wrote {out / 'README.md'}, {out / 'validation.json'} and PNGs")
+
+
+def _machine() -> str:
+    import os
+    import platform
+
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores"

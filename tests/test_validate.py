@@ -1,0 +1,145 @@
+"""`ssdmoe validate` (validation/): the matrix (axes swept from the defaults, corners,
+calibration kept apart, bad matrix files), the error summary against hand-computed medians
+and p90s, and an end-to-end run on tiny-random that captures, simulates, reports, resumes
+and says what is missing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from ssdmoe_cli.errors import BadInput
+from validation.matrix import Config, default_matrix, load_matrix
+from validation.report import error_summary, responsible
+from validation.run import ape
+
+
+def test_default_matrix_sweeps_every_axis_from_the_defaults():
+    m = default_matrix(quick=True)
+    configs = m.configs()
+    names = [c.name for c in configs]
+    assert len(names) == len(set(names))
+    assert configs[0].role == "calibration" and configs[0].page_cache == "all"
+    assert configs[0].name not in {c.name for c in configs[1:]}
+    held = [c for c in configs if c.role == "held-out"]
+    d = m.defaults
+    for axis, values in m.axes.items():
+        for v in values:
+            assert any(getattr(c, axis) == v and all(
+                getattr(c, a) == getattr(d, a) for a in m.axes if a != axis) for c in held), \
+                (axis, v)
+    # the issue's axes: 3 budgets, 5 paths, unthrottled + 2 throttles, native + another K
+    assert set(m.axes["path"]) == {"on-demand", "hot", "staged", "staged-token", "staged-layer"}
+    assert len(m.axes["storage"]) >= 3 and len(m.axes["k"]) >= 2
+    assert any(c.path == "staged-token" and c.read_mbps for c in held)
+
+
+def test_capture_args():
+    c = Config(path="staged-layer", page_cache="1/2", storage="15mbps", k="2")
+    assert c.capture_args(None) == ["--preset", "staged", "--lead", "layer",
+                                    "--page-cache-fraction", "0.5", "--read-mbps", "15",
+                                    "--top-k", "2"]
+    with pytest.raises(BadInput, match="needs prerouter heads"):
+        Config(path="staged-token").capture_args(None)
+
+
+@pytest.mark.parametrize("text,msg", [
+    ('[axes]\nspeed = ["fast"]\n', "unknown axis 'speed'"),
+    ('[defaults]\ncolour = "red"\n', "unknown axis 'colour'"),
+    ('[axes]\nstorage = [0]\n', "must be > 0"),
+    ('[axes]\nk = [0]\n', "integer >= 1"),
+    ('[axes]\npath = ["warp"]\n', "path 'warp'"),
+    ('[weird]\n', "unknown section"),
+    ('[axes]\npage_cache = ["all"]\n[defaults]\npath = "staged"\n',
+     "both a calibration and a held-out"),
+    ('[axes\n', "not valid TOML"),
+])
+def test_bad_matrix_files(tmp_path, text, msg):
+    f = tmp_path / "m.toml"
+    f.write_text(text)
+    with pytest.raises(BadInput, match=msg):
+        load_matrix(f).configs()
+
+
+def test_bad_matrix_via_cli_is_one_line(tmp_path, ssdmoe, tiny_random_converted):
+    f = tmp_path / "m.toml"
+    f.write_text('[axes]\nspeed = ["fast"]\n')
+    r = ssdmoe("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
+               str(tmp_path / "v"))
+    assert r.returncode == 2 and "unknown axis 'speed'" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def _r(name, role, **ape_pct):
+    return {"config": {"name": name, "role": role}, "ape_pct": ape_pct,
+            "measured": {}, "simulated": {}}
+
+
+def test_error_summary_by_hand():
+    rs = [_r("a", "held-out", decode_tok_s=2.0), _r("b", "held-out", decode_tok_s=10.0),
+          _r("c", "held-out", decode_tok_s=4.0), _r("d", "held-out", decode_tok_s=None),
+          _r("cal", "calibration", decode_tok_s=99.0)]
+    s = error_summary(rs)["decode_tok_s"]
+    assert s["n"] == 3  # the calibration configuration and the undefined one are left out
+    assert s["median_ape_pct"] == 4.0
+    # numpy's linear p90 of [2, 4, 10]: 4 + 0.8 * (10 - 4)
+    assert s["p90_ape_pct"] == pytest.approx(8.8)
+    assert ape(50.0, 55.0) == pytest.approx(10.0) and ape(50.0, 45.0) == pytest.approx(10.0)
+    assert ape(0.0, 1.0) is None
+
+
+def test_responsible_component_is_the_largest_miss():
+    r = {"measured": {"build_ms_per_step": 5.0, "eval_ms_per_step": 2.0,
+                      "blocked_ms_per_step": 3.0},
+         "simulated": {"build_ms_per_step": 4.5, "eval_ms_per_step": 4.0,
+                       "blocked_ms_per_step": 1.0}}
+    comp, diff = responsible(r)
+    assert comp in ("eval_ms_per_step", "blocked_ms_per_step") and abs(diff) == 2.0
+
+
+MATRIX = """
+[axes]
+page_cache = ["1/4"]
+path = ["on-demand", "staged-layer"]
+storage = ["unthrottled"]
+k = ["native", "2"]
+"""
+
+
+@pytest.mark.slow
+def test_end_to_end_resume_and_missing(tmp_path, ssdmoe_subprocess, tiny_random_converted):
+    f = tmp_path / "m.toml"
+    f.write_text(MATRIX)
+    out = tmp_path / "v"
+    args = ("validate", str(tiny_random_converted), "--matrix", str(f), "--out", str(out),
+            "--no-calibrate", "--prompts", "1", "--max-tokens", "6")
+    r = ssdmoe_subprocess(*args)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "validation.json").read_text())
+    names = {x["config"]["name"] for x in doc["results"]}
+    assert names == {"staged-pcall-unthrottled", "on-demand-pc25-unthrottled",
+                     "staged-layer-pc25-unthrottled", "on-demand-pc25-unthrottled-k2"}
+    assert doc["missing"] == []
+    for x in doc["results"]:
+        assert set(x["ape_pct"]) >= {"decode_tok_s", "build_ms_per_step", "blocked_ms_per_step"}
+        assert x["measured"]["decode_tok_s"] > 0 and x["simulated"]["decode_tok_s"] > 0
+        run = json.loads((out / "traces" / x["config"]["name"] / "run.json").read_text())
+        assert run["complete"] and run["extra"]["capture"]["decode_routing"]["mode"] == "sampled"
+    k2 = json.loads((out / "traces" / "on-demand-pc25-unthrottled-k2" / "run.json").read_text())
+    assert k2["engine"]["k"] == 2
+    for png in ("scatter.png", "errors.png", "worst-timeline.png"):
+        assert (out / png).stat().st_size > 1000
+    md = (out / "README.md").read_text()
+    assert "held-out" in md and "The worst configuration" in md
+    # interrupted: one configuration's result lost -> reported missing until re-run, others kept
+    lost = "staged-layer-pc25-unthrottled"
+    shutil.rmtree(out / "traces" / lost)
+    (out / "results" / f"{lost}.json").unlink()
+    before = (out / "results" / "on-demand-pc25-unthrottled.json").stat().st_mtime_ns
+    r2 = ssdmoe_subprocess(*args)
+    assert r2.returncode == 0, r2.stderr
+    assert "kept (already measured)" in r2.stderr and f"{lost} (held-out): capturing" in r2.stderr
+    assert (out / "results" / "on-demand-pc25-unthrottled.json").stat().st_mtime_ns == before
+    assert (out / "results" / f"{lost}.json").is_file()

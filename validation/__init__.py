@@ -1,0 +1,1 @@
+"""ssdmoe validate: the matrix of real configurations, its runner and its report (no MLX)."""

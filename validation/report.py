@@ -1,0 +1,394 @@
+"""The validation report: Markdown, JSON and PNGs from the per-configuration results
+(validation.run). Errors are absolute percentage errors of simulated against measured; the
+summary takes the held-out configurations only (the calibration configuration is shown, marked,
+and left out). For the worst configuration the measured and simulated timelines of one decode
+step are drawn side by side, and the component (graph build, evaluation, blocked on loads)
+whose per-step time is furthest off is named. No MLX here."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from validation.run import METRICS
+
+LABELS = {"decode_tok_s": "decode tok/s", "step_ms_p50": "step p50 ms",
+          "blocked_ms_per_step": "blocked ms/step", "cold_fraction": "cold fraction",
+          "build_ms_per_step": "build ms/step", "eval_ms_per_step": "eval ms/step"}
+COMPONENTS = ("build_ms_per_step", "eval_ms_per_step", "blocked_ms_per_step")
+
+
+def _p90(values: list[float]) -> float:
+    return float(np.percentile(values, 90)) if values else float("nan")
+
+
+def error_summary(results: list[dict]) -> dict[str, dict[str, float | int]]:
+    """Per metric over held-out configurations: median and p90 APE, and how many had one."""
+    held = [r for r in results if r["config"]["role"] == "held-out"]
+    out = {}
+    for k in METRICS:
+        vals = [r["ape_pct"][k] for r in held if r["ape_pct"].get(k) is not None]
+        out[k] = {"median_ape_pct": statistics.median(vals) if vals else None,
+                  "p90_ape_pct": _p90(vals) if vals else None, "n": len(vals)}
+    return out
+
+
+def responsible(r: dict) -> tuple[str, float]:
+    """The per-step component whose simulated time is furthest from the measured (ms)."""
+    diffs = {}
+    for k in COMPONENTS:
+        m, s = r["measured"].get(k), r["simulated"].get(k)
+        if m is not None and s is not None:
+            diffs[k] = s - m
+    if not diffs:
+        return "unknown", 0.0
+    k = max(diffs, key=lambda c: abs(diffs[c]))
+    return k, diffs[k]
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+# ---------------------------------------------------------------- the prerouter's gain
+
+
+def _trace_io(trace_dir: str) -> dict[str, float]:
+    """Cold bytes and cold loads per decode step, from the trace's loads table."""
+    import polars as pl
+
+    from traces.reader import read_trace
+
+    t = read_trace(Path(trace_dir))
+    steps = t.steps.filter(pl.col("phase") == "decode")
+    n = max(steps.height, 1)
+    decode_steps = set(steps["step"].to_list())
+    loads = t.loads.filter(pl.col("step").is_in(list(decode_steps)))
+    cold = loads.filter(pl.col("cold"))
+    return {"cold_mib_per_step": float(cold["bytes"].sum()) / 2**20 / n,
+            "cold_loads_per_step": cold.height / n}
+
+
+def gain_analysis(results: list[dict], hardware: dict[str, Any]) -> dict[str, Any]:
+    """Section 5.3 of the paper on this machine: under the tightest throttle, token lead vs
+    on-demand vs layer lead; and the bound for every token-lead configuration."""
+    by = {r["config"]["name"]: r for r in results}
+    throttles = sorted({r["config"]["storage"] for r in results
+                        if r["config"]["storage"] != "unthrottled"},
+                       key=lambda s: float(s[:-4]))
+    out: dict[str, Any] = {"arms": {}, "bounds": []}
+    compute = by.get("staged-token-pcall-unthrottled")
+    compute_ms = compute["measured"]["step_ms_p50"] if compute else None
+    out["compute_step_ms"] = compute_ms
+    out["compute_source"] = ("step p50 of staged-token with every expert in the page cache"
+                             if compute else None)
+    if throttles:
+        tight = throttles[0]
+        out["throttle"] = tight
+        for path in ("on-demand", "staged-layer", "staged-token"):
+            r = by.get(f"{path}-pc25-{tight}")
+            if r is None:
+                continue
+            m = r["measured"]
+            step = 1e3 / m["decode_tok_s"] if m.get("decode_tok_s") else None
+            out["arms"][path] = {
+                "decode_tok_s": m.get("decode_tok_s"), "mib_per_step": m.get("mib_per_step"),
+                "loads_per_step": m.get("loads_per_step"), "mib_per_load": m.get("mib_per_load"),
+                "cold_fraction": m.get("cold_fraction"),
+                "blocked_ms_per_step": m.get("blocked_ms_per_step"),
+                "blocked_share": (m["blocked_ms_per_step"] / step
+                                  if step and m.get("blocked_ms_per_step") is not None else None),
+                **_trace_io(r["trace"])}
+        arms = out["arms"]
+        if "on-demand" in arms and "staged-token" in arms:
+            out["gain_over_on_demand"] = (arms["staged-token"]["decode_tok_s"]
+                                          / arms["on-demand"]["decode_tok_s"])
+        if "staged-layer" in arms and "staged-token" in arms:
+            out["gain_over_layer_lead"] = (arms["staged-token"]["decode_tok_s"]
+                                           / arms["staged-layer"]["decode_tok_s"])
+    disk = hardware["ssd_bandwidth_gbps"] * 1e9
+    latency, qd = hardware["ssd_latency_ms"], hardware["queue_depth"]
+    for r in results:
+        c = r["config"]
+        if c["path"] != "staged-token" or compute_ms is None:
+            continue
+        io = _trace_io(r["trace"])
+        bw = disk if c["storage"] == "unthrottled" else min(disk, float(c["storage"][:-4]) * 1e6)
+        terms = {"compute_ms": compute_ms,
+                 "bandwidth_ms": io["cold_mib_per_step"] * 2**20 / bw * 1e3,
+                 "latency_ms": io["cold_loads_per_step"] * latency / qd}
+        bound = 1e3 / max(terms.values())
+        got = r["measured"]["decode_tok_s"]
+        out["bounds"].append({"config": c["name"], "measured_tok_s": got, "bound_tok_s": bound,
+                              "ratio": got / bound, "holds": got >= 0.8 * bound,
+                              "limit": max(terms, key=terms.get), **terms})
+    return out
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _plot_scatter(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4))
+    for ax, key in zip(axes, ("decode_tok_s", "blocked_ms_per_step", "step_ms_p50"),
+                       strict=True):
+        xs, ys, cs = [], [], []
+        for r in results:
+            m, s = r["measured"].get(key), r["simulated"].get(key)
+            if m is None or s is None:
+                continue
+            xs.append(m)
+            ys.append(s)
+            cs.append("tab:orange" if r["config"]["role"] == "calibration" else "tab:blue")
+        ax.scatter(xs, ys, c=cs, s=28, zorder=3)
+        top = max(xs + ys + [1e-9]) * 1.1
+        ax.plot([0, top], [0, top], color="black", lw=0.8, label="y = x")
+        ax.fill_between([0, top], [0, 0.9 * top], [0, 1.1 * top], color="gray", alpha=0.15,
+                        label="within 10%")
+        ax.set_xlim(0, top)
+        ax.set_ylim(0, top)
+        ax.set_xlabel(f"measured {LABELS[key]}")
+        ax.set_ylabel(f"simulated {LABELS[key]}")
+        ax.legend(loc="upper left", fontsize=8)
+    fig.suptitle("simulated vs measured (blue: held out, orange: calibration)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_errors(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["config"]["name"] for r in results]
+    keys = ("decode_tok_s", "blocked_ms_per_step", "build_ms_per_step", "eval_ms_per_step")
+    fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(names) + 3), 4.8))
+    x = np.arange(len(names))
+    w = 0.8 / len(keys)
+    for i, k in enumerate(keys):
+        signed = []
+        for r in results:
+            m, s = r["measured"].get(k), r["simulated"].get(k)
+            signed.append(100 * (s - m) / m if m and s is not None else np.nan)
+        ax.bar(x + (i - 1.5) * w, signed, w, label=LABELS[k])
+    ax.axhline(0, color="black", lw=0.8)
+    for lim in (-10, 10):
+        ax.axhline(lim, color="gray", lw=0.6, ls="--")
+    ax.set_xticks(x, names, rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("simulated vs measured, % (signed)")
+    ax.legend(fontsize=8, ncol=4)
+    ax.set_title("error per configuration (dashed: +-10%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _step_window(trace, step: int) -> tuple[dict, Any]:
+    import polars as pl
+
+    row = trace.steps.filter(pl.col("step") == step).row(0, named=True)
+    loads = trace.loads.filter((pl.col("finished_ns") >= row["start_ns"])
+                               & (pl.col("issued_ns") <= row["end_ns"]))
+    return row, loads
+
+
+def _draw_step(ax, trace, step: int, title: str) -> float:
+    """One decode step: its components stacked (the trace holds build/eval totals, not their
+    positions), then where the main thread waited, then each thread's loads in time."""
+    row, loads = _step_window(trace, step)
+    t0 = row["start_ns"]
+    ms = lambda ns: (ns - t0) / 1e6  # noqa: E731
+    build, blocked = row["build_ns"] / 1e6, (row["blocked_ns"] or 0) / 1e6
+    evaluation = row["eval_ns"] / 1e6
+    ax.barh(0, build, left=0, color="tab:blue")
+    ax.barh(0, evaluation, left=build, color="lightgray")
+    ax.barh(0, blocked, left=build + evaluation, color="tab:red")
+    for ld in loads.iter_rows(named=True):
+        if ld["wait_ns"]:
+            ax.barh(1, ld["wait_ns"] / 1e6, left=ms(ld["finished_ns"] - ld["wait_ns"]),
+                    color="tab:red")
+    threads = sorted(set(loads["thread"].to_list()), key=lambda t: (t != "main", t))
+    lane = {t: i + 2 for i, t in enumerate(threads)}
+    for ld in loads.iter_rows(named=True):
+        start = ld["started_ns"] if ld["started_ns"] is not None else ld["issued_ns"]
+        ax.barh(lane[ld["thread"]], max(ms(ld["finished_ns"]) - ms(start), 0.005),
+                left=ms(start), height=0.6, color="tab:red" if ld["cold"] else "tab:green")
+    ax.set_yticks(range(len(threads) + 2),
+                  ["components", "main waits"] + [f"loads: {t}" for t in threads], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms from window start")
+    ax.set_title(title, fontsize=9)
+    return ms(row["end_ns"])
+
+
+def _plot_timelines(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import polars as pl
+    from matplotlib.patches import Patch
+
+    from traces.reader import read_trace
+
+    measured = read_trace(Path(result["trace"]))
+    simulated = read_trace(Path(result["simulated_trace"]))
+    d = measured.steps.filter(pl.col("phase") == "decode")
+    dur = (d["end_ns"] - d["start_ns"]).to_numpy()
+    step = int(d["step"][int(np.argsort(dur)[len(dur) // 2])])  # the median-length step
+    fig, axes = plt.subplots(2, 1, figsize=(11, 6))
+    spans = [_draw_step(axes[0], measured, step, f"measured, decode step {step} (median "
+                        "length)")]
+    if step in set(simulated.steps["step"].to_list()):
+        spans.append(_draw_step(axes[1], simulated, step, f"simulated, the same step {step}"))
+    for ax in axes:
+        ax.set_xlim(0, max(spans) * 1.02)
+    handles = [Patch(color="tab:blue", label="graph build"),
+               Patch(color="lightgray", label="evaluation"),
+               Patch(color="tab:red", label="blocked on loads / a cold load"),
+               Patch(color="tab:green", label="warm load")]
+    fig.legend(handles=handles, loc="upper right", fontsize=8, ncol=4)
+    fig.suptitle(f"worst configuration: {result['config']['name']}", x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- the report
+
+
+def write_report(out: Path, results: list[dict], missing: list[str], meta: dict[str, Any],
+                 hardware: dict[str, Any]) -> dict[str, Any]:
+    """reports/validation/README.md, validation.json, scatter.png, errors.png,
+    worst-timeline.png."""
+    results = sorted(results, key=lambda r: (r["config"]["role"] != "calibration",
+                                             r["config"]["name"]))
+    summary = error_summary(results)
+    held = [r for r in results if r["config"]["role"] == "held-out"]
+    worst = max(held, key=lambda r: r["ape_pct"].get("decode_tok_s") or -1, default=None)
+    gain = gain_analysis(results, hardware)
+    doc = {**meta, "summary": summary, "missing": missing, "gain": gain,
+           "worst": worst["config"]["name"] if worst else None, "results": results}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "validation.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    if results:
+        _plot_scatter(results, out / "scatter.png")
+        _plot_errors(results, out / "errors.png")
+    if worst is not None:
+        _plot_timelines(worst, out / "worst-timeline.png")
+    (out / "README.md").write_text(_markdown(doc, results, worst))
+    return doc
+
+
+def _markdown(doc: dict, results: list[dict], worst: dict | None) -> str:
+    lines = ["# Simulator vs this machine: `ssdmoe validate`", "",
+             f"Produced by `{doc['command']}` on {doc['date']} ({doc['machine']}). "
+             f"Model `{doc['model']}`, manifest sha256 `{doc['model_sha256']}`. "
+             f"Each configuration is its own `ssdmoe capture` process: {doc['prompts']} prompts x "
+             f"{doc['max_tokens']} decode tokens, decode routing {doc['decode_routing']}. "
+             f"Simulated by `sim compare` on the profile `ssdmoe calibrate` wrote "
+             f"({doc['calibration']}). Only the calibration configuration and the "
+             "microbenchmarks feed the profile; every other configuration is held out.", ""]
+    if doc["missing"]:
+        lines += [f"**Incomplete run**: {len(doc['missing'])} configurations missing: "
+                  + ", ".join(f"`{m}`" for m in doc["missing"])
+                  + ". Re-run the same command to measure them (what was measured is kept).", ""]
+    lines += ["## Error over the held-out configurations", "",
+              "| metric | median abs. error | p90 abs. error | configurations |",
+              "|---|---|---|---|"]
+    for k, s in doc["summary"].items():
+        lines.append(f"| {LABELS[k]} | {_fmt(s['median_ape_pct'], 1)}% | "
+                     f"{_fmt(s['p90_ape_pct'], 1)}% | {s['n']} |")
+    lines += ["", "![simulated vs measured](scatter.png)", "", "![error per configuration]"
+              "(errors.png)", "", "## Every configuration", "",
+              "measured / simulated (abs. error %). Overlap and entropy are the measured decode "
+              f"routing's (held-out text: {_fmt(doc.get('heldout_overlap'), 3)}).", "",
+              "| configuration | role | decode tok/s | step p50 ms | blocked ms/step | cold "
+              "fraction | build ms/step | eval ms/step | overlap | entropy |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        cells = []
+        for k in METRICS:
+            m, s, e = r["measured"].get(k), r["simulated"].get(k), r["ape_pct"].get(k)
+            cells.append(f"{_fmt(m)} / {_fmt(s)} ({_fmt(e, 0)}%)")
+        lines.append(f"| `{r['config']['name']}` | {r['config']['role']} | " + " | ".join(cells)
+                     + f" | {_fmt(r['measured'].get('adjacent_overlap'), 3)} | "
+                     f"{_fmt(r['measured'].get('load_entropy'), 3)} |")
+    if worst is not None:
+        comp, diff = responsible(worst)
+        lines += ["", f"## The worst configuration: `{worst['config']['name']}`", "",
+                  f"Decode tok/s off by {_fmt(worst['ape_pct']['decode_tok_s'], 1)}%. "
+                  f"The component responsible: **{LABELS[comp]}**, simulated "
+                  f"{diff:+.2f} ms per step against measured. Per step (measured / simulated): "
+                  + ", ".join(f"{LABELS[k]} {_fmt(worst['measured'].get(k))} / "
+                              f"{_fmt(worst['simulated'].get(k))}" for k in COMPONENTS) + ".",
+                  "", "![measured and simulated timelines](worst-timeline.png)", ""]
+    misses = [r for r in results if r["config"]["role"] == "held-out"
+              and (r["ape_pct"].get("decode_tok_s") or 0) > 10]
+    if misses:
+        lines += ["## Where the simulator misses (decode tok/s off by more than 10%)", "",
+                  "| configuration | decode error | component furthest off (sim - measured, "
+                  "ms/step) |", "|---|---|---|"]
+        for r in sorted(misses, key=lambda r: -r["ape_pct"]["decode_tok_s"]):
+            comp, diff = responsible(r)
+            lines.append(f"| `{r['config']['name']}` | {_fmt(r['ape_pct']['decode_tok_s'], 1)}%"
+                         f" | {LABELS[comp]} {diff:+.2f} |")
+        lines.append("")
+    lines += _gain_markdown(doc["gain"])
+    lines += ["## Reproduce", "", f"    {doc['command']}", "",
+              "Per-configuration results (with each capture's command and the settings `sim "
+              "compare` derived) are in `results/`; the traces in `traces/` and the simulated "
+              "traces in `simulated/` open with `ssdmoe trace summary` and export to Perfetto "
+              "with `ssdmoe trace export`.", ""]
+    return "\n".join(lines)
+
+
+def _gain_markdown(g: dict) -> list[str]:
+    lines = ["## The prerouter's gain on real hardware", ""]
+    arms = g.get("arms") or {}
+    if arms:
+        lines += [f"Page cache 1/4 of the expert bytes, reads throttled to {g['throttle']} "
+                  "(the kernel's block-I/O throttle), measured:", "",
+                  "| arm | decode tok/s | MiB/step | loads/step | MiB/load | cold fraction | "
+                  "cold MiB/step | blocked ms/step | blocked share of step |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for name, a in arms.items():
+            lines.append(f"| {name} | {_fmt(a['decode_tok_s'], 1)} | {_fmt(a['mib_per_step'], 3)}"
+                         f" | {_fmt(a['loads_per_step'], 1)} | {_fmt(a['mib_per_load'], 3)} | "
+                         f"{_fmt(a['cold_fraction'])} | {_fmt(a['cold_mib_per_step'], 3)} | "
+                         f"{_fmt(a['blocked_ms_per_step'], 1)} | {_fmt(a['blocked_share'])} |")
+        lines.append("")
+        if "gain_over_on_demand" in g:
+            lines.append(f"Token lead over on-demand: **{g['gain_over_on_demand']:.2f}x**.")
+        if "gain_over_layer_lead" in g:
+            lines.append(f"Token lead over layer lead (same token): "
+                         f"**{g['gain_over_layer_lead']:.2f}x**.")
+        lines.append("")
+    if g.get("bounds"):
+        lines += [f"Bound: token-lead decode >= 0.8 x 1 / max(compute step, cold bytes per step "
+                  f"/ bandwidth, cold loads per step x device latency / queue depth); compute "
+                  f"step {_fmt(g['compute_step_ms'])} ms ({g['compute_source']}); bandwidth "
+                  "the throttle's rate, else the profile's disk bandwidth.", "",
+                  "| configuration | measured tok/s | bound tok/s | ratio | holds (>= 0.8) | "
+                  "limited by |", "|---|---|---|---|---|---|"]
+        for b in g["bounds"]:
+            lines.append(f"| `{b['config']}` | {_fmt(b['measured_tok_s'], 1)} | "
+                         f"{_fmt(b['bound_tok_s'], 1)} | {b['ratio']:.2f} | "
+                         f"{'yes' if b['holds'] else '**no**'} | {b['limit']} |")
+        lines.append("")
+    return lines
