@@ -167,7 +167,11 @@ def load_streaming(
     elif config.lead_kind == "layer":
         from engine import layer_lead
 
-        rt.preroute = layer_lead.install(streaming_blocks(model))
+        blocks = streaming_blocks(model)
+        if not any(n + 1 in blocks for n in blocks):
+            raise BadInput(f"{manifest.root}: lead 'layer' needs a MoE layer followed by a MoE "
+                           f"layer (MoE layers: {manifest.moe_layers})")
+        rt.preroute = layer_lead.install(blocks)
     return model, load_tokenizer(manifest), store
 
 

@@ -6,6 +6,7 @@ simulated trace in the same schema as a measured one.
   profiles.py     TOML loading, validation, --set key=value overrides
   memory.py       RAM budget: unreclaimable memory and the page cache left
   storage.py      the device (queue depth, latency, shared bandwidth)
+  throttle.py     the kernel's block-I/O read throttle in front of it (a token bucket)
   lru.py          byte-bounded LRU; page_cache.py (OS page cache), caches.py (bundle LRU, slots)
   loads.py        a load and its cost (page cache -> device -> CPU overheads)
   readers.py      reader threads: priority queue, demand before prefetch

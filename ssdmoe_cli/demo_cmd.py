@@ -17,7 +17,8 @@ from ssdmoe_cli import model_cmds, trace_cmds
 
 DEFAULT_PROMPT = "The with statement is used to wrap the execution of a block"
 DEMO_MBPS = 15.0  # below on-demand's cold-read demand at a 1/4 page cache (~40 MB/s here)
-DEMO_HEAD_STEPS = 200  # quick heads for the demo (the full training is 600 steps, ~5 min)
+DEMO_HEAD_STEPS = 200  # quick heads for the demo (the full training: 600 steps on 256
+DEMO_HEAD_WINDOWS = 64  # windows, ~6 min here)
 
 
 def register(app: typer.Typer) -> None:
@@ -93,12 +94,16 @@ def _validate_short(model: Path, out: Path) -> None:
     except ThrottleUnavailable as err:
         typer.echo(f"demo: {err}; measuring unthrottled")
         storage = "unthrottled"
-    heads = model / "prerouter"
+    heads = model / "prerouter"  # the full heads (`ssdmoe train heads`), when trained
     if not (heads / "prerouter.json").is_file():
-        typer.echo(f"[5/5] training prerouter heads into {heads} (ssdmoe train heads --steps "
-                   f"{DEMO_HEAD_STEPS}; `ssdmoe train heads --force` trains the full 600)")
-        code = subprocess.run(run.cli("train", "heads", str(model), "--steps",
-                                      str(DEMO_HEAD_STEPS))).returncode
+        heads = model / "prerouter-quick"
+    if not (heads / "prerouter.json").is_file():
+        typer.echo(f"[5/5] training quick prerouter heads into {heads} ({DEMO_HEAD_STEPS} "
+                   f"steps on {DEMO_HEAD_WINDOWS} windows; `ssdmoe train heads {model}` trains "
+                   "the full ones in ~6 min)")
+        code = subprocess.run(run.cli("train", "heads", str(model), "--out", str(heads),
+                                      "--steps", str(DEMO_HEAD_STEPS), "--train-windows",
+                                      str(DEMO_HEAD_WINDOWS), "--eval-windows", "16")).returncode
         if code != 0:
             raise typer.Exit(code)
     typer.echo(f"[5/5] validation in short: page cache 1/4 of the experts, reads {storage}, "

@@ -51,14 +51,30 @@ def test_summary_medians_and_bound():
 @pytest.mark.slow  # four worker processes (one per arm and round), each imports MLX
 def test_bench_cli_small_run(tiny_random_converted, tmp_path, ssdmoe):
     out = tmp_path / "b.json"
-    r = ssdmoe("bench", str(tiny_random_converted), "--arms", "resident,staged", "--rounds", "2",
-               "--max-tokens", "4", "--num-prompts", "1", "--page-cache-budget", "50%",
-               "--json", str(out))
+    from engine.throttle import ThrottleSpec, ThrottleUnavailable, check_available
+
+    try:
+        check_available(ThrottleSpec(read_mbps=200))
+        throttle = ["--read-mbps", "200"]
+    except ThrottleUnavailable:
+        throttle = []
+    r = ssdmoe("bench", str(tiny_random_converted), "--arms", "resident,staged,staged-layer",
+               "--rounds", "2", "--max-tokens", "4", "--num-prompts", "1",
+               "--page-cache-budget", "50%", "--json", str(out), *throttle)
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 1000
-    assert res["order"] == [["resident", "staged"], ["staged", "resident"]]
+    assert res["order"] == [["resident", "staged", "staged-layer"],
+                            ["staged", "staged-layer", "resident"]]
+    # sampled by default, the same draws in every arm: resident and staged agree token for
+    # token; staged-layer routes by prediction (its own tokens, agreement reported)
+    assert res["decode_routing"] == {"mode": "sampled", "temp": 1.0, "seed": 0}
     assert res["tokens_identical"] is True
+    assert 0 <= res["predicted_token_agreement"]["staged-layer"] <= 1
+    assert res["runs"]["staged-layer"][0]["config"]["lead_kind"] == "layer"
+    if throttle:
+        assert res["runs"]["staged"][0]["throttle"]["read_bps"] == 200 * 10**6
+        assert res["disk_bandwidth_bytes_s"] <= 200e6
     assert res["page_cache_budget"] == res["expert_bytes"] // 2
     assert res["runs"]["staged"][0]["config"]["page_cache_budget"] == res["page_cache_budget"]
     assert res["runs"]["staged"][0]["config"]["preset"] == "staged"

@@ -29,7 +29,7 @@ C = A + X
 FREE_IO = dict(ssd_latency_ms=0.0, ssd_bandwidth_gbps=1e12, load_overhead_ms=0.0,
                cold_overhead_ms=0.0, memcpy_gbps=0.0)
 STEPS = 6
-STAGED_TRACE = Path(__file__).resolve().parents[1] / "reports/validation/traces/tiny-trained-staged"
+STAGED_TRACE = Path(__file__).resolve().parent / "data" / "tiny-trained-staged"  # a staged capture
 
 
 def _model(b: float, **over):

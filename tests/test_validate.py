@@ -21,15 +21,18 @@ def test_default_matrix_sweeps_every_axis_from_the_defaults():
     configs = m.configs()
     names = [c.name for c in configs]
     assert len(names) == len(set(names))
-    assert configs[0].role == "calibration" and configs[0].page_cache == "all"
-    assert configs[0].name not in {c.name for c in configs[1:]}
+    cal = [c for c in configs if c.role == "calibration"]
+    assert configs[:len(cal)] == cal and {c.path for c in cal} == {"on-demand", "hot", "staged"}
+    assert all(c.page_cache == "all" for c in cal)
     held = [c for c in configs if c.role == "held-out"]
     d = m.defaults
     for axis, values in m.axes.items():
         for v in values:
+            # every sweep point is measured: held out, or (once) as a calibration configuration
             assert any(getattr(c, axis) == v and all(
-                getattr(c, a) == getattr(d, a) for a in m.axes if a != axis) for c in held), \
-                (axis, v)
+                getattr(c, a) == getattr(d, a) for a in m.axes if a != axis)
+                for c in held + cal), (axis, v)
+    assert not {c.name for c in held} & {c.name for c in cal}
     # the axes: 3 budgets, 5 paths, unthrottled + 2 throttles, native + another K
     assert set(m.axes["path"]) == {"on-demand", "hot", "staged", "staged-token", "staged-layer"}
     assert len(m.axes["storage"]) >= 3 and len(m.axes["k"]) >= 2
@@ -52,8 +55,7 @@ def test_capture_args():
     ('[axes]\nk = [0]\n', "integer >= 1"),
     ('[axes]\npath = ["warp"]\n', "path 'warp'"),
     ('[weird]\n', "unknown section"),
-    ('[axes]\npage_cache = ["all"]\n[defaults]\npath = "staged"\n',
-     "both a calibration and a held-out"),
+    ('[defaults]\npage_cache = "all"\npath = "staged"\n', "are a calibration configuration"),
     ('[axes\n', "not valid TOML"),
 ])
 def test_bad_matrix_files(tmp_path, text, msg):
@@ -119,7 +121,8 @@ def test_end_to_end_resume_and_missing(tmp_path, ssdmoe_subprocess, tiny_random_
     assert r.returncode == 0, r.stderr
     doc = json.loads((out / "validation.json").read_text())
     names = {x["config"]["name"] for x in doc["results"]}
-    assert names == {"staged-pcall-unthrottled", "on-demand-pc25-unthrottled",
+    assert names == {"on-demand-pcall-unthrottled", "hot-pcall-unthrottled",
+                     "staged-pcall-unthrottled", "on-demand-pc25-unthrottled",
                      "staged-layer-pc25-unthrottled", "on-demand-pc25-unthrottled-k2"}
     assert doc["missing"] == []
     for x in doc["results"]:
@@ -143,3 +146,23 @@ def test_end_to_end_resume_and_missing(tmp_path, ssdmoe_subprocess, tiny_random_
     assert "kept (already measured)" in r2.stderr and f"{lost} (held-out): capturing" in r2.stderr
     assert (out / "results" / "on-demand-pc25-unthrottled.json").stat().st_mtime_ns == before
     assert (out / "results" / f"{lost}.json").is_file()
+
+
+def test_calibration_fit_by_hand(tmp_path):
+    from validation.calibration import current_note, fit, fitted_build
+
+    r = {"config": {"name": "staged-pcall-unthrottled", "path": "staged", "page_cache": "all"},
+         "measured": {"build_ms_per_step": 8.0}, "simulated": {"build_ms_per_step": 2.0},
+         "layers": 6}
+    assert fitted_build(r, 6, 0.2) == pytest.approx(0.2 + 6.0 / 6)
+    sc = tmp_path / "s.toml"
+    sc.write_text('hardware = "x"\n\n[notes]\n"build_ms_per_layer.staged" = "0.2000"  # old\n'
+                  '"build_ms_per_layer.hot" = "0.1000"  # untouched\n')
+    got = fit([r, {**r, "config": {**r["config"], "page_cache": "1/4"}}], sc)
+    assert got == {"build_ms_per_layer.staged": {"before": 0.2, "after": pytest.approx(1.2),
+                                                 "measured_build_ms_per_step": 8.0}}
+    assert current_note(sc, "build_ms_per_layer.staged") == pytest.approx(1.2)
+    assert current_note(sc, "build_ms_per_layer.hot") == pytest.approx(0.1)
+    import tomllib
+
+    assert tomllib.loads(sc.read_text())["notes"]["build_ms_per_layer.staged"] == "1.2000"

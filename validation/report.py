@@ -127,10 +127,34 @@ def gain_analysis(results: list[dict], hardware: dict[str, Any]) -> dict[str, An
                  "latency_ms": io["cold_loads_per_step"] * latency / qd}
         bound = 1e3 / max(terms.values())
         got = r["measured"]["decode_tok_s"]
-        out["bounds"].append({"config": c["name"], "measured_tok_s": got, "bound_tok_s": bound,
-                              "ratio": got / bound, "holds": got >= 0.8 * bound,
-                              "limit": max(terms, key=terms.get), **terms})
+        entry = {"config": c["name"], "measured_tok_s": got, "bound_tok_s": bound,
+                 "ratio": got / bound, "holds": got >= 0.8 * bound,
+                 "limit": max(terms, key=terms.get), **terms}
+        if not entry["holds"]:
+            entry["between"] = _between(r, io, compute_ms, latency, qd)
+        out["bounds"].append(entry)
     return out
+
+
+def _between(r: dict, io: dict[str, float], compute_ms: float, latency: float,
+             qd: int) -> str:
+    """What stands between a token-lead configuration and its bound, from its trace."""
+    m = r["measured"]
+    step = 1e3 / m["decode_tok_s"]
+    blocked = m.get("blocked_ms_per_step") or 0.0
+    cold = io["cold_loads_per_step"]
+    extra = step - compute_ms
+    if cold and blocked >= 0.5 * extra:
+        return (f"the step is {step:.1f} ms against a compute step of {compute_ms:.1f} ms; "
+                f"{blocked:.1f} ms of it is blocked on {cold:.1f} cold loads per step, "
+                f"{blocked / cold:.2f} ms per cold load against a device latency of "
+                f"{latency:.3f} ms at queue depth {qd}: the cost of a load inside decode (its "
+                "syscalls, copies and reader hand-offs, competing for this machine's 2 cores "
+                "with graph building and MLX's compute thread), not the device, stands between")
+    build = m.get("build_ms_per_step") or 0.0
+    return (f"the step is {step:.1f} ms against a compute step of {compute_ms:.1f} ms with only "
+            f"{blocked:.1f} ms blocked: main-thread work (build {build:.1f} ms/step) and "
+            "evaluation stand between")
 
 
 # ---------------------------------------------------------------- figures
@@ -302,12 +326,23 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None) -> str:
              f"Each configuration is its own `ssdmoe capture` process: {doc['prompts']} prompts x "
              f"{doc['max_tokens']} decode tokens, decode routing {doc['decode_routing']}. "
              f"Simulated by `sim compare` on the profile `ssdmoe calibrate` wrote "
-             f"({doc['calibration']}). Only the calibration configuration and the "
-             "microbenchmarks feed the profile; every other configuration is held out.", ""]
+             f"({doc['calibration']}). The calibration subset is those microbenchmarks plus the "
+             "configurations marked calibration below (one per decode path, every expert in "
+             "the page cache); every other configuration is held out and only predicted.", ""]
+    if doc.get("fitted"):
+        lines += [f"What the calibration configurations fitted (`validation/calibration.py`, "
+                  f"written to `{doc.get('scenario')}`): each path's main-thread cost per layer, "
+                  "measured inside decode instead of in the isolated loop of `ssdmoe "
+                  "calibrate`:", "", "| parameter | isolated loop | inside decode (fitted) |",
+                  "|---|---|---|"]
+        for key, v in doc["fitted"].items():
+            lines.append(f"| `{key}` | {v['before']:.4f} ms | {v['after']:.4f} ms |")
+        lines.append("")
     if doc["missing"]:
         lines += [f"**Incomplete run**: {len(doc['missing'])} configurations missing: "
                   + ", ".join(f"`{m}`" for m in doc["missing"])
                   + ". Re-run the same command to measure them (what was measured is kept).", ""]
+    lines += _regime_markdown(results, doc.get("heldout_overlap"))
     lines += ["## Error over the held-out configurations", "",
               "| metric | median abs. error | p90 abs. error | configurations |",
               "|---|---|---|---|"]
@@ -358,6 +393,26 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None) -> str:
     return "\n".join(lines)
 
 
+def _regime_markdown(results: list[dict], heldout: float | None) -> list[str]:
+    """Is the decode routing of the captures the realistic regime? (overlap near held-out)"""
+    native = [r for r in results if r["config"]["k"] == "native"
+              and r["config"]["path"] not in ("staged-token", "staged-layer")]
+    overlaps = [r["measured"]["adjacent_overlap"] for r in native
+                if r["measured"].get("adjacent_overlap") is not None]
+    entropies = [r["measured"]["load_entropy"] for r in native
+                 if r["measured"].get("load_entropy") is not None]
+    if not overlaps:
+        return []
+    line = (f"Decode routing of the configurations that route with the model's own routers at "
+            f"its own K: adjacent-token overlap {min(overlaps):.3f}-{max(overlaps):.3f}, load "
+            f"entropy {min(entropies):.3f}-{max(entropies):.3f}")
+    if heldout is not None:
+        ok = all(abs(o - heldout) <= 0.05 for o in overlaps)
+        line += (f"; held-out teacher-forced overlap {heldout:.3f}: "
+                 + ("every one within +-0.05" if ok else "**not all within +-0.05**"))
+    return [line + ". (Greedy decoding repeats: `reports/routing-regime/`.)", ""]
+
+
 def _gain_markdown(g: dict) -> list[str]:
     lines = ["## The prerouter's gain on real hardware", ""]
     arms = g.get("arms") or {}
@@ -391,4 +446,7 @@ def _gain_markdown(g: dict) -> list[str]:
                          f"{_fmt(b['bound_tok_s'], 1)} | {b['ratio']:.2f} | "
                          f"{'yes' if b['holds'] else '**no**'} | {b['limit']} |")
         lines.append("")
+        for b in g["bounds"]:
+            if not b["holds"]:
+                lines += [f"Where the bound does not hold, `{b['config']}`: {b['between']}.", ""]
     return lines

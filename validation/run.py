@@ -110,6 +110,7 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
     simulated["eval_ms_per_step"] = comp.extra["eval_ms_per_step"]
     result = {
         "config": c.to_dict(), "trace": str(trace_dir), "simulated_trace": str(sim_dir),
+        "layers": (trace.run.get("model") or {}).get("layers"),
         "model_sha256": (trace.run.get("model") or {}).get("manifest_sha256"),
         "throttle": (trace.run.get("extra") or {}).get("throttle"),
         "measured": measured, "simulated": simulated,
@@ -133,12 +134,29 @@ def ape(measured: float | None, simulated: float | None) -> float | None:
 
 
 def run(plan: Plan, configs: list[Config],
-        progress: Callable[[int, int, Config, str], None] | None = None) -> list[dict]:
+        progress: Callable[[int, int, Config, str], None] | None = None,
+        fit: Callable[[list[dict]], Any] | None = None) -> list[dict]:
     """Capture and compare every configuration not done yet; returns every result (old ones
-    read back). A failed configuration is reported and the run goes on."""
+    read back). The calibration configurations come first; then `fit(their results)` may
+    update the profile, and they are compared again on it (in-sample) before any held-out
+    one is predicted. A failed configuration is reported and the run goes on."""
     prompts = prompts_file(plan)
-    results, todo = [], len(configs)
-    for i, c in enumerate(configs, 1):
+    cal = [c for c in configs if c.role == "calibration"]
+    held = [c for c in configs if c.role != "calibration"]
+    cal_results = _run(plan, cal, prompts, progress, 0, len(configs))
+    if fit is not None and cal_results:
+        fit(cal_results)
+        cal_results = [compare_one(plan, Config(**{k: v for k, v in r["config"].items()
+                                                   if k != "name"}))
+                       for r in cal_results]
+    return cal_results + _run(plan, held, prompts, progress, len(cal), len(configs))
+
+
+def _run(plan: Plan, configs: list[Config], prompts: Path,
+         progress: Callable[[int, int, Config, str], None] | None, first: int,
+         todo: int) -> list[dict]:
+    results = []
+    for i, c in enumerate(configs, first + 1):
         if done(plan, c):
             if progress:
                 progress(i, todo, c, "kept (already measured)")
