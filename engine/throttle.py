@@ -51,6 +51,20 @@ class ThrottleSpec:
         if self.read_iops is not None and not self.read_iops > 0:
             raise BadInput(f"--read-iops: must be > 0, got {self.read_iops}")
 
+    @classmethod
+    def parse(cls, read_mbps: str | None, read_iops: str | None) -> ThrottleSpec:
+        """From command-line text: one clear line for what is not a positive number."""
+        def number(text: str | None, flag: str, kind: type) -> float | int | None:
+            if text is None:
+                return None
+            try:
+                return kind(text)
+            except ValueError:
+                raise BadInput(f"{flag} {text!r}: not a number (MB/s for --read-mbps, reads "
+                               "per second for --read-iops)") from None
+
+        return cls(number(read_mbps, "--read-mbps", float), number(read_iops, "--read-iops", int))
+
     @property
     def active(self) -> bool:
         return self.read_mbps is not None or self.read_iops is not None
@@ -114,6 +128,23 @@ def check_available(spec: ThrottleSpec) -> None:
     _hierarchy()
 
 
+def _remove_stale(root: Path) -> None:
+    """Empty groups of processes that were killed (SIGKILL leaves no chance to clean up)."""
+    for group in root.glob("ssdmoe-throttle-*"):
+        try:
+            pid = int(group.name.rsplit("-", 1)[1])
+            os.kill(pid, 0)
+            continue  # its process is alive
+        except (ValueError, ProcessLookupError):
+            pass
+        except PermissionError:
+            continue
+        try:
+            group.rmdir()
+        except OSError:
+            pass
+
+
 class ReadThrottle:
     """Context manager: this process's reads from the disk holding `path` throttled."""
 
@@ -132,6 +163,7 @@ class ReadThrottle:
         self.device = block_device(self.path)
         self.version, self.root = _hierarchy()
         self.home = _current_group(self.version)
+        _remove_stale(self.root)
         group = self.root / f"ssdmoe-throttle-{os.getpid()}"
         try:
             group.mkdir(exist_ok=True)

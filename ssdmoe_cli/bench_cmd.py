@@ -43,10 +43,10 @@ def bench(
         "--temp", help="Sampling temperature of every arm (default 1.0: realistic routing; "
         "0 = greedy, whose tiny-fixture text loops).")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
-    read_mbps: Annotated[float | None, typer.Option(
+    read_mbps: Annotated[str | None, typer.Option(
         "--read-mbps", help="Throttle every arm's reads from the model's disk to N MB/s "
         "(kernel block-I/O throttle; Linux, root).")] = None,
-    read_iops: Annotated[int | None, typer.Option(
+    read_iops: Annotated[str | None, typer.Option(
         "--read-iops", help="Throttle every arm's reads to N reads/s.")] = None,
     from_json: Annotated[Path | None, typer.Option(
         "--from-json", help="Re-render the table and chart of an earlier result JSON "
@@ -90,7 +90,8 @@ def bench(
         raise BadInput(f"--temp: must be >= 0, got {temp}")
     from engine.throttle import ThrottleSpec, check_available
 
-    check_available(ThrottleSpec(read_mbps, read_iops))
+    throttle = ThrottleSpec.parse(read_mbps, read_iops)
+    check_available(throttle)
     manifest = open_manifest(model, verify=False)
     if "staged-prerouter" in arm_list:
         from engine.prerouter import META, Prerouter
@@ -111,9 +112,10 @@ def bench(
                      prompts=load_prompts(prompts or PROMPTS, num_prompts),
                      max_tokens=max_tokens, rounds=rounds, page_cache_budget=budget,
                      prerouter=None if prerouter is None else str(prerouter),
-                     temp=temp, seed=seed, read_mbps=read_mbps, read_iops=read_iops)
+                     temp=temp, seed=seed, read_mbps=throttle.read_mbps,
+                     read_iops=throttle.read_iops)
     name = Path(model).name + ("" if budget is None else f"-budget{round(100 * budget / total)}")
-    name += "" if read_mbps is None else f"-{read_mbps:g}mbps"
+    name += "" if throttle.read_mbps is None else f"-{throttle.read_mbps:g}mbps"
     json_path = json_out or Path("reports/bench") / f"{name}.json"
     png_path = png or json_path.with_suffix(".png")
 
@@ -136,7 +138,8 @@ def bench(
     json_path.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, png_path)
     typer.echo(f"{Path(model).name}: {len(spec.prompts)} prompts x {max_tokens} tokens, "
-               f"{rounds} rounds, disk {result['disk_bandwidth_bytes_s'] / 1e9:.2f} GB/s, "
+               f"{rounds} rounds, disk {result['disk_bandwidth_bytes_s'] / 1e6:.0f} MB/s"
+               + ("" if throttle.read_mbps is None else " (the read throttle)") + ", "
                + ("page cache warm" if budget is None else
                   f"page-cache budget {budget} bytes ({100 * budget / total:.0f}% of experts)"))
     typer.echo(markdown_table(result))

@@ -58,10 +58,10 @@ def capture(
         "next layer's router on this layer's state; preset staged).")] = "none",
     top_k: Annotated[int | None, typer.Option(
         "--top-k", help="Route at K experts per token instead of the model's own K.")] = None,
-    read_mbps: Annotated[float | None, typer.Option(
+    read_mbps: Annotated[str | None, typer.Option(
         "--read-mbps", help="Throttle this run's reads from the model's disk to N MB/s "
         "(kernel block-I/O throttle; Linux, root).")] = None,
-    read_iops: Annotated[int | None, typer.Option(
+    read_iops: Annotated[str | None, typer.Option(
         "--read-iops", help="Throttle this run's reads from the model's disk to N reads/s.")]
         = None,
     temp: Annotated[float, typer.Option(
@@ -116,7 +116,7 @@ def capture(
         temp = 0.0
     from engine.throttle import ReadThrottle, ThrottleSpec, check_available
 
-    throttle = ThrottleSpec(read_mbps, read_iops)
+    throttle = ThrottleSpec.parse(read_mbps, read_iops)
     check_available(throttle)
     if not (model / "manifest.json").is_file():
         raise BadInput(f"{model}: not a converted model (no manifest.json; ssdmoe convert)")

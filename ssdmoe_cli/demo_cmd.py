@@ -106,7 +106,8 @@ def _validate_short(model: Path, out: Path) -> None:
                                       str(DEMO_HEAD_WINDOWS), "--eval-windows", "16")).returncode
         if code != 0:
             raise typer.Exit(code)
-    typer.echo(f"[5/5] validation in short: page cache 1/4 of the experts, reads {storage}, "
+    reads = "unthrottled" if storage == "unthrottled" else f"throttled to {DEMO_MBPS:g} MB/s"
+    typer.echo(f"[5/5] validation in short: page cache 1/4 of the experts, reads {reads}, "
                f"sampled decoding; each arm captured, then simulated (into {out})")
     plan = run.Plan(model=model, out=out, prompts=2, max_tokens=48, heads=heads)
     prompts = run.prompts_file(plan)

@@ -100,6 +100,11 @@ def validate(
         "--prompts", help="Prompts per configuration (default 2 quick, 4 full).")] = None,
     max_tokens: Annotated[int | None, typer.Option(
         "--max-tokens", help="Decode tokens per prompt (default 48 quick, 96 full).")] = None,
+    read_mbps: Annotated[str | None, typer.Option(
+        "--read-mbps", help="The storage axis's read throttles in MB/s, comma-separated "
+        "(default 40,15; the corners run at the last).")] = None,
+    read_iops: Annotated[str | None, typer.Option(
+        "--read-iops", help="Also throttle by reads per second, comma-separated.")] = None,
 ) -> None:
     """Measure a matrix of real configurations, predict each with the simulator, report."""
     from engine.throttle import ThrottleSpec, ThrottleUnavailable, check_available
@@ -108,16 +113,21 @@ def validate(
 
     if not (model / "manifest.json").is_file():
         raise BadInput(f"{model}: not a converted model (no manifest.json; ssdmoe convert)")
-    m = load_matrix(matrix) if matrix is not None else default_matrix(quick)
+    throttles = [f"{t.strip()}mbps" for t in (read_mbps or "").split(",") if t.strip()]
+    throttles += [f"{t.strip()}iops" for t in (read_iops or "").split(",") if t.strip()]
+    if throttles and matrix is not None:
+        raise BadInput("--read-mbps/--read-iops: the matrix file's storage axis sets the "
+                       "throttles; give one or the other")
+    m = load_matrix(matrix) if matrix is not None else default_matrix(quick, throttles or None)
     configs = m.configs()
     skipped = []
-    if any(c.read_mbps for c in configs):
+    if any(c.throttled for c in configs):
         try:
             check_available(ThrottleSpec(read_mbps=1.0))
         except ThrottleUnavailable as err:
             _say(f"validate: {err}; the throttled configurations are skipped")
-            skipped = [c.name for c in configs if c.read_mbps]
-            configs = [c for c in configs if not c.read_mbps]
+            skipped = [c.name for c in configs if c.throttled]
+            configs = [c for c in configs if not c.throttled]
     n_prompts = prompts or (2 if quick else 4)
     tokens = max_tokens or (48 if quick else 96)
     if n_prompts < 1 or tokens < 2:

@@ -171,3 +171,20 @@ def test_unavailable_on_macos(monkeypatch):
 def test_unthrottled_is_a_no_op(tmp_path):
     with ReadThrottle(tmp_path, ThrottleSpec()) as th:
         assert th.record() is None
+
+
+def test_parse_from_text():
+    assert ThrottleSpec.parse("12.5", "300") == ThrottleSpec(12.5, 300)
+    assert ThrottleSpec.parse(None, None) == ThrottleSpec()
+    with pytest.raises(BadInput, match="--read-mbps 'abc': not a number"):
+        ThrottleSpec.parse("abc", None)
+    with pytest.raises(BadInput, match="--read-iops '1.5': not a number"):
+        ThrottleSpec.parse(None, "1.5")
+
+
+def test_cli_bad_throttle_is_one_line(ssdmoe, tiny_random_converted, tmp_path):
+    for value, msg in (("abc", "not a number"), ("0", "must be > 0"), ("-3", "must be > 0")):
+        r = ssdmoe("capture", str(tiny_random_converted), "--out", str(tmp_path / "t"),
+                   "--read-mbps", value)
+        assert r.returncode == 2 and msg in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "t").exists()

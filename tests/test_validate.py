@@ -166,3 +166,15 @@ def test_calibration_fit_by_hand(tmp_path):
     import tomllib
 
     assert tomllib.loads(sc.read_text())["notes"]["build_ms_per_layer.staged"] == "1.2000"
+
+
+def test_throttle_axis_values():
+    m = default_matrix(quick=True, throttles=["30", "500iops"])
+    assert m.axes["storage"] == ["unthrottled", "30mbps", "500iops"]
+    slow = [c for c in m.corners if c.throttled]
+    assert slow and all(c.storage == "500iops" for c in slow)
+    c = Config(storage="500iops")
+    assert c.read_iops == 500 and c.read_mbps is None
+    assert c.capture_args(None)[-2:] == ["--read-iops", "500"]
+    with pytest.raises(BadInput, match="expected"):
+        default_matrix(throttles=["fast"])

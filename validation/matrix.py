@@ -4,7 +4,8 @@ Axes (each value a real engine setting):
   page_cache  expert bytes the page cache may hold: "all" (no budget), "1/2", "1/4"
   path        on-demand | hot | staged | staged-token (prerouter heads, one token ahead) |
               staged-layer (same token, one layer ahead)
-  storage     "unthrottled" or a read throttle in MB/s (the kernel's block-I/O throttle)
+  storage     "unthrottled", or a read throttle (the kernel's block-I/O throttle): "<N>mbps"
+              (MB/s) or "<N>iops" (reads per second)
   k           "native" or experts per token
 
 Every axis is swept with the others at their defaults, plus a few corner combinations. One
@@ -43,7 +44,15 @@ class Config:
 
     @property
     def read_mbps(self) -> float | None:
-        return None if self.storage == "unthrottled" else float(self.storage[:-4])
+        return float(self.storage[:-4]) if self.storage.endswith("mbps") else None
+
+    @property
+    def read_iops(self) -> int | None:
+        return int(self.storage[:-4]) if self.storage.endswith("iops") else None
+
+    @property
+    def throttled(self) -> bool:
+        return self.storage != "unthrottled"
 
     def capture_args(self, heads: Path | None) -> list[str]:
         """`ssdmoe capture` options that run this configuration."""
@@ -61,6 +70,8 @@ class Config:
             args += ["--page-cache-fraction", str(fraction)]
         if self.read_mbps is not None:
             args += ["--read-mbps", f"{self.read_mbps:g}"]
+        if self.read_iops is not None:
+            args += ["--read-iops", str(self.read_iops)]
         if self.k != "native":
             args += ["--top-k", self.k]
         return args
@@ -106,13 +117,16 @@ def _with(c: Config, axis: str, value: str) -> Config:
 def _storage(v: Any, where: str) -> str:
     if v == "unthrottled":
         return v
+    text = str(v)
+    unit = "iops" if text.endswith("iops") else "mbps"
     try:
-        mbps = float(str(v).removesuffix("mbps"))
+        rate = float(text.removesuffix(unit))
     except ValueError:
-        raise BadInput(f"{where}: storage {v!r}: expected \"unthrottled\" or MB/s") from None
-    if mbps <= 0:
-        raise BadInput(f"{where}: storage {v!r}: a throttle must be > 0 MB/s")
-    return f"{mbps:g}mbps"
+        raise BadInput(f"{where}: storage {v!r}: expected \"unthrottled\", MB/s (\"40mbps\" "
+                       "or 40) or reads per second (\"500iops\")") from None
+    if rate <= 0:
+        raise BadInput(f"{where}: storage {v!r}: a throttle must be > 0")
+    return f"{int(rate)}iops" if unit == "iops" else f"{rate:g}mbps"
 
 
 def _k(v: Any, where: str) -> str:
@@ -149,18 +163,22 @@ def _config(d: Any, where: str, base: Config, role: str = "held-out") -> Config:
     return Config(**values)
 
 
-def default_matrix(quick: bool = False) -> Matrix:
+def default_matrix(quick: bool = False, throttles: list[str] | None = None) -> Matrix:
     """The built-in matrix. Defaults: on-demand, a page cache of 1/4 of the expert bytes (so
     storage matters), unthrottled, native K. Throttles: 40 MB/s (around on-demand's demand
-    rate at 1/4) and 15 MB/s (well below it). --quick keeps every axis but fewer corners."""
+    rate at 1/4) and 15 MB/s (well below it), or `throttles`; the corners run at the last
+    one. --quick keeps every axis but fewer corners."""
+    throttles = [_storage(t, "--read-mbps/--read-iops") for t in (throttles or
+                                                                   ["40mbps", "15mbps"])]
+    slow = throttles[-1]
     axes = {"page_cache": ["all", "1/2", "1/4"], "path": list(PATHS),
-            "storage": ["unthrottled", "40mbps", "15mbps"], "k": ["native", "2"]}
+            "storage": ["unthrottled", *throttles], "k": ["native", "2"]}
     defaults = Config()
-    corners = [Config(path="staged-token", storage="15mbps"),
-               Config(path="staged-layer", storage="15mbps"),
+    corners = [Config(path="staged-token", storage=slow),
+               Config(path="staged-layer", storage=slow),
                Config(path="staged-token", page_cache="all")]
     if not quick:
-        corners += [Config(path="staged", storage="15mbps"), Config(path="hot", storage="15mbps"),
+        corners += [Config(path="staged", storage=slow), Config(path="hot", storage=slow),
                     Config(path="staged", k="2"), Config(path="on-demand", k="8")]
     # one per decode path, every expert in the page cache (no storage effects): they fit
     # each path's main-thread cost inside decode (validation.calibration)
