@@ -62,19 +62,86 @@ def _calibrate(model: Path, out: Path) -> dict:
     return info
 
 
-def _heads(model: Path, needed: bool, train: bool) -> Path | None:
+def _heads(model: Path, train: bool) -> Path | None:
+    """MODEL/prerouter, trained first when missing and `train`; None when there are none."""
     heads = model / "prerouter"
-    if (heads / "prerouter.json").is_file() or not needed:
-        return heads if (heads / "prerouter.json").is_file() else None
+    if (heads / "prerouter.json").is_file():
+        return heads
     if not train:
-        raise BadInput(f"{heads}: no prerouter heads for the staged-token configurations (make "
-                       f"them with `ssdmoe train heads {model}`, or pass --train-heads)")
+        return None
     from validation.run import cli
 
-    _say(f"validate: training prerouter heads into {heads} (ssdmoe train heads, ~5 min)")
+    _say(f"validate: training prerouter heads into {heads} (ssdmoe train heads, ~6 min)")
     if subprocess.run(cli("train", "heads", str(model))).returncode != 0:
         raise BadInput(f"validate: ssdmoe train heads {model} failed")
     return heads
+
+
+def _runnable(configs: list, model: Path, train_heads: bool) -> tuple[list, list[str], Path | None]:
+    """(configurations this machine can run, names skipped, heads): throttled ones need the
+    block-I/O throttle, staged-token ones prerouter heads; each skip is said in one line."""
+    from engine.throttle import ThrottleSpec, ThrottleUnavailable, check_available
+
+    skipped: list[str] = []
+    if any(c.throttled for c in configs):
+        try:
+            check_available(ThrottleSpec(read_mbps=1.0))
+        except ThrottleUnavailable as err:
+            _say(f"validate: {err}; the throttled configurations are skipped")
+            skipped += [c.name for c in configs if c.throttled]
+            configs = [c for c in configs if not c.throttled]
+    heads = _heads(model, train_heads) if any(c.path == "staged-token" for c in configs) \
+        else None
+    if heads is None and any(c.path == "staged-token" for c in configs):
+        _say(f"validate: no prerouter heads in {model / 'prerouter'} (ssdmoe train heads): the "
+             "staged-token configurations are skipped")
+        skipped += [c.name for c in configs if c.path == "staged-token"]
+        configs = [c for c in configs if c.path != "staged-token"]
+    return configs, skipped, heads
+
+
+def _start(out: Path, settings: dict, fresh: bool) -> None:
+    """Keep earlier measurements in `out` unless --fresh or the model or settings changed."""
+    stamp = out / "run-settings.json"
+    if fresh or (stamp.is_file() and json.loads(stamp.read_text()) != settings):
+        if stamp.is_file() and not fresh:
+            _say("validate: model or settings changed since the last run: starting over")
+        for sub in ("traces", "results", "simulated"):
+            shutil.rmtree(out / sub, ignore_errors=True)
+        for f in ("calibration-run.json", "calibration-fit.json"):
+            (out / f).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps(settings) + "\n")
+
+
+def _calibration(model: Path, out: Path, calibrate: bool) -> dict:
+    cal_file = out / "calibration-run.json"
+    if cal_file.is_file():  # a resumed run keeps its calibration
+        return json.loads(cal_file.read_text())
+    if calibrate:
+        return _calibrate(model, out)
+    return {"command": "(not run: --no-calibrate; the committed profile)",
+            "profile": "scenarios/hardware/this-machine.toml", "date": "-"}
+
+
+def _profile_fitter(scenario: Path, fit_file: Path, fitted: dict):
+    """fit(calibration results): the calibration configurations fit the scenario's per-path
+    costs (validation.calibration); a resumed run refits from the same measurements (a fixed
+    point) and keeps the isolated-loop figures of the first fit as `before`."""
+    from validation.calibration import fit
+
+    def fit_profile(cal_results: list[dict]) -> None:
+        if not scenario.is_file():
+            return
+        first = json.loads(fit_file.read_text()) if fit_file.is_file() else {}
+        for key, v in fit(cal_results, scenario).items():
+            fitted[key] = {**v, "before": first.get(key, v)["before"]}
+        fit_file.write_text(json.dumps(fitted, indent=1) + "\n")
+        for key, v in fitted.items():
+            _say(f"validate: {key} {v['before']:.4f} -> {v['after']:.4f} ms (fitted on the "
+                 "calibration configuration, measured inside decode)")
+
+    return fit_profile
 
 
 def validate(
@@ -107,7 +174,10 @@ def validate(
         "--read-iops", help="Also throttle by reads per second, comma-separated.")] = None,
 ) -> None:
     """Measure a matrix of real configurations, predict each with the simulator, report."""
-    from engine.throttle import ThrottleSpec, ThrottleUnavailable, check_available
+    from dataclasses import asdict
+
+    from sim.profiles import load_hardware
+    from traces.regime import heldout_overlap
     from validation import report, run
     from validation.matrix import default_matrix, load_matrix
 
@@ -119,44 +189,14 @@ def validate(
         raise BadInput("--read-mbps/--read-iops: the matrix file's storage axis sets the "
                        "throttles; give one or the other")
     m = load_matrix(matrix) if matrix is not None else default_matrix(quick, throttles or None)
-    configs = m.configs()
-    skipped = []
-    if any(c.throttled for c in configs):
-        try:
-            check_available(ThrottleSpec(read_mbps=1.0))
-        except ThrottleUnavailable as err:
-            _say(f"validate: {err}; the throttled configurations are skipped")
-            skipped = [c.name for c in configs if c.throttled]
-            configs = [c for c in configs if not c.throttled]
     n_prompts = prompts or (2 if quick else 4)
     tokens = max_tokens or (48 if quick else 96)
     if n_prompts < 1 or tokens < 2:
         raise BadInput("--prompts must be >= 1 and --max-tokens >= 2")
+    configs, skipped, heads = _runnable(m.configs(), model, train_heads)
     sha = _sha(model / "manifest.json")
-    stamp = out / "run-settings.json"
-    settings = {"model_sha256": sha, "prompts": n_prompts, "max_tokens": tokens}
-    if fresh or (stamp.is_file() and json.loads(stamp.read_text()) != settings):
-        if stamp.is_file() and not fresh:
-            _say("validate: model or settings changed since the last run: starting over")
-        for sub in ("traces", "results", "simulated"):
-            shutil.rmtree(out / sub, ignore_errors=True)
-        for f in ("calibration-run.json", "calibration-fit.json"):
-            (out / f).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(json.dumps(settings) + "\n")
-    heads = _heads(model, any(c.path == "staged-token" for c in configs), train_heads)
-    if heads is None:
-        skipped += [c.name for c in configs if c.path == "staged-token"]
-        configs = [c for c in configs if c.path != "staged-token"]
-        _say("validate: no prerouter heads: the staged-token configurations are skipped")
-    cal_file = out / "calibration-run.json"
-    if calibrate and not cal_file.is_file():
-        cal = _calibrate(model, out)
-    elif cal_file.is_file():
-        cal = json.loads(cal_file.read_text())
-    else:
-        cal = {"command": "(not run: --no-calibrate; the committed profile)",
-               "profile": "scenarios/hardware/this-machine.toml", "date": "-"}
+    _start(out, {"model_sha256": sha, "prompts": n_prompts, "max_tokens": tokens}, fresh)
+    cal = _calibration(model, out, calibrate)
 
     plan = run.Plan(model=model, out=out, prompts=n_prompts, max_tokens=tokens, heads=heads)
     t0 = time.perf_counter()
@@ -164,33 +204,18 @@ def validate(
     def progress(i: int, n: int, c, what: str) -> None:
         _say(f"[{i}/{n}] {c.name} ({c.role}): {what}  [{time.perf_counter() - t0:.0f} s]")
 
-    from validation.calibration import fit
-
     scenario = Path("scenarios") / f"this-machine-{_model_name(model)}.toml"
     fitted: dict = {}
-
-    fit_file = out / "calibration-fit.json"
-
-    def fit_profile(cal_results: list[dict]) -> None:
-        if scenario.is_file():
-            # a resumed run refits from the same measurements (a fixed point); the isolated-
-            # loop figures it started from are those of the first fit
-            first = json.loads(fit_file.read_text()) if fit_file.is_file() else {}
-            for key, v in fit(cal_results, scenario).items():
-                fitted[key] = {**v, "before": first.get(key, v)["before"]}
-            fit_file.write_text(json.dumps(fitted, indent=1) + "\n")
-            for key, v in fitted.items():
-                _say(f"validate: {key} {v['before']:.4f} -> {v['after']:.4f} ms (fitted on the "
-                     "calibration configuration, measured inside decode)")
-
-    results = run.run(plan, configs, progress, fit=fit_profile)
+    interrupted = False
+    try:
+        results = run.run(plan, configs, progress,
+                          fit=_profile_fitter(scenario, out / "calibration-fit.json", fitted))
+    except KeyboardInterrupt:  # keep what was measured, report it, say what is missing
+        interrupted = True
+        results = run.measured(plan, configs)
+        _say("validate: interrupted; reporting what was measured")
     missing = [c.name for c in run.missing(plan, configs)] + skipped
-    from sim.profiles import load_hardware
-    from traces.regime import heldout_overlap
-
     hw = load_hardware("this-machine")
-    from dataclasses import asdict
-
     meta = {"command": " ".join(["ssdmoe", "validate", *sys.argv[2:]]) if len(sys.argv) > 1
             and sys.argv[1] == "validate" else f"ssdmoe validate {model}",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -208,6 +233,8 @@ def validate(
     if missing:
         _say(f"validate: missing {len(missing)}: {', '.join(missing)} (re-run to measure them)")
     typer.echo(f"wrote {out / 'README.md'}, {out / 'validation.json'} and PNGs")
+    if interrupted:
+        raise typer.Exit(130)
 
 
 def _machine() -> str:

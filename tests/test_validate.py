@@ -178,3 +178,38 @@ def test_throttle_axis_values():
     assert c.capture_args(None)[-2:] == ["--read-iops", "500"]
     with pytest.raises(BadInput, match="expected"):
         default_matrix(throttles=["fast"])
+
+
+@pytest.mark.slow
+def test_interrupted_run_reports_what_it_measured(tmp_path, tiny_random_converted):
+    """Ctrl-C (SIGINT to the process group) after the first configuration: exit 130, the report
+    holds what was measured and names what is missing; no trace is lost."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    f = tmp_path / "m.toml"
+    f.write_text(MATRIX)
+    out = tmp_path / "v"
+    cmd = [sys.executable, "-m", "ssdmoe_cli", "validate", str(tiny_random_converted),
+           "--matrix", str(f), "--out", str(out), "--no-calibrate", "--prompts", "1",
+           "--max-tokens", "6"]
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen = []
+    deadline = time.monotonic() + 240
+    for line in p.stderr:
+        seen.append(line)
+        if "done in" in line or time.monotonic() > deadline:
+            break
+    os.killpg(p.pid, signal.SIGINT)
+    _, rest = p.communicate(timeout=120)
+    err = "".join(seen) + rest
+    assert p.returncode == 130, err
+    doc = json.loads((out / "validation.json").read_text())
+    assert len(doc["results"]) >= 1 and doc["missing"], err
+    assert "Incomplete run" in (out / "README.md").read_text()
+    for r in doc["results"]:
+        assert (out / "traces" / r["config"]["name"] / "run.json").is_file()
+    assert "Traceback" not in err

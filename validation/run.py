@@ -56,6 +56,11 @@ def missing(plan: Plan, configs: list[Config]) -> list[Config]:
     return [c for c in configs if not done(plan, c)]
 
 
+def measured(plan: Plan, configs: list[Config]) -> list[dict]:
+    """The results already written (what an interrupted run keeps)."""
+    return [json.loads(plan.result_path(c).read_text()) for c in configs if done(plan, c)]
+
+
 def prompts_file(plan: Plan) -> Path:
     lines = [ln for ln in DEFAULT_PROMPTS.read_text().splitlines() if ln.strip()]
     if len(lines) < plan.prompts:
