@@ -55,6 +55,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from traces.regime import DECODE_SEED, DECODE_TEMP
+
 ARMS = ("resident", "engine-resident", "resident-sync", "on-demand", "hot", "staged",
         "staged-oracle", "staged-layer", "staged-prerouter")
 PREDICTED = ("staged-layer", "staged-prerouter")  # route by prediction: their own tokens
@@ -75,8 +77,8 @@ class BenchSpec:
     prerouter: str | None = None  # heads for staged-prerouter (default MODEL/prerouter)
     warmup_tokens: int = 8
     timeout_s: int = 900
-    temp: float = 1.0  # sampled decoding: realistic routing (0 = greedy)
-    seed: int = 0
+    temp: float = DECODE_TEMP  # sampled decoding: realistic routing (0 = greedy)
+    seed: int = DECODE_SEED
     read_mbps: float | None = None  # block-I/O read throttle of each arm's worker
     read_iops: int | None = None
 

@@ -17,14 +17,6 @@ from ssdmoe_cli.errors import BadInput
 from traces.schema import RUN_FILE
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "traces" / "prompts" / "default.jsonl"
-# Realistic decode routing by default: greedy decoding of the tiny fixtures loops (adjacent-token
-# expert overlap 0.66-0.88 against 0.16-0.18 on held-out text), so every cache hits. Sampling at
-# temperature 1 with a fixed seed routes like held-out text (machine-notes 2026-12-01: overlap
-# 0.159, load entropy 0.945) and is reproducible. `--greedy` (temp 0) stays available.
-DEFAULT_TEMP = 1.0
-DEFAULT_SEED = 0
-
-
 def decode_routing(temp: float, seed: int) -> dict:
     """run.json `capture.decode_routing`: how decode tokens were chosen, so a reader knows the
     routing regime of the trace."""

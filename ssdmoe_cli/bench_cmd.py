@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from ssdmoe_cli.errors import BadInput
+from traces.regime import DECODE_SEED, DECODE_TEMP
 
 
 def register(app: typer.Typer) -> None:
@@ -41,8 +42,8 @@ def bench(
         = None,
     temp: Annotated[float, typer.Option(
         "--temp", help="Sampling temperature of every arm (default 1.0: realistic routing; "
-        "0 = greedy, whose tiny-fixture text loops).")] = 1.0,
-    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+        "0 = greedy, whose tiny-fixture text loops).")] = DECODE_TEMP,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = DECODE_SEED,
     read_mbps: Annotated[str | None, typer.Option(
         "--read-mbps", help="Throttle every arm's reads from the model's disk to N MB/s "
         "(kernel block-I/O throttle; Linux, root).")] = None,

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from ssdmoe_cli.errors import BadInput
+from traces.regime import DECODE_SEED, DECODE_TEMP
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "traces" / "prompts" / "default.jsonl"
 REPORT_DIR = Path("reports") / "trace-overhead"
@@ -66,11 +67,11 @@ def capture(
         = None,
     temp: Annotated[float, typer.Option(
         "--temp", help="Sampling temperature (default 1.0: realistic routing; 0 = greedy).")]
-        = 1.0,
+        = DECODE_TEMP,
     greedy: Annotated[bool, typer.Option(
         "--greedy", help="Greedy decoding (same as --temp 0; tiny fixtures' greedy text loops, "
         "so its routing repeats).")] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = DECODE_SEED,
     prefill_step_size: Annotated[int, typer.Option(
         "--prefill-step-size", help="Prompt tokens per prefill step.")] = 2048,
     stop_at_eos: Annotated[bool, typer.Option(

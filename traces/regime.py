@@ -11,10 +11,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from traces.reader import Trace
+if TYPE_CHECKING:  # the CLI imports this module's constants: keep it light (no polars)
+    from traces.reader import Trace
 
 MARGIN = 0.10  # realistic captures land within +-0.05 of the held-out figure
+# The decode sampling `capture`, `bench` and `validate` use by default: temperature 1 with a
+# fixed seed routes like held-out text and is reproducible (reports/routing-regime/).
+DECODE_TEMP = 1.0
+DECODE_SEED = 0
 
 
 @dataclass(frozen=True)

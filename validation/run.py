@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ssdmoe_cli.errors import BadInput
+from traces.regime import DECODE_SEED, DECODE_TEMP
 from validation.matrix import PAGE_CACHE, Config
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "traces" / "prompts" / "default.jsonl"
@@ -32,8 +33,8 @@ class Plan:
     prompts: int = 2
     max_tokens: int = 48
     heads: Path | None = None
-    temp: float = 1.0
-    seed: int = 0
+    temp: float = DECODE_TEMP
+    seed: int = DECODE_SEED
 
     def trace_dir(self, c: Config) -> Path:
         return self.out / "traces" / c.name
