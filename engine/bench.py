@@ -104,17 +104,22 @@ def disk_bandwidth(files: list[Path], min_bytes: int = 256 << 20, min_s: float =
                    block: int = 4 << 20) -> float:
     """Bytes/s of O_DIRECT sequential reads of `files` (cycled until both `min_bytes` and
     `min_s` are reached, at most 1 GiB): the disk, not the page cache (O_DIRECT never hits it).
-    Where O_DIRECT is refused, buffered reads after dropping each file's pages."""
+    Where O_DIRECT is refused, buffered reads after dropping each file's pages (engine.platform:
+    F_NOCACHE on macOS)."""
+    from engine import platform
+
+    plat = platform.current()
     buf = mmap.mmap(-1, block)  # page aligned, as O_DIRECT needs
     total, t0 = 0, time.perf_counter()
     while total < min(min_bytes, 1 << 30) or (time.perf_counter() - t0 < min_s
                                               and total < 1 << 30):
         for f in files:
             try:
-                fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+                fd = plat.open_uncached(str(f))
             except OSError:
-                fd = os.open(f, os.O_RDONLY)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                fd = plat.open_buffered(str(f))
+                if plat.can_drop_pages:
+                    plat.drop_pages(fd)
             try:
                 off = 0
                 while (n := os.preadv(fd, [buf], off)) > 0:

@@ -117,6 +117,7 @@ def engine_info(model, store, config: Any = None) -> dict[str, Any]:
     if runtime is not None and hasattr(runtime, "buffer_bytes"):
         base["buffer_bytes"] = runtime.buffer_bytes()  # resolved cache sizes (hot, staged, ...)
     base["paths_in_use"] = paths_in_use(model)
+    base["platform"] = store.platform.features()  # what the OS provided (engine.platform)
     base["o_direct_effective"] = store.direct
     base["o_direct_fallback"] = store.direct_fallback
     return base

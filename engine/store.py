@@ -2,6 +2,8 @@
 writable NumPy views (`np.asarray(mx_array)` is a zero-copy writable view of MLX memory), and
 `os.preadv` writes straight into them.
 
+- Every OS-specific call goes through engine.platform (Linux; macOS: F_RDAHEAD, F_NOCACHE, no
+  RWF_NOWAIT, no per-file page dropping). Below, Linux's names.
 - Buffered reads (`pread`, readahead off via POSIX_FADV_RANDOM so a read caches only its own
   pages) or O_DIRECT reads (page-aligned bounce buffer, then one copy; MLX buffers are not
   page aligned). If the filesystem refuses O_DIRECT the store falls back to buffered reads and
@@ -49,6 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine import platform
 from engine.manifest import TENSOR_NAMES, LayerEntry, Manifest
 from ssdmoe_cli.errors import BadInput
 
@@ -64,7 +67,6 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 _MAP_FAILED = ctypes.c_void_p(-1).value
-_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None)
 # A mincore call from Python costs ~1.8 us, each page it covers ~50 ns more (measured here):
 # ranges closer than this share one call.
 MERGE_GAP_PAGES = 16
@@ -98,6 +100,10 @@ class ExpertStore:
         self.on_load = on_load
         self.page_cache_budget = page_cache_budget
         self.step = -1  # set by the generation loop; copied into every load row
+        if page_cache_budget is not None:
+            platform.require_page_drop("page-cache budget")
+        self.platform = platform.current()
+        self._nowait = self.platform.rwf_nowait
         self.direct = o_direct
         self.direct_fallback: str | None = None
         self._local = threading.local()  # per-thread O_DIRECT bounce buffer, mincore vector
@@ -119,17 +125,17 @@ class ExpertStore:
 
     def _open(self, path: str) -> _File:
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = self.platform.open_buffered(path)
         except OSError as err:
             raise BadInput(f"{path}: cannot open ({err.strerror})") from None
         size = os.fstat(fd).st_size
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         dfd = -1
         if self.direct:
             try:
-                dfd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+                dfd = self.platform.open_uncached(path)
             except OSError as err:
-                self._no_direct(f"open(O_DIRECT) of {path} failed: {err.strerror}")
+                self._no_direct(f"uncached open ({self.platform.uncached}) of {path} failed: "
+                                f"{err.strerror}")
         addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) if size else 0
         if addr in (None, _MAP_FAILED):
             addr = 0
@@ -139,8 +145,8 @@ class ExpertStore:
         """None when RWF_NOWAIT reads agree with mincore on every file, else why they don't."""
         if self.direct:
             return "O_DIRECT reads bypass the page cache"
-        if _RWF_NOWAIT is None:
-            return "os.RWF_NOWAIT is missing on this platform"
+        if self._nowait is None:
+            return f"RWF_NOWAIT is missing on this platform ({self.platform.name})"
         for f in self._files.values():
             if not f.size:
                 continue
@@ -150,7 +156,7 @@ class ExpertStore:
             if not total:
                 return f"{f.path}: mincore failed"
             try:
-                n = os.preadv(f.fd, [bytearray(1)], 0, _RWF_NOWAIT)
+                n = os.preadv(f.fd, [bytearray(1)], 0, self._nowait)
             except OSError as err:
                 if err.errno != errno.EAGAIN:
                     return f"RWF_NOWAIT read of {f.path} failed: {err.strerror}"
@@ -269,8 +275,8 @@ class ExpertStore:
         """Evict the expert files' (or one layer file's) pages: the next reads are cold."""
         files = self._files.values() if layer is None else [self._files[layer]]
         for f in files:
-            os.fdatasync(f.fd)  # dirty pages (a fresh conversion) cannot be dropped
-            os.posix_fadvise(f.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            self.platform.flush(f.fd)  # dirty pages (a fresh conversion) cannot be dropped
+            self.platform.drop_pages(f.fd)
         with self._lock:
             if layer is None:
                 self._lru.clear()
@@ -401,7 +407,7 @@ class ExpertStore:
         """Read a range, first with RWF_NOWAIT. True when the page cache held all of it (one
         syscall); otherwise (`finish`) the rest is read blocking and the load is cold."""
         try:
-            n = os.preadv(f.fd, [view], off, _RWF_NOWAIT)
+            n = os.preadv(f.fd, [view], off, self._nowait)
         except OSError as err:
             if err.errno != errno.EAGAIN:
                 raise self._fail(f, layer, expert, err.strerror or str(err)) from None
@@ -479,4 +485,4 @@ class ExpertStore:
                 drop.append((df, dpages))
         for df, dpages in drop:
             for off, ln in dpages:
-                os.posix_fadvise(df.fd, off, ln, os.POSIX_FADV_DONTNEED)
+                self.platform.drop_pages(df.fd, off, ln)

@@ -40,6 +40,11 @@ def calibrate(
     """Measure storage (cold/warm reads by size, queue depth, O_DIRECT bandwidth) on a scratch
     file and the engine's kernel, graph-building and non-MoE compute times; write the profile
     with every value commented with how and when it was measured."""
+    import os
+
+    if not hasattr(os, "posix_fadvise") or not hasattr(os, "O_DIRECT"):
+        raise BadInput("calibrate: its storage probes (sim/calibrate.py) need posix_fadvise and "
+                       "O_DIRECT, which this platform lacks (macOS: not ported yet)")
     if out.suffix != ".toml":
         raise BadInput(f"--out {out}: expected a .toml path (scenarios/hardware/NAME.toml)")
     if scenario_out is not None and model_out is None:

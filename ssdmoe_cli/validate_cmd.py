@@ -80,9 +80,17 @@ def _heads(model: Path, train: bool) -> Path | None:
 def _runnable(configs: list, model: Path, train_heads: bool) -> tuple[list, list[str], Path | None]:
     """(configurations this machine can run, names skipped, heads): throttled ones need the
     block-I/O throttle, staged-token ones prerouter heads; each skip is said in one line."""
+    from engine import platform
     from engine.throttle import ThrottleSpec, ThrottleUnavailable, check_available
 
     skipped: list[str] = []
+    if not platform.current().can_drop_pages:
+        budgeted = [c for c in configs if c.page_cache != "all"]
+        if budgeted:
+            _say(f"validate: {platform.current().name} cannot hold the page cache to a budget; "
+                 "the page-cache-budget configurations are skipped")
+            skipped += [c.name for c in budgeted]
+            configs = [c for c in configs if c.page_cache == "all"]
     if any(c.throttled for c in configs):
         try:
             check_available(ThrottleSpec(read_mbps=1.0))

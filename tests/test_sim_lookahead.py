@@ -232,7 +232,6 @@ def test_lookahead_follows_the_engine_rule():
                          "paths_in_use": {"decode": {"staged": [0, 1, 2, 3]}}})
 
 
-@pytest.mark.skipif(not STAGED_TRACE.is_dir(), reason="validation trace not in the tree")
 def test_staged_trace_maps_to_the_lookahead_loop_only_when_recorded(tmp_path):
     """A staged trace whose run.json records no lookahead (as traces from before it existed)
     maps to the synchronous loop; the same trace with lookahead recorded runs the lookahead

@@ -1,0 +1,176 @@
+"""The platform seam: every OS-specific I/O call the engine's store makes, in one place.
+
+                      Linux                           macOS
+  buffered open       O_RDONLY, POSIX_FADV_RANDOM     O_RDONLY, fcntl(F_RDAHEAD, 0)
+                      (a read caches only its pages)  (read-ahead off)
+  uncached open       O_DIRECT (aligned reads)        fcntl(F_NOCACHE, 1)
+  non-blocking probe  preadv(RWF_NOWAIT)              none: residency by mincore
+  residency           mincore                         mincore
+  drop pages          POSIX_FADV_DONTNEED             none: no per-file page-cache budget
+  prefetch hint       POSIX_FADV_WILLNEED             fcntl(F_RDADVISE)
+  flush before drop   fdatasync                       fsync
+  RSS                 /proc/self/statm (current)      getrusage ru_maxrss (bytes; the peak)
+
+What a platform lacks is said, not faked: `features()` goes into run.json (engine.platform), and
+a page-cache budget on a platform that cannot drop pages is refused in one line
+(`require_page_drop`). `use()` swaps the platform (the tests run the engine in macOS mode on
+Linux, with `linux_stand_in_fcntl` implementing the macOS fcntl commands by the Linux calls that
+do the same). No MLX here."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import resource
+import struct
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ssdmoe_cli.errors import BadInput
+
+PAGE = mmap.PAGESIZE
+# macOS <sys/fcntl.h>
+F_RDAHEAD, F_RDADVISE, F_NOCACHE = 45, 44, 48
+
+# The Linux facilities, kept at import (the macOS-mode tests hide them from `os`).
+_O_DIRECT = getattr(os, "O_DIRECT", None)
+_FADVISE = getattr(os, "posix_fadvise", None)
+_FADV = {name: getattr(os, f"POSIX_FADV_{name}", None) for name in ("RANDOM", "DONTNEED",
+                                                                      "WILLNEED")}
+
+
+class PlatformUnavailable(BadInput):
+    """A feature this platform does not provide (one line saying which and why)."""
+
+
+class Linux:
+    name = "linux"
+    uncached = "O_DIRECT"
+    can_drop_pages = True
+
+    @property
+    def rwf_nowait(self) -> int | None:
+        return getattr(os, "RWF_NOWAIT", None)
+
+    def open_buffered(self, path: str) -> int:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        return fd
+
+    def open_uncached(self, path: str) -> int:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT)
+
+    def drop_pages(self, fd: int, offset: int = 0, length: int = 0) -> None:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+    def prefetch(self, fd: int, offset: int, length: int) -> None:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+
+    def flush(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    _statm: tuple[int, int] | None = None  # (pid, fd): a forked child reopens it
+
+    def rss_bytes(self) -> int:
+        try:
+            if self._statm is None or self._statm[0] != os.getpid():
+                fd = os.open("/proc/self/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                Linux._statm = (os.getpid(), fd)
+            return int(os.pread(Linux._statm[1], 256, 0).split()[1]) * PAGE
+        except (OSError, IndexError, ValueError):
+            return -1
+
+    def features(self) -> dict[str, Any]:
+        return {"name": self.name, "uncached_reads": self.uncached,
+                "residency": "rwf_nowait+mincore" if self.rwf_nowait else "mincore",
+                "page_cache_budget": True, "prefetch_hint": "POSIX_FADV_WILLNEED",
+                "rss": "current (/proc/self/statm)"}
+
+
+class MacOS:
+    name = "darwin"
+    uncached = "F_NOCACHE"
+    can_drop_pages = False
+    rwf_nowait = None
+
+    def __init__(self, fcntl: Callable[[int, int, Any], Any] | None = None):
+        if fcntl is None:
+            import fcntl as _fcntl
+
+            fcntl = _fcntl.fcntl
+        self.fcntl = fcntl
+
+    def open_buffered(self, path: str) -> int:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.fcntl(fd, F_RDAHEAD, 0)
+        return fd
+
+    def open_uncached(self, path: str) -> int:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.fcntl(fd, F_NOCACHE, 1)
+        return fd
+
+    def drop_pages(self, fd: int, offset: int = 0, length: int = 0) -> None:
+        raise PlatformUnavailable("macOS cannot drop one file's pages from its page cache (no "
+                                  "posix_fadvise DONTNEED): a page-cache budget is unavailable")
+
+    def prefetch(self, fd: int, offset: int, length: int) -> None:
+        self.fcntl(fd, F_RDADVISE, struct.pack("qi", offset, length))  # struct radvisory
+
+    def flush(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def rss_bytes(self) -> int:
+        # ru_maxrss is bytes on macOS (kilobytes on Linux, where the tests run this mode)
+        unit = 1 if sys.platform == "darwin" else 1024
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * unit
+
+    def features(self) -> dict[str, Any]:
+        return {"name": self.name, "uncached_reads": self.uncached, "residency": "mincore",
+                "page_cache_budget": False, "prefetch_hint": "F_RDADVISE",
+                "rss": "peak (getrusage ru_maxrss): macOS has no cheap current RSS"}
+
+
+def linux_stand_in_fcntl(fd: int, cmd: int, arg: Any) -> int:
+    """macOS's fcntl commands, done on Linux by the calls that have the same effect: F_NOCACHE
+    sets O_DIRECT on the descriptor (reads neither fill nor use the page cache), F_RDAHEAD 0
+    is POSIX_FADV_RANDOM, F_RDADVISE is POSIX_FADV_WILLNEED of the range. For tests only."""
+    import fcntl
+
+    if cmd == F_NOCACHE:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        return fcntl.fcntl(fd, fcntl.F_SETFL, flags | _O_DIRECT if arg else flags & ~_O_DIRECT)
+    if cmd == F_RDAHEAD:
+        _FADVISE(fd, 0, 0, _FADV["RANDOM"] if arg == 0 else 0)
+        return 0
+    if cmd == F_RDADVISE:
+        offset, count = struct.unpack("qi", arg)
+        _FADVISE(fd, offset, count, _FADV["WILLNEED"])
+        return 0
+    raise OSError(22, f"fcntl command {cmd} has no Linux stand-in")
+
+
+def for_system(system: str = sys.platform) -> Linux | MacOS:
+    return MacOS() if system == "darwin" else Linux()
+
+
+_current: Linux | MacOS = for_system()
+
+
+def current() -> Linux | MacOS:
+    return _current
+
+
+def use(p: Linux | MacOS) -> Linux | MacOS:
+    """Make `p` the platform (returns the previous one)."""
+    global _current
+    previous, _current = _current, p
+    return previous
+
+
+def require_page_drop(what: str) -> None:
+    """One line naming `what` when this platform cannot drop a file's pages."""
+    if not _current.can_drop_pages:
+        raise PlatformUnavailable(f"{what}: needs dropping a file's pages from the page cache, "
+                                  f"which {_current.name} cannot do (no posix_fadvise DONTNEED)")
