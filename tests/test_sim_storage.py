@@ -43,23 +43,26 @@ def test_single_queue_matches_md1_waiting_time(rho):
     assert np.allclose(log[:, 2] - log[:, 1], service)  # no waiting inside service
 
 
-def test_littles_law_on_the_storage_queue():
-    device = Device(latency_s=0.0002, bandwidth_bps=2e9, queue_depth=4, record=True)
-    sizes = (64_000, 1_000_000, 1_769_472)
-    _poisson_run(device, 1500.0, lambda rng: sizes[rng.integers(3)], 50_000, seed=2)
-    log = np.asarray(device.log)
+def _time_average_in_system(log: np.ndarray) -> float:
+    """Time-average number of requests in the system, by sweeping arrivals (+1) and
+    finishes (-1) over the run."""
     arrivals, finishes = log[:, 0], log[:, 2]
-    horizon = finishes.max() - arrivals.min()
-    # time-average number in system, by sweeping the +1/-1 events (independent of W)
     times = np.concatenate([arrivals, finishes])
     steps = np.concatenate([np.ones(len(arrivals)), -np.ones(len(finishes))])
     order = np.argsort(times, kind="stable")
     in_system = np.cumsum(steps[order])
-    L = (in_system[:-1] * np.diff(times[order])).sum() / horizon
-    lam = len(arrivals) / horizon
-    W = (finishes - arrivals).mean()
-    assert L == pytest.approx(lam * W, rel=1e-6)
-    assert 0.3 < L < 10  # a busy but stable queue, not a degenerate one
+    return float((in_system[:-1] * np.diff(times[order])).sum() / (finishes.max() - arrivals.min()))
+
+
+@pytest.mark.parametrize("rho", [0.5, 0.8])
+def test_number_in_system_matches_md1_closed_form(rho):
+    """L of a single FIFO queue with deterministic service under Poisson arrivals, against
+    Pollaczek-Khinchine: L = rho + rho^2 / (2 (1 - rho)) (independent of the simulated W)."""
+    device = Device(latency_s=0.0004, bandwidth_bps=1e9, queue_depth=1, record=True)
+    service = device.service_s(600_000)
+    _poisson_run(device, rho / service, lambda rng: 600_000, 200_000, seed=3)
+    closed_form = rho + rho**2 / (2 * (1 - rho))
+    assert _time_average_in_system(np.asarray(device.log)) == pytest.approx(closed_form, rel=0.05)
 
 
 def test_queue_depth_overlaps_latency_but_shares_bandwidth():
