@@ -68,6 +68,23 @@ def test_sticky_slots_and_table(env, tiny_random_converted):
     assert all(not v[path.sentinel].any() for v in path.views.values())  # zero row
 
 
+def test_slot_victims_are_least_recently_used_not_first_in(env):
+    """Hand-worked: survivors' recency is refreshed, so the victim is the least recently USED
+    slot. 8 slots (K=4 + 4):
+      [1,2,3,4]  fill four empty slots          (used at 1: 1-4)
+      [5,6,7,8]  fill the other four            (used at 2: 5-8)
+      [1,2,9,10] 1, 2 survive (now used at 3); 9, 10 take the LRU slots of 3, 4
+      [5,6,11,12] 5, 6 survive (used at 4); 11, 12 take the LRU slots: 7, 8 (used at 2).
+    Without refreshing survivors, 1 and 2 (stamped 1) would go instead."""
+    store, stats, readers, rows = env
+    path = StagedPath(store, 1, readers, stats)
+    rng = np.random.default_rng(1)
+    for experts in ([1, 2, 3, 4], [5, 6, 7, 8], [1, 2, 9, 10], [5, 6, 11, 12]):
+        _call(path, store, experts, rng)
+    assert sorted(path.resident()) == [1, 2, 5, 6, 9, 10, 11, 12]
+    assert stats.cache_evictions == 4
+
+
 def test_no_headroom_and_exact_fallback(env):
     store, stats, readers, rows = env
     path = StagedPath(store, 0, readers, stats, headroom=0)

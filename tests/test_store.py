@@ -127,6 +127,14 @@ def test_page_cache_budget_is_real(tiny_random_converted):
         s.read_bundle(*order[0], _buffers(s, order[0][0]))
         assert s.residency(*order[0]) == 1.0 and s.is_cold(*last[0])
         assert s.page_cache_bytes() <= budget
+        # LRU, not FIFO: re-reading a resident bundle refreshes it. Kept now (oldest first):
+        # last[1], last[2], last[3], order[0]; refresh last[1], then a new bundle evicts
+        # last[2] (FIFO would evict last[1], the oldest read).
+        s.read_bundle(*last[1], _buffers(s, last[1][0]))
+        new = (m.moe_layers[0], 1)  # odd experts were never read
+        s.read_bundle(*new, _buffers(s, new[0]))
+        assert s.residency(*last[1]) == 1.0 and s.residency(*new) == 1.0
+        assert s.is_cold(*last[2])  # (last[3] may share a page with last[2]: not checked)
 
 
 def test_read_errors_name_layer_expert_file(tiny_random_converted, model_copy):
