@@ -5,8 +5,6 @@ cache; plus the writer's flush gating and bulk routing rows."""
 
 from __future__ import annotations
 
-import time
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -264,21 +262,28 @@ def test_writer_bulk_routing_rows_and_nested_lists(tmp_path):
     assert r["router_experts"].to_list() == [None, None, [1, 2]]
 
 
-def test_page_cache_sampling_is_adaptive(tmp_path):
+def test_page_cache_sampling_is_adaptive(tmp_path, monkeypatch):
+    """A fake clock, hand-worked: each sample costs 2 ms and may take 1% of wall time, so
+    after a sample the next is due 200 ms later. Steps every 1 ms for 450 ms: samples at
+    t = 0, at t = 202 ms (the first step >= 2 ms + 200 ms) and at t = 404 ms; -1 otherwise."""
+    import engine.recorder as recorder
+
+    clock = [0]
+
     class SlowStore:
         calls = 0
 
         def page_cache_bytes(self):
             SlowStore.calls += 1
-            time.sleep(0.002)
+            clock[0] += 2_000_000  # the sample takes 2 ms of the fake clock
             return 123
 
+    monkeypatch.setattr(recorder.time, "perf_counter_ns", lambda: clock[0])
     rec = Recorder(tmp_path / "t", _run(), page_cache_fraction=0.01)
     rec.store = SlowStore()
-    values = []
-    t_end = time.perf_counter() + 0.3
-    n = 0
-    while time.perf_counter() < t_end:  # 2 ms per sample at 1% -> one sample per >= 0.2 s
-        values.append(rec._page_cache(time.perf_counter_ns()))
-        n += 1
-    assert SlowStore.calls <= 3 and values[0] == 123 and values.count(-1) == n - SlowStore.calls
+    sampled = []
+    for ms in range(450):
+        clock[0] = max(clock[0], ms * 1_000_000)
+        if rec._page_cache(clock[0]) == 123:
+            sampled.append(ms)
+    assert sampled == [0, 202, 404]
