@@ -20,6 +20,7 @@ from traces.schema import (
     STEP_COLUMNS,
     STEPS_FILE,
 )
+from traces.run_info import RunInfo
 from traces.writer import TraceWriter
 
 
@@ -127,3 +128,49 @@ def test_missing_directory_and_bad_json_and_missing_column(tmp_path):
     with pytest.raises(BadInput, match="not valid JSON") as err:
         read_trace(path)
     _one_line(err.value, RUN_FILE)
+
+
+@pytest.mark.parametrize("failing", ["loads.parquet", "routing.parquet", "steps.parquet",
+                                     "run.json"])
+def test_flush_cut_short_leaves_a_consistent_trace(tmp_path, monkeypatch, failing):
+    """A failure injected inside a flush, while one file is half written: every table still
+    opens, each step in steps.parquet has its routing and load rows on disk, and no
+    half-written file is left beside the trace."""
+    import traces.writer as writer_mod
+
+    d = tmp_path / "t"
+    w = TraceWriter(d, RunInfo(model={"name": "m"}, engine={}), flush_every=100)
+
+    def add(step: int) -> None:
+        w.add_step({"step": step, "request": 0, "phase": "decode", "tokens": 1,
+                    "start_ns": step, "end_ns": step + 1})
+        w.add_routing({"step": step, "layer": 0, "token": 0, "experts": [step % 4, 5],
+                       "weights": [0.5, 0.5], "source": "router"})
+        w.add_load({"step": step, "layer": 0, "expert": 5, "bytes": 10, "issued_ns": step,
+                    "started_ns": step, "finished_ns": step + 1, "source": "demand",
+                    "cold": False, "waited": True, "wait_ns": 1, "thread": "main"})
+
+    for step in range(4):
+        add(step)
+    w.flush()  # steps 0-3 on disk
+    real = writer_mod.write_atomic
+
+    def broken(path, write, durable=True):
+        if path.name == failing:
+            def half(tmp):
+                tmp.write_bytes(b"PAR1 half a file")
+                raise OSError(28, "No space left on device")
+            return real(path, half, durable)
+        return real(path, write, durable)
+
+    monkeypatch.setattr(writer_mod, "write_atomic", broken)
+    for step in range(4, 7):
+        add(step)
+    with pytest.raises(OSError, match="No space"):
+        w.flush()
+    t = read_trace(d)  # every table opens
+    steps = set(t.steps["step"].to_list())
+    assert steps in ({0, 1, 2, 3}, set(range(7)))
+    assert steps <= set(t.routing["step"].to_list())
+    assert steps <= set(t.loads["step"].to_list())
+    assert not [p.name for p in d.iterdir() if p.name.startswith(".")], "half-written file left"

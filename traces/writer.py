@@ -35,10 +35,14 @@ def write_atomic(path: Path, write: Any, durable: bool = True) -> None:
     Without fsync the rename still protects against a killed process (the data is in the page
     cache), not against a machine crash."""
     tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    if durable:
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+    try:
+        write(tmp)
+        if durable:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # no half-written file left beside the trace
+        raise
     os.replace(tmp, path)
 
 
@@ -154,10 +158,13 @@ class TraceWriter:
 
     def flush(self, durable: bool = False) -> None:
         """Rewrite the tables and run.json atomically. Periodic flushes skip fsync (they guard
-        against a killed process, and fsync costs milliseconds per file); close() fsyncs."""
+        against a killed process, and fsync costs milliseconds per file); close() fsyncs.
+        The steps table goes last: a flush cut short anywhere leaves every step in
+        steps.parquet with its routing and load rows on disk (the other tables may hold rows of
+        steps not yet in it, which a later flush completes)."""
         t0 = time.perf_counter()
-        for name, table in ((STEPS_FILE, self.steps), (ROUTING_FILE, self.routing),
-                            (LOADS_FILE, self.loads)):
+        for name, table in ((LOADS_FILE, self.loads), (ROUTING_FILE, self.routing),
+                            (STEPS_FILE, self.steps)):
             frame = table.frame()
             write_atomic(self.dir / name, frame.write_parquet, durable)
         write_json_atomic(self.dir / RUN_FILE, self.run.to_dict(), durable)
