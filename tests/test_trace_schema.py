@@ -10,6 +10,7 @@ from trace_handmade import load_rows, routing_rows, run_info, step_rows, write_h
 
 from ssdmoe_cli.errors import BadInput
 from traces.reader import read_trace
+from traces.run_info import RunInfo
 from traces.schema import (
     LOAD_COLUMNS,
     LOADS_FILE,
@@ -20,7 +21,6 @@ from traces.schema import (
     STEP_COLUMNS,
     STEPS_FILE,
 )
-from traces.run_info import RunInfo
 from traces.writer import TraceWriter
 
 
