@@ -27,18 +27,44 @@ def test_lru_unit_behaviour():
     assert LRU(9, 10).capacity == 0  # capacity is whole items
 
 
-@pytest.mark.parametrize("capacity", [8, 24])
-def test_bundle_lru_hits_c_over_n_under_iid_uniform_routing(capacity):
-    # 2 layers x 32 experts = N = 64 bundles; K = 1 so each request is one uniform bundle.
-    m = model(layers=2, experts=32, k=1)
-    sc = scenario(m=m, policy="hot", lru_bytes=capacity * MB, decode_steps=6000)
-    router = uniform_routing(6000, 2, 32, 1, seed=capacity)
+def _iid_hit_rate(capacity: int, lru_bundles: int, steps_n: int = 40000) -> float:
+    # One layer of N = 64 experts, K = 1: each request is one uniform bundle, independent of
+    # what is cached, so any full cache of c bundles hits c/N. (With two layers taking turns
+    # it does not: the last request, always of the other layer, is always cached, and the
+    # hit rate is about (c - 0.3)/N; a loose tolerance once hid that.)
+    m = model(layers=1, experts=64, k=1)
+    sc = scenario(m=m, policy="hot", lru_bytes=lru_bundles * MB, decode_steps=steps_n)
+    router = uniform_routing(steps_n, 1, 64, 1, seed=capacity)
     steps = _decode(run_scenario(sc, routing=routing_input(router)))
+    assert int(steps["cache_evictions"].sum()) > 0
     warm = steps.filter(pl.col("step") >= 500)  # skip the cold start
     hits = warm["cache_hits"].sum()
-    rate = hits / (hits + warm["cache_misses"].sum())
-    assert rate == pytest.approx(capacity / 64, abs=0.015)
-    assert int(steps["cache_evictions"].sum()) > 0
+    return hits / (hits + warm["cache_misses"].sum())
+
+
+@pytest.mark.parametrize("capacity", [8, 24])
+def test_bundle_lru_hits_c_over_n_under_iid_uniform_routing(capacity):
+    """c/N, two-sided, with a tolerance (half of one bundle's 1/64) that one bundle of capacity
+    too many or too few exceeds: checked by running those too."""
+    tol = 0.5 / 64
+    assert _iid_hit_rate(capacity, capacity) == pytest.approx(capacity / 64, abs=tol)
+    for off in (-1, 1):  # the same routing with a bundle more or less misses the closed form
+        assert _iid_hit_rate(capacity, capacity + off) != pytest.approx(capacity / 64, abs=tol)
+
+
+@pytest.mark.parametrize("sequence,hits", [
+    # capacity 2, hand-worked:      LRU  FIFO  LFU
+    ([0, 1, 0, 2, 0, 1], 2),       # 2    1     2   (FIFO evicts 0, just reused, for 2)
+    ([0, 0, 1, 2, 1, 2, 0], 3),    # 3    3     2   (LFU keeps 0, used twice, and thrashes)
+])
+def test_replacement_is_lru_not_fifo_or_lfu(sequence, hits):
+    """A trace with reuse whose hit counts differ by policy (worked out by hand above): the
+    simulated bundle LRU gives exactly the LRU count."""
+    m = model(layers=1, experts=8, k=1)
+    sc = scenario(m=m, policy="hot", lru_bytes=2 * MB, decode_steps=len(sequence))
+    router = np.array(sequence, dtype=np.int16).reshape(-1, 1, 1)
+    steps = _decode(run_scenario(sc, routing=routing_input(router)))
+    assert int(steps["cache_hits"].sum()) == hits
 
 
 def test_page_cache_hit_rate_closed_form_and_capacity_is_ram_minus_unreclaimable():
