@@ -140,7 +140,7 @@ def warm_files(files: list[Path]) -> None:
 
 def parse_bytes(text: str, expert_total: int) -> int:
     """'123', '64M', '1.5G', '256MiB' or 'N%' (of the model's expert bytes)."""
-    from ssdmoe_cli.errors import BadInput
+    from contract.errors import BadInput
 
     t = text.strip()
     try:
@@ -157,7 +157,7 @@ def parse_bytes(text: str, expert_total: int) -> int:
 
 
 def load_prompts(path: Path, n: int) -> list[str]:
-    from ssdmoe_cli.errors import BadInput
+    from contract.errors import BadInput
 
     if not path.is_file():
         raise BadInput(f"{path}: missing (prompts file, one JSON object with 'prompt' a line)")
@@ -463,7 +463,7 @@ def resummarize(result: dict) -> dict:
 
 
 def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
-    from ssdmoe_cli.errors import BadInput
+    from contract.errors import BadInput
 
     spec_file, out_file = tmp / f"{arm}.spec.json", tmp / f"{arm}.out.json"
     out_file.unlink(missing_ok=True)

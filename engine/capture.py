@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from contract.errors import BadInput
 from engine.generate import GenerationResult, generate
 from engine.recorder import Recorder, engine_info, run_info
-from ssdmoe_cli.errors import BadInput
 from traces.schema import RUN_FILE
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "traces" / "prompts" / "default.jsonl"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 
 PATHS = ("exact", "hot", "staged", "whole-layer")
 # How far ahead a staged layer's experts are known (architecture contract: lead kinds):

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
 
+from contract.errors import BadInput, read_json_object
 from engine.archs import ARCHS, arch_for
 from engine.manifest import (
     CONFIG_FILE,
@@ -44,7 +45,6 @@ from engine.manifest import (
     verify_files,
     write_manifest,
 )
-from ssdmoe_cli.errors import BadInput, read_json_object
 
 ALIGN = 4096
 _ST_DTYPES = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from contract.errors import BadInput
 from engine.archs import ARCHS, routing_spec
 from engine.config import EngineConfig
 from engine.layout import build_skeleton, moe_layers, quantize_like_source, read_safetensors_header
@@ -24,7 +25,6 @@ from engine.manifest import (
 from engine.moe import RoutingCallback, StreamingMoE
 from engine.paths.kernel import ExpertPath
 from engine.store import ExpertStore, LoadCallback
-from ssdmoe_cli.errors import BadInput
 
 PathFactory = Callable[[ExpertStore, int], ExpertPath]
 

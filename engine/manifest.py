@@ -21,7 +21,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ssdmoe_cli.errors import BadInput, read_json_object
+from contract.errors import BadInput, read_json_object
 
 FORMAT = "ssdmoe-streaming"
 VERSION = 1

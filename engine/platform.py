@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 
 PAGE = mmap.PAGESIZE
 # macOS <sys/fcntl.h>

@@ -30,8 +30,8 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from contract.errors import BadInput
 from engine.routing import RoutingSpec, route
-from ssdmoe_cli.errors import BadInput
 
 WEIGHTS = "prerouter.safetensors"
 META = "prerouter.json"

@@ -51,9 +51,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from contract.errors import BadInput, IOFault
 from engine import platform
 from engine.manifest import TENSOR_NAMES, LayerEntry, Manifest
-from ssdmoe_cli.errors import BadInput
 
 PAGE = mmap.PAGESIZE
 ALIGN = 4096  # O_DIRECT alignment of offset, length and buffer address
@@ -75,7 +75,7 @@ _MINCORE_CLEAN = sys.platform.startswith("linux")
 _LOWBIT = bytes(i & 1 for i in range(256))
 
 
-class ExpertReadError(BadInput):
+class ExpertReadError(IOFault):
     """A failed or short expert read; the message names layer, expert and file."""
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 
 V1_ROOT = Path("/sys/fs/cgroup/blkio")
 V2_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))

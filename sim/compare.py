@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract.errors import BadInput
 from sim.scenario import GIB, Scenario
-from ssdmoe_cli.errors import BadInput
 from traces.reader import Trace
 from traces.schema import SUMMARY_KEYS
 

@@ -23,8 +23,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from contract.errors import BadInput, read_json_object
 from sim.scenario import MODEL_KEYS
-from ssdmoe_cli.errors import BadInput, read_json_object
 
 MANIFEST = "manifest.json"
 RESIDENT = "resident.safetensors"

@@ -14,6 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from contract.errors import BadInput
 from sim.scenario import (
     HARDWARE_KEYS,
     HARDWARE_OPTIONAL,
@@ -24,7 +25,6 @@ from sim.scenario import (
     ModelProfile,
     Scenario,
 )
-from ssdmoe_cli.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
 OPTIONAL = {"description", "whole_layer_reads", *HARDWARE_OPTIONAL}

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from contract.errors import BadInput
 from sim.caches import BundleLRU
 from sim.loads import Fetcher
 from sim.main_thread import MainThread
@@ -23,7 +24,6 @@ from sim.routing_input import RoutingInput, from_trace, synthetic
 from sim.scenario import Scenario
 from sim.storage import Device
 from sim.throttle import TokenBucket
-from ssdmoe_cli.errors import BadInput
 from traces.reader import Trace
 from traces.run_info import RunInfo
 from traces.schema import LOADS_FILE, ROUTING_FILE, RUN_FILE, STEPS_FILE

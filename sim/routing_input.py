@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from contract.errors import BadInput
 from sim.routing_synth import SynthRouting, generate_sets, routing_sets
 from sim.scenario import Scenario
-from ssdmoe_cli.errors import BadInput
 from traces.reader import Trace
 
 PlanStep = tuple[str, int, int, int]  # (phase, tokens, request, routing row or -1)

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 from traces.reader import Trace
 from traces.schema import (
     LOAD_COLUMNS,

@@ -38,8 +38,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from contract.errors import BadInput
 from sim.scenario import HARDWARE_KEYS, MODEL_KEYS, SCENARIO_KEYS, Hardware, ModelProfile, Scenario
-from ssdmoe_cli.errors import BadInput
 from traces.schema import SUMMARY_KEYS
 
 GRID_KEYS = {"name", "scenario", "description", "set", "trace", "metric", "seeds", "axes", "hold"}

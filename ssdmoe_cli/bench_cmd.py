@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 from traces.regime import DECODE_SEED, DECODE_TEMP
 
 

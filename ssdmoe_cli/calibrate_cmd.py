@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 from traces.regime import DECODE_SEED, DECODE_TEMP
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "traces" / "prompts" / "default.jsonl"

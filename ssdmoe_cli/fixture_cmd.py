@@ -12,8 +12,8 @@ from typing import Annotated
 
 import typer
 
+from contract.errors import BadInput
 from ssdmoe_cli.atomic_dir import build_into
-from ssdmoe_cli.errors import BadInput
 
 TRAINED = "tiny-trained"
 

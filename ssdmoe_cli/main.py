@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from contract.errors import BadInput, IOFault
 from ssdmoe_cli import (
     bench_cmd,
     calibrate_cmd,
@@ -19,7 +20,6 @@ from ssdmoe_cli import (
     train_cmds,
     validate_cmd,
 )
-from ssdmoe_cli.errors import BadInput
 
 app = typer.Typer(
     name="ssdmoe",
@@ -41,7 +41,7 @@ app.add_typer(train_cmds.app, name="train")
 def main() -> None:
     try:
         app()
-    except BadInput as err:
+    except (BadInput, IOFault) as err:  # one line, never a traceback
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
+from contract.errors import BadInput
 from ssdmoe_cli.atomic_dir import build_into
-from ssdmoe_cli.errors import BadInput
 
 
 def register(app: typer.Typer) -> None:

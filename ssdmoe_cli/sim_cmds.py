@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 
 app = typer.Typer(no_args_is_help=True, help="Simulate other hardware, caches and policies.")
 

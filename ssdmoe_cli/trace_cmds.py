@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 
 app = typer.Typer(no_args_is_help=True, help="Read, compare and export recorded traces.")
 

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
+from contract.errors import BadInput
 from ssdmoe_cli.atomic_dir import build_into
-from ssdmoe_cli.errors import BadInput
 
 app = typer.Typer(help="Train the prerouter (phase 1: heads).", no_args_is_help=True)
 

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 
 DEFAULT_MODEL = Path("models") / "tiny-trained-stream"
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from contract.errors import BadInput
 from engine.bench import add_bounds, parse_bytes, summarize_arm
-from ssdmoe_cli.errors import BadInput
 
 
 def test_parse_bytes():

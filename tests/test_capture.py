@@ -15,8 +15,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from contract.errors import BadInput
 from engine.trace_overhead import summarize
-from ssdmoe_cli.errors import BadInput
 from traces.reader import read_trace
 
 PROMPTS = [{"prompt": "def add(a, b):\n    return"}, {"prompt": "Once upon a time"}]

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from contract.errors import BadInput
 from engine.archs import ARCHS
 from engine.layout import convert, export_mlx, read_safetensors_header
 from engine.manifest import TENSOR_NAMES, read_manifest, sha256_file, verify_files
-from ssdmoe_cli.errors import BadInput
 
 ARCH_NAMES = tuple(ARCHS)
 

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
+from contract.errors import BadInput
 from engine.config import PRESETS, EngineConfig
 from engine.loader import load_streaming
 from engine.paths.exact import ExactPath
 from engine.paths.hot import HotPath
 from engine.paths.staged import StagedPath
 from engine.paths.whole_layer import WholeLayerPath
-from ssdmoe_cli.errors import BadInput
 
 
 def test_presets_and_round_trip():

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import BadInput
 from engine.config import EngineConfig
 from engine.generate import generate
 from engine.loader import load_streaming
 from engine.manifest import read_manifest
 from engine.store import ExpertReadError
-from ssdmoe_cli.errors import BadInput
 
 PROMPT = "import os\nimport sys\n\ndef main(argv):"
 

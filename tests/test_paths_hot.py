@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from contract.errors import BadInput
 from engine.manifest import read_manifest
 from engine.paths.exact import ExactPath
 from engine.paths.hot import HotPath, HotPool
 from engine.paths.stats import PathStats
 from engine.prefetch import ReaderPool
 from engine.store import ExpertStore
-from ssdmoe_cli.errors import BadInput
 
 
 @pytest.fixture

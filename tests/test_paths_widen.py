@@ -9,12 +9,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from contract.errors import BadInput
 from engine.fixtures import FIXTURES
 from engine.fixtures.widen import build_tiny_trained_wide
 from engine.layout import convert
 from engine.loader import load_resident
 from engine.manifest import read_manifest
-from ssdmoe_cli.errors import BadInput
 
 
 def test_widened_equals_original(tiny_random_dir, tiny_random_converted, tmp_path):

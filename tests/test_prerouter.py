@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+from contract.errors import BadInput
 from engine.config import EngineConfig
 from engine.generate import generate
 from engine.loader import load_resident, load_streaming, streaming_blocks
 from engine.manifest import read_manifest
 from engine.prerouter import Prerouter, PrerouterHead, PrerouterSpec, owners_for, router_weight
 from engine.train_heads import HeadsConfig, train_heads
-from ssdmoe_cli.errors import BadInput
 
 PROMPT = "Prediction as routing: def g(n): return n * 2"
 

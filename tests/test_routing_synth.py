@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from contract.errors import BadInput
 from sim.routing_synth import (
     MAX_INCLUSION,
     SynthRouting,
@@ -18,7 +19,6 @@ from sim.routing_synth import (
     target_inclusion,
     target_load,
 )
-from ssdmoe_cli.errors import BadInput
 from traces.reader import read_trace
 from traces.run_info import RunInfo
 from traces.schema import ROUTING_COLUMNS

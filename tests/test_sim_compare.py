@@ -9,8 +9,8 @@ import json
 import pytest
 from sim_helpers import model, scenario
 
+from contract.errors import BadInput
 from sim.compare import compare, engine_settings, scenario_for
-from ssdmoe_cli.errors import BadInput
 from traces.reader import read_trace
 from traces.schema import SUMMARY_KEYS
 

@@ -8,10 +8,10 @@ import polars as pl
 import pytest
 from sim_helpers import MB, hardware, model, routing_input, scenario, uniform_routing
 
+from contract.errors import BadInput
 from sim.profiles import apply_overrides, load_hardware
 from sim.readers import INLINE_WARM_BYTES
 from sim.replay import run_scenario
-from ssdmoe_cli.errors import BadInput
 
 # one cold bundle read on an idle device: latency + bytes / bandwidth + load + cold overhead
 IO = dict(ssd_latency_ms=0.1, ssd_bandwidth_gbps=1.0, load_overhead_ms=0.05,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import BadInput
 from sim.profiles import ROOT, apply_overrides, load_hardware, load_model, load_scenario
 from sim.replay import run_scenario
-from ssdmoe_cli.errors import BadInput
 from traces.schema import SUMMARY_KEYS
 
 HW = (ROOT / "hardware" / "m2-16gb.toml").read_text()

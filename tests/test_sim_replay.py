@@ -6,10 +6,10 @@ import polars as pl
 import pytest
 from sim_helpers import MB, hardware, model, routing_input, scenario, uniform_routing
 
+from contract.errors import BadInput
 from sim.profiles import load_scenario
 from sim.replay import run_scenario, write_trace
 from sim.routing_synth import SynthRouting, synthetic_trace
-from ssdmoe_cli.errors import BadInput
 from traces.reader import read_trace
 
 

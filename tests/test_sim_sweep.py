@@ -6,10 +6,10 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
+from contract.errors import BadInput
 from sim.profiles import load_scenario
 from sim.replay import run_scenario
 from sim.sweep import EXTRA_KEYS, load_grid, results_frame, run_grid, write_outputs
-from ssdmoe_cli.errors import BadInput
 from traces.schema import SUMMARY_KEYS
 
 HW = """

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import BadInput
 from engine.throttle import (
     ReadThrottle,
     ThrottleSpec,
@@ -19,7 +20,6 @@ from engine.throttle import (
     block_device,
     check_available,
 )
-from ssdmoe_cli.errors import BadInput
 
 MB = 10**6
 

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 from trace_handmade import load_rows, routing_rows, run_info, step_rows, write_handmade
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 from traces.reader import read_trace
 from traces.run_info import RunInfo
 from traces.schema import (

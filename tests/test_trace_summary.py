@@ -103,7 +103,7 @@ def test_single_decode_step_has_no_overlap(trace):
 
 
 def test_duplicate_routing_rows_are_bad_input(trace):
-    from ssdmoe_cli.errors import BadInput
+    from contract.errors import BadInput
 
     routing = pl.concat([trace.routing, trace.routing.filter(pl.col("step") == 2)])
     with pytest.raises(BadInput, match="routing.parquet: several rows for step 2"):

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 from validation.matrix import Config, default_matrix, load_matrix
 from validation.report import error_summary, responsible
 from validation.run import ape

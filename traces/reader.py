@@ -8,7 +8,7 @@ from typing import Any
 
 import polars as pl
 
-from ssdmoe_cli.errors import BadInput, read_json_object
+from contract.errors import BadInput, read_json_object
 from traces.schema import RUN_FILE, SCHEMA_VERSION, TABLES
 
 

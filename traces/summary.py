@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 from traces.reader import Trace
 from traces.routing_stats import adjacent_overlap, load_entropy
 from traces.schema import ROUTING_FILE, SUMMARY_KEYS

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 
 AXES = ("page_cache", "path", "storage", "k")
 PATHS = ("on-demand", "hot", "staged", "staged-token", "staged-layer")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ssdmoe_cli.errors import BadInput
+from contract.errors import BadInput
 from traces.regime import DECODE_SEED, DECODE_TEMP
 from validation.matrix import PAGE_CACHE, Config
 

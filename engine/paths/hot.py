@@ -21,13 +21,13 @@ from collections import OrderedDict
 import mlx.core as mx
 import numpy as np
 
+from contract.errors import BadInput
 from engine.fill_points import FillPoints, at_build_step
 from engine.paths.exact import ExactPath
 from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
 from engine.paths.stats import PathStats, host_routed
 from engine.prefetch import ReaderPool
 from engine.store import ExpertStore
-from ssdmoe_cli.errors import BadInput
 
 
 def min_hot_bytes(store: ExpertStore) -> int:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from contract.errors import BadInput
 from engine.paths.kernel import Quant, alloc_stack, switch_glu
 from engine.paths.stats import PathStats
 from engine.prefetch import ReaderPool, Ticket
 from engine.store import ExpertStore
-from ssdmoe_cli.errors import BadInput
 
 
 class WholeLayerLoader:

@@ -1,4 +1,11 @@
-"""The one error type for bad input: the CLI prints it as a single line, never a traceback."""
+"""The error types every package raises; the CLI prints each as one line, never a traceback.
+
+  BadInput  a problem with an input the user gave (file, argument, config): the message names
+            the file or the option
+  IOFault   an I/O failure while running (an expert read that fails or comes back short): not
+            the user's input, but reported the same way, naming layer, expert and file
+
+Imports nothing of ours."""
 
 from __future__ import annotations
 
@@ -9,6 +16,10 @@ from typing import Any
 
 class BadInput(Exception):
     """A user-facing problem with an input (file, argument, config). Message names the file."""
+
+
+class IOFault(Exception):
+    """An I/O failure during a run (a failed or short read). Message names what failed."""
 
 
 def read_json_object(path: Path, missing: str = "missing") -> dict[str, Any]:

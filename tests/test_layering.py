@@ -1,0 +1,67 @@
+"""Layers point one way: the error types live in a leaf (`contract`) that imports nothing of
+ours, and no engine, simulator, traces or validation module imports the CLI."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS = ("contract", "engine", "sim", "traces", "ssdmoe_cli", "validation")
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_contract_is_a_leaf():
+    files = sorted((ROOT / "contract").glob("*.py"))
+    assert files
+    for f in files:
+        assert not _imports(f) & set(OURS), f
+
+
+def test_nothing_below_the_cli_imports_it():
+    for package in ("contract", "engine", "sim", "traces", "validation"):
+        for f in sorted((ROOT / package).rglob("*.py")):
+            assert "ssdmoe_cli" not in _imports(f), f
+
+
+def test_an_io_fault_is_not_bad_input():
+    from contract.errors import BadInput, IOFault
+    from engine.store import ExpertReadError
+
+    assert issubclass(ExpertReadError, IOFault) and not issubclass(ExpertReadError, BadInput)
+
+
+def test_io_fault_during_capture_is_one_line_and_keeps_the_trace(tiny_random_converted,
+                                                                 tmp_path, ssdmoe, monkeypatch):
+    import errno
+    import json
+    import os
+
+    real = os.preadv
+    calls = [0]
+
+    def failing(fd, buffers, offset, *flags):
+        calls[0] += 1
+        if calls[0] > 40:  # some reads succeed first: a fault mid-run
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(os, "preadv", failing)
+    out = tmp_path / "t"
+    r = ssdmoe("capture", str(tiny_random_converted), "--out", str(out), "--max-tokens", "8",
+               "--no-progress")
+    assert r.returncode == 2, r.stderr
+    assert "read of layer" in r.stderr and os.strerror(errno.EIO) in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    run = json.loads((out / "run.json").read_text())
+    assert run["complete"] is False  # what was captured is kept, marked incomplete
