@@ -14,8 +14,9 @@ A failed read re-raises its `ExpertReadError` (naming layer, expert and file) fr
 after every ticket of the batch has finished, so no reader still writes into a buffer that
 the caller is about to reuse.
 
-`RoutingReplay` stands in for the (future) prerouter: it replays routing recorded from an
-earlier identical greedy run and stages each decode step's experts one token ahead."""
+`RoutingReplay` is the oracle (bench arm staged-oracle), a perfect stand-in for the prerouter
+(engine.prerouter): it replays routing recorded from an earlier identical run and stages each
+decode step's experts one token ahead."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ measurements into hardware-profile values with small closed-form fits, and write
 TOML with every value commented with how it was measured and when.
 
 The compute and graph-building measurements need the real engine: engine/calibrate.py takes
-them and hands plain numbers to `hardware_from` / `model_build_ms` here.
+them (a `ComputeResult`) and `hardware_values` / `compute_values` here turn both into profile
+values; every timing is `cost`, the 10th percentile of its repeats (the hand-off: its median).
 
 Storage (a scratch file next to the model, dropped from the page cache with
 fdatasync + POSIX_FADV_DONTNEED before every cold batch):
