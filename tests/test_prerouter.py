@@ -385,3 +385,70 @@ def test_model_profile_reads_heads_from_the_model_directory(tiny_random_converte
     (root / "prerouter" / "prerouter.json").write_text("[]")
     with pytest.raises(BadInput, match="not a prerouter description"):
         profile_from_manifest(root)
+
+
+def test_predicted_routing_and_expert_outputs_against_float64(tiny_random_converted, tmp_path):
+    """The prerouter path against an independent float64 reference, call by call on the staged
+    path inside the decode loop: each consumer layer's ids AND weights are the routing math
+    (softmax-topk in numpy) of the head's float64 logits on the previous call's inputs, and the
+    staged path's expert outputs are the dequantized float64 SwiGLU of those experts
+    (relative L2 < 1%)."""
+    from dequant_reference import swiglu_reference
+    from safetensors.numpy import load_file
+
+    heads = _heads(tiny_random_converted, tmp_path / "pre")
+    pre = Prerouter.load(heads)
+    m = read_manifest(tiny_random_converted)
+    d, k = m.config["hidden_size"], pre.spec.top_k
+    normalize = bool(m.config.get("norm_topk_prob", False))
+    model, tok, store = load_streaming(tiny_random_converted,
+                                       config=EngineConfig.from_preset("staged",
+                                                                       prerouter=str(heads)))
+    link = store.runtime.preroute
+    calls: list[dict[int, dict]] = []
+    observe = link.observe
+
+    def spy(layer, x, inds):
+        if layer == link.first:
+            calls.append({})
+        calls[-1].setdefault(layer, {}).update(x=x, ids=inds)
+        observe(layer, x, inds)
+
+    link.observe = spy
+    for layer, block in streaming_blocks(model).items():
+        def on_routing(i, inds, weights):
+            calls[-1].setdefault(i, {})["w"] = weights
+        block.on_routing = on_routing
+        path = block.path
+        if hasattr(path, "predicted"):
+            def predicted(x, inds, early=False, _p=path, _orig=path.predicted, _l=layer):
+                out = _orig(x, inds, early)
+                calls[-1][_l]["out"] = out
+                return out
+            path.predicted = predicted
+    generate(model, tok, PROMPT, 6, temp=1.0, seed=2, stop_at_eos=False, store=store)
+    store.close()
+    experts = {n: load_file(str(tiny_random_converted / m.layers[n].file)) for n in m.moe_layers}
+    checked = 0
+    for c in range(2, len(calls)):
+        for n in pre.spec.owners:
+            cur = calls[c].get(n + 1, {})
+            if "out" not in cur:
+                continue  # not a predicted call (prefill routes itself)
+            x_n = np.array(calls[c - 1][n]["x"]).reshape(-1, d)[-1]
+            ids_n = np.array(calls[c - 1][n]["ids"]).reshape(-1, k)[-1:]
+            prev = np.array(calls[c - 2][n]["ids"]).reshape(-1, k)[-1:]
+            logits = _np_head(pre.head(n), x_n[None].astype(np.float64), ids_n, prev)[0]
+            g = np.exp(logits - logits.max())
+            g /= g.sum()
+            got_ids = np.array(cur["ids"]).reshape(-1)
+            assert set(got_ids.tolist()) == set(np.argsort(-g)[:k].tolist()), (c, n)
+            w_ref = g[got_ids] / (g[got_ids].sum() if normalize else 1.0)
+            got_w = np.array(cur["w"]).reshape(-1).astype(np.float64)
+            assert np.allclose(got_w, w_ref, rtol=1e-4, atol=1e-6), (c, n, got_w, w_ref)
+            x = np.array(cur["x"]).reshape(1, d)
+            ref = swiglu_reference(x, got_ids[None], experts[n + 1])
+            y = np.array(cur["out"]).reshape(1, k, d).astype(np.float64)
+            assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.01, (c, n)
+            checked += 1
+    assert checked >= 3 * len(pre.spec.owners)
