@@ -249,7 +249,7 @@ def run_arm(spec: dict) -> dict:
     from engine.config import EngineConfig
     from engine.generate import generate
     from engine.loader import load_resident, load_streaming, streaming_blocks
-    from engine.prefetch import RoutingReplay
+    from engine.oracle import RoutingReplay
 
     arm, model_dir, n = spec["arm"], spec["model"], spec["max_tokens"]
     prompts = spec["prompts"]

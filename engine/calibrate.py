@@ -17,7 +17,7 @@ simulator's compute and graph-building figures for this machine come from measur
                    through the engine's store
   O_DIRECT bundles the store opened with O_DIRECT: every read goes to the device
   prefill          one prefill chunk through the resident path: prefill compute throughput
-  thread hand-off  a no-op read request through engine.prefetch.ReaderPool (the engine's reader
+  thread hand-off  a no-op read request through engine.readers.ReaderPool (the engine's reader
                    threads, help_main off so a reader always does it): submit, reader wake-up,
                    event set, main-thread wake-up; the median round trip is `handoff_ms`
 
@@ -178,10 +178,10 @@ class NoopStore:
 
 
 def handoff_times(reps: int = 2000, warmup: int = 50, readers: int = 2) -> list[float]:
-    """ms per round trip of a no-op read request through engine.prefetch.ReaderPool: submit
+    """ms per round trip of a no-op read request through engine.readers.ReaderPool: submit
     (ticket + queue put), a reader's wake-up and claim, the event set, the main thread's wake-up
     in `wait` (help_main off: the main thread never does the read itself)."""
-    from engine.prefetch import ReaderPool
+    from engine.readers import ReaderPool
 
     pool = ReaderPool(NoopStore(), n=readers, help_main=False)
     times = []
@@ -402,8 +402,8 @@ def default_model(workdir: Path | None = None) -> tuple[Path, str]:
     temporary directory (random weights: fine for timing, not for routing statistics)."""
     if (DEFAULT_MODEL / "manifest.json").is_file():
         return DEFAULT_MODEL, "models/tiny-trained-stream"
+    from engine.convert import convert
     from engine.fixtures.random_models import build_tiny_random
-    from engine.layout import convert
 
     root = Path(workdir or tempfile.mkdtemp(prefix="ssdmoe-calibrate-"))
     src = build_tiny_random(root / "tiny-random", seed=0)

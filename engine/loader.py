@@ -13,7 +13,7 @@ from pathlib import Path
 from contract.errors import BadInput
 from engine.archs import ARCHS, routing_spec
 from engine.config import EngineConfig
-from engine.layout import build_skeleton, moe_layers, quantize_like_source, read_safetensors_header
+from engine.convert import build_skeleton, moe_layers, quantize_like_source, read_safetensors_header
 from engine.manifest import (
     CONFIG_FILE,
     RESIDENT_FILE,

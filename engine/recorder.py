@@ -10,7 +10,7 @@ What each step row holds (one row per forward step, written in `on_step`, after 
 - start/end: generate's timestamps around the forward (graph build + mx.eval).
 - blocked_ns: main-thread time blocked on expert loads = sum of wait_ns of the step's waited
   loads (synchronous reads in the exact path; reader-thread waits are split over the tickets
-  without overlap by engine.prefetch, so the sum is the real blocked time).
+  without overlap by engine.readers, so the sum is the real blocked time).
 - build_ns / eval_ns: generate's build and eval times NET of the blocked time that fell in each,
   so build_ns + eval_ns + blocked_ns = end_ns - start_ns. With the decode loop's lookahead a
   step row is a window of wall time whose build is the next step's graph (engine.generate).

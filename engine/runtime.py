@@ -20,8 +20,8 @@ from engine.paths.kernel import ExpertPath
 from engine.paths.staged import StagedPath
 from engine.paths.stats import PathStats, stats_for
 from engine.paths.whole_layer import WholeLayerLoader, WholeLayerPath
-from engine.prefetch import ReaderPool
 from engine.prerouter import PrerouteLink
+from engine.readers import ReaderPool
 from engine.store import ExpertStore
 
 

@@ -421,7 +421,7 @@ def compute_values(c: ComputeResult, active_params: float | None = None
     if c.handoff_ms == c.handoff_ms:  # not nan
         out["handoff_ms"] = (round(max(c.handoff_ms, 0.0), 4), (
             f"median of {c.handoff_reps} round trips of a no-op read request through the "
-            "engine's reader threads (engine.prefetch.ReaderPool, 2 readers, help_main off): "
+            "engine's reader threads (engine.readers.ReaderPool, 2 readers, help_main off): "
             "submit, reader wake-up, event set, main-thread wake-up in wait; 10th percentile "
             f"{c.handoff_p10_ms:.4f} ms. The sim adds it to every wait on a reader's load"))
     if active_params and c.prefill_ms > 0 and c.prefill_tokens:

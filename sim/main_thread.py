@@ -144,7 +144,7 @@ class MainThread:
                  source: str, priority: int) -> Load:
         load = Load(step, layer, expert, key, nbytes, pieces, source, self.now, priority)
         # A small demand read the page cache holds is a copy the engine's main thread does
-        # itself (engine.prefetch.INLINE_WARM_BYTES: cheaper than a reader hand-off); others
+        # itself (engine.readers.INLINE_WARM_BYTES: cheaper than a reader hand-off); others
         # go to the readers.
         inline = (source == DEMAND and nbytes <= INLINE_WARM_BYTES
                   and self.fetcher.pc.holds(key))

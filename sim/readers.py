@@ -10,7 +10,7 @@ meanwhile. This gives the exact non-preemptive priority M/G/c behaviour without 
 which is what keeps 1,000 decode steps of a 40-layer model well under 5 s.
 
 Hand-off (`handoff_ms`): a main thread that blocks on a load a reader is doing resumes
-`handoff_s` after the load finishes, not at once: in the engine (engine.prefetch) that is the
+`handoff_s` after the load finishes, not at once: in the engine (engine.readers) that is the
 queue put, the reader's wake-up, the event set and the main thread's wake-up with the GIL.
 `resume(load, now)` applies it; a load already finished when the main thread asks costs none.
 """
@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import heapq
 
+from contract.thresholds import INLINE_WARM_BYTES  # shared with the engine
 from sim.loads import Fetcher, Load
 
-# A demand miss the page cache holds, up to this size, is copied by the engine's main thread
-# itself when it must wait for it (engine.prefetch.ReaderPool.wait; MainThread.new_load here):
-# such a copy (~60 KB: ~20-40 us on the 2-core dev VM) is shorter than a hand-off to a reader
-# and back (reports/bench/roundtrip.py; calibrate's handoff_ms); bigger ones are worth copying
-# in parallel on the readers.
-INLINE_WARM_BYTES = 256 << 10
+__all__ = ["INLINE_WARM_BYTES", "DEMAND_PRIORITY", "PREFETCH_PRIORITY", "ReaderPool"]
 
 DEMAND_PRIORITY = 0
 PREFETCH_PRIORITY = 1

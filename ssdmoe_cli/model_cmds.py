@@ -28,7 +28,7 @@ def convert(
 ) -> None:
     """Convert an mlx-lm MoE checkpoint to the streaming layout (resident part + per-layer
     stacked int4 expert files + manifest.json)."""
-    from engine.layout import convert as run_convert
+    from engine.convert import convert as run_convert
     from engine.manifest import MANIFEST_FILE
 
     src, dst = Path(src), Path(dst)

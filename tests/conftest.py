@@ -28,7 +28,7 @@ def tiny_random_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_random_converted(tiny_random_dir, tmp_path_factory) -> Path:
-    from engine.layout import convert
+    from engine.convert import convert
 
     dst = tmp_path_factory.mktemp("tiny-random-converted") / "model"
     convert(tiny_random_dir, dst)
@@ -37,8 +37,8 @@ def tiny_random_converted(tiny_random_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_grouped_converted(tmp_path_factory) -> Path:
+    from engine.convert import convert
     from engine.fixtures.random_models import build_tiny_grouped
-    from engine.layout import convert
 
     root = tmp_path_factory.mktemp("tiny-grouped")
     src = build_tiny_grouped(root / "src", seed=0)
@@ -49,8 +49,8 @@ def tiny_grouped_converted(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def arch_model(tmp_path_factory):
     """arch_model(arch) -> (source dir, converted dir), cached for the session."""
+    from engine.convert import convert
     from engine.fixtures.random_models import build_random
-    from engine.layout import convert
 
     built: dict[str, tuple[Path, Path]] = {}
 

@@ -13,8 +13,8 @@ import mlx_lm
 import pytest
 from mlx_lm.generate import generate_step
 
+from engine.convert import export_mlx
 from engine.generate import generate
-from engine.layout import export_mlx
 from engine.loader import load_streaming
 
 PROMPT = "def fibonacci(n):\n    return"

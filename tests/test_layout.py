@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 
 from contract.errors import BadInput
 from engine.archs import ARCHS
-from engine.layout import convert, export_mlx, read_safetensors_header
+from engine.convert import convert, export_mlx, read_safetensors_header
 from engine.manifest import TENSOR_NAMES, read_manifest, sha256_file, verify_files
 
 ARCH_NAMES = tuple(ARCHS)
@@ -201,7 +201,7 @@ def test_convert_streams_tensor_by_tensor(tmp_path):
     code = (  # VmHWM (not ru_maxrss, which a child inherits across exec from its parent)
         "import sys\n"
         "import mlx.core, mlx_lm.models.qwen3_moe\n"
-        "from engine.layout import convert\n"
+        "from engine.convert import convert\n"
         "def hwm():\n"
         "    for line in open('/proc/self/status'):\n"
         "        if line.startswith('VmHWM:'):\n"

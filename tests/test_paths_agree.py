@@ -20,7 +20,7 @@ from engine.paths.hot import HotPath, HotPool
 from engine.paths.staged import StagedPath
 from engine.paths.stats import PathStats
 from engine.paths.whole_layer import WholeLayerLoader, WholeLayerPath
-from engine.prefetch import ReaderPool
+from engine.readers import ReaderPool
 from engine.store import ExpertStore
 
 PROMPT = "Streaming experts from disk, one layer at a time: def f(x): return x"

@@ -13,7 +13,7 @@ from engine.manifest import read_manifest
 from engine.paths.exact import ExactPath
 from engine.paths.hot import HotPath, HotPool
 from engine.paths.stats import PathStats
-from engine.prefetch import ReaderPool
+from engine.readers import ReaderPool
 from engine.store import ExpertStore
 
 

@@ -13,10 +13,11 @@ from engine.config import EngineConfig
 from engine.generate import generate
 from engine.loader import load_streaming, streaming_blocks
 from engine.manifest import read_manifest
+from engine.oracle import RoutingReplay
 from engine.paths.exact import ExactPath
 from engine.paths.staged import StagedPath, StagingError
 from engine.paths.stats import PathStats
-from engine.prefetch import ReaderPool, RoutingReplay
+from engine.readers import ReaderPool
 from engine.store import ExpertStore
 
 PROMPT = "class LRUCache:\n    def __init__(self, capacity):"
@@ -212,7 +213,7 @@ def test_large_warm_misses_still_copy_in_parallel(env, monkeypatch):
     """Bundles above INLINE_WARM_BYTES: the main thread keeps the first held miss and hands the
     others to the readers (as for cold ones), which copy them in parallel."""
     store, stats, _, rows = env
-    monkeypatch.setattr("engine.prefetch.INLINE_WARM_BYTES", 0)
+    monkeypatch.setattr("engine.readers.INLINE_WARM_BYTES", 0)
     pool = ReaderPool(store, 2, stats, help_main=True)
     queued = []
     real_enqueue = pool._enqueue

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from contract.errors import BadInput
+from engine.convert import convert
 from engine.fixtures import FIXTURES
 from engine.fixtures.widen import build_tiny_trained_wide
-from engine.layout import convert
 from engine.loader import load_resident
 from engine.manifest import read_manifest
 

@@ -118,7 +118,7 @@ def test_small_warm_demand_read_is_done_by_the_main_thread_without_handoff(bundl
     """hot, one reader, a one-bundle LRU, 64 GiB of page cache, routing 0, 1, 0, 1, ...: the
     first two loads are cold (a reader: load + h each); from step 2 on every load is a page
     cache copy. A small one (<= INLINE_WARM_BYTES) the main thread does itself, as the engine
-    does (engine.prefetch): load overhead only, no hand-off; a big one still goes to the
+    does (engine.readers): load overhead only, no hand-off; a big one still goes to the
     reader and costs overhead + h."""
     h, steps = 0.2, 12
     m = model(layers=1, experts=16, k=1, build_ms_per_layer=0.5, bundle_bytes=bundle)

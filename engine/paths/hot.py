@@ -26,7 +26,7 @@ from engine.fill_points import FillPoints, at_build_step
 from engine.paths.exact import ExactPath
 from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
 from engine.paths.stats import PathStats, host_routed
-from engine.prefetch import ReaderPool
+from engine.readers import ReaderPool
 from engine.store import ExpertStore
 
 

@@ -45,7 +45,7 @@ from engine.fill_points import FillPoints, at_build_step
 from engine.paths.exact import ExactPath
 from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
 from engine.paths.stats import PathStats, host_routed
-from engine.prefetch import ReaderPool, Ticket
+from engine.readers import ReaderPool, Ticket
 from engine.store import ExpertStore
 
 

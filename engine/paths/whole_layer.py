@@ -19,7 +19,7 @@ import mlx.core as mx
 from contract.errors import BadInput
 from engine.paths.kernel import Quant, alloc_stack, switch_glu
 from engine.paths.stats import PathStats
-from engine.prefetch import ReaderPool, Ticket
+from engine.readers import ReaderPool, Ticket
 from engine.store import ExpertStore
 
 

@@ -3,7 +3,7 @@
 One process, arms rotated each round, the benchmark's two prompts, greedy tokens:
   engine-resident  the resident model through engine.generate (no fill points)
   staged           preset staged: K + K = 8 sticky slots per layer, misses read on demand
-                   (a warm miss copied by the main thread itself: engine.prefetch)
+                   (a warm miss copied by the main thread itself: engine.readers)
   staged-readers   the same with every held miss but the first handed to the reader threads
                    (INLINE_WARM_BYTES = 0: the policy before warm misses were copied inline)
   staged-all-hit   preset staged with 64 slots per layer: after warm-up every expert is in
@@ -37,7 +37,7 @@ def main() -> None:
         sys.exit(f"{args.model}: no converted model (uv run ssdmoe convert models/tiny-trained "
                  "models/tiny-trained-stream)")
 
-    import engine.prefetch
+    import engine.readers
     from engine.bench import PROMPTS, load_prompts
     from engine.config import EngineConfig
     from engine.generate import generate
@@ -51,10 +51,10 @@ def main() -> None:
         "staged", staged_headroom=experts - k))
 
     prompts = load_prompts(PROMPTS, 2)  # the benchmark's (`ssdmoe bench`)
-    inline = engine.prefetch.INLINE_WARM_BYTES
+    inline = engine.readers.INLINE_WARM_BYTES
 
     def run(model, tok, store=None, inline_bytes: int = inline) -> float:
-        engine.prefetch.INLINE_WARM_BYTES = inline_bytes
+        engine.readers.INLINE_WARM_BYTES = inline_bytes
         steps, seconds = 0, 0.0
         for p in prompts:
             r = generate(model, tok, p, args.tokens, stop_at_eos=False, store=store)
@@ -75,7 +75,7 @@ def main() -> None:
         for a in names[r % len(names):] + names[:r % len(names)]:
             rounds[a].append(arms[a]())
     loads = {}
-    engine.prefetch.INLINE_WARM_BYTES = inline
+    engine.readers.INLINE_WARM_BYTES = inline
     for name, (model, tok, store) in {"staged": staged, "staged-all-hit": all_hit}.items():
         rows: list[dict] = []
         store.on_load = rows.append
