@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from contract.errors import BadInput
+from ssdmoe_cli.options import ReadIops, ReadMbps, Seed, Temp
 from traces.regime import DECODE_SEED, DECODE_TEMP
 
 
@@ -40,15 +41,10 @@ def bench(
     prerouter: Annotated[Path | None, typer.Option(
         "--prerouter", help="Heads for the staged-prerouter arm (default: MODEL/prerouter).")]
         = None,
-    temp: Annotated[float, typer.Option(
-        "--temp", help="Sampling temperature of every arm (default 1.0: realistic routing; "
-        "0 = greedy, whose tiny-fixture text loops).")] = DECODE_TEMP,
-    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = DECODE_SEED,
-    read_mbps: Annotated[str | None, typer.Option(
-        "--read-mbps", help="Throttle every arm's reads from the model's disk to N MB/s "
-        "(kernel block-I/O throttle; Linux, root).")] = None,
-    read_iops: Annotated[str | None, typer.Option(
-        "--read-iops", help="Throttle every arm's reads to N reads/s.")] = None,
+    temp: Temp = DECODE_TEMP,
+    seed: Seed = DECODE_SEED,
+    read_mbps: ReadMbps = None,
+    read_iops: ReadIops = None,
     from_json: Annotated[Path | None, typer.Option(
         "--from-json", help="Re-render the table and chart of an earlier result JSON "
         "(summary recomputed from its raw rounds); runs nothing.")] = None,

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from contract.errors import BadInput
+from ssdmoe_cli.options import ReadIops, ReadMbps, Seed, Temp
 from traces.regime import DECODE_SEED, DECODE_TEMP
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "traces" / "prompts" / "default.jsonl"
@@ -59,19 +60,13 @@ def capture(
         "next layer's router on this layer's state; preset staged).")] = "none",
     top_k: Annotated[int | None, typer.Option(
         "--top-k", help="Route at K experts per token instead of the model's own K.")] = None,
-    read_mbps: Annotated[str | None, typer.Option(
-        "--read-mbps", help="Throttle this run's reads from the model's disk to N MB/s "
-        "(kernel block-I/O throttle; Linux, root).")] = None,
-    read_iops: Annotated[str | None, typer.Option(
-        "--read-iops", help="Throttle this run's reads from the model's disk to N reads/s.")]
-        = None,
-    temp: Annotated[float, typer.Option(
-        "--temp", help="Sampling temperature (default 1.0: realistic routing; 0 = greedy).")]
-        = DECODE_TEMP,
+    read_mbps: ReadMbps = None,
+    read_iops: ReadIops = None,
+    temp: Temp = DECODE_TEMP,
     greedy: Annotated[bool, typer.Option(
         "--greedy", help="Greedy decoding (same as --temp 0; tiny fixtures' greedy text loops, "
         "so its routing repeats).")] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = DECODE_SEED,
+    seed: Seed = DECODE_SEED,
     prefill_step_size: Annotated[int, typer.Option(
         "--prefill-step-size", help="Prompt tokens per prefill step.")] = 2048,
     stop_at_eos: Annotated[bool, typer.Option(
