@@ -94,16 +94,22 @@ def test_partially_resident_bundle_is_cold(method, tiny_random_converted, model_
         off, length = t.offset + e * t.stride, t.stride
         p0, p1 = -(-off // PAGE), (off + length) // PAGE
         assert p1 > p0
-        os.posix_fadvise(s._files[layer].fd, p0 * PAGE, (p1 - p0) * PAGE,
-                         os.POSIX_FADV_DONTNEED)
-        if s.residency(layer, e) == 1.0:
-            pytest.skip("the kernel kept the pages (large folios?): no partial bundle to test")
-        # Closed form: pages are counted per range, so the bundle has sum(range pages) pages.
         total = sum(-(-(o + n) // PAGE) - o // PAGE for o, n in s.bundle_ranges(layer, e))
-        assert s.residency(layer, e) == (total - (p1 - p0)) / total
-        assert s.is_cold(layer, e)
-        buf = _buffers(s, layer)
-        assert s.read_bundle(layer, e, buf)["cold"] is True
+        # Up to 3 tries: on a busy machine the kernel can bring the dropped pages back between
+        # the residency check and the read; a store that never sees the bundle cold fails all.
+        for _ in range(3):
+            os.posix_fadvise(s._files[layer].fd, p0 * PAGE, (p1 - p0) * PAGE,
+                             os.POSIX_FADV_DONTNEED)
+            if s.residency(layer, e) == 1.0:
+                pytest.skip("the kernel kept the pages (large folios?): no partial bundle")
+            # Closed form: pages are counted per range, so the bundle has sum(range pages).
+            assert s.residency(layer, e) == (total - (p1 - p0)) / total
+            assert s.is_cold(layer, e)
+            buf = _buffers(s, layer)
+            if s.read_bundle(layer, e, buf)["cold"] is True:
+                break
+        else:
+            pytest.fail("a partially resident bundle was never read as cold")
         _assert_bytes(buf, ref)
         assert s.residency(layer, e) == 1.0
         assert s.read_bundle(layer, e, _buffers(s, layer))["cold"] is False
