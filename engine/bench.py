@@ -55,7 +55,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traces.regime import DECODE_SEED, DECODE_TEMP
+from traces.regime import DECODE_SEED, DECODE_TEMP, decode_routing
 
 ARMS = ("resident", "engine-resident", "resident-sync", "on-demand", "hot", "staged",
         "staged-oracle", "staged-layer", "staged-prerouter")
@@ -447,8 +447,7 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
         # share of positions equal to the base tokens, per predicted-routing arm
         "prerouter_token_agreement": agreement.get("staged-prerouter"),
         "predicted_token_agreement": agreement,
-        "decode_routing": {"mode": "greedy"} if spec.temp == 0 else
-        {"mode": "sampled", "temp": spec.temp, "seed": spec.seed},
+        "decode_routing": decode_routing(spec.temp, spec.seed),
         "throttle": None if spec.read_mbps is None and spec.read_iops is None else
         {"read_mbps": spec.read_mbps, "read_iops": spec.read_iops},
         "runs": runs, "machine": _machine(),

@@ -17,14 +17,6 @@ from engine.recorder import Recorder, engine_info, run_info
 from traces.schema import RUN_FILE
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "traces" / "prompts" / "default.jsonl"
-def decode_routing(temp: float, seed: int) -> dict:
-    """run.json `capture.decode_routing`: how decode tokens were chosen, so a reader knows the
-    routing regime of the trace."""
-    if temp == 0:
-        return {"mode": "greedy", "temp": 0.0, "seed": None}
-    return {"mode": "sampled", "temp": float(temp), "seed": int(seed)}
-
-
 def read_prompts(path: str | Path) -> list[str]:
     """A JSON-lines file, one object per line with a non-empty string "prompt" (blank lines
     are skipped). Errors name file:line."""

@@ -100,9 +100,13 @@ class Comparison:
         }
 
 
+def profile_name(model: str) -> str:
+    """The profile name of a converted model's directory name (a trailing "-stream" dropped)."""
+    return model[: -len("-stream")] if model.endswith("-stream") else model
+
+
 def model_name(trace: Trace) -> str:
-    name = str((trace.run.get("model") or {}).get("name") or "")
-    return name[: -len("-stream")] if name.endswith("-stream") else name
+    return profile_name(str((trace.run.get("model") or {}).get("name") or ""))
 
 
 def trace_model(trace: Trace, notes: list[str]):

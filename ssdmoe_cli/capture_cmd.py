@@ -118,13 +118,8 @@ def capture(
         raise BadInput(f"{model}: not a converted model (no manifest.json; ssdmoe convert)")
 
     from engine.capture import capture as run_capture
-    from engine.capture import (
-        decode_routing,
-        load_engine,
-        prepare_out_dir,
-        read_prompts,
-        start_recorder,
-    )
+    from engine.capture import load_engine, prepare_out_dir, read_prompts, start_recorder
+    from traces.regime import decode_routing
 
     texts = read_prompts(prompts)
     lm, tokenizer, store, config = load_engine(

@@ -7,7 +7,6 @@ child processes; this process never imports MLX."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -31,13 +30,10 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _model_name(model: Path) -> str:
-    name = model.resolve().name
-    return name[: -len("-stream")] if name.endswith("-stream") else name
+    from sim.compare import profile_name
+
+    return profile_name(model.resolve().name)
 
 
 def _calibrate(model: Path, out: Path) -> dict:
@@ -202,7 +198,9 @@ def validate(
     if n_prompts < 1 or tokens < 2:
         raise BadInput("--prompts must be >= 1 and --max-tokens >= 2")
     configs, skipped, heads = _runnable(m.configs(), model, train_heads)
-    sha = _sha(model / "manifest.json")
+    from engine.manifest import sha256_file
+
+    sha = sha256_file(model / "manifest.json")
     _start(out, {"model_sha256": sha, "prompts": n_prompts, "max_tokens": tokens}, fresh)
     cal = _calibration(model, out, calibrate)
 

@@ -23,6 +23,14 @@ DECODE_TEMP = 1.0
 DECODE_SEED = 0
 
 
+def decode_routing(temp: float, seed: int) -> dict:
+    """How decode tokens were chosen (run.json `capture.decode_routing`, bench JSON), so a
+    reader knows the routing regime of a trace."""
+    if temp == 0:
+        return {"mode": "greedy", "temp": 0.0, "seed": None}
+    return {"mode": "sampled", "temp": float(temp), "seed": int(seed)}
+
+
 @dataclass(frozen=True)
 class Regime:
     decode_overlap: float | None

@@ -7,6 +7,7 @@ whose per-step time is furthest off is named. No MLX here."""
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from pathlib import Path
@@ -61,6 +62,7 @@ def _fmt(v: Any, digits: int = 2) -> str:
 # ---------------------------------------------------------------- the prerouter's gain
 
 
+@functools.cache  # the gain table and the bound read the same traces
 def _trace_io(trace_dir: str) -> dict[str, float]:
     """Cold bytes and cold loads per decode step, from the trace's loads table."""
     import polars as pl

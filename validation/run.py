@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import BadInput
+from engine.bench import expert_files, warm_files  # MLX-free helpers
 from traces.regime import DECODE_SEED, DECODE_TEMP
+from traces.writer import write_json_atomic
 from validation.matrix import PAGE_CACHE, Config
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "traces" / "prompts" / "default.jsonl"
@@ -72,22 +74,14 @@ def prompts_file(plan: Plan) -> Path:
     return f
 
 
-def _warm(model: Path) -> None:
-    """Every expert file read once (the page cache then holds them: configuration "all")."""
-    for f in sorted((model / "experts").glob("*")) if (model / "experts").is_dir() else []:
-        with open(f, "rb") as fh:
-            while fh.read(8 << 20):
-                pass
-
-
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "ssdmoe_cli", *args]
 
 
 def capture(plan: Plan, c: Config, prompts: Path) -> None:
     out = plan.trace_dir(c)
-    if PAGE_CACHE[c.page_cache] is None:
-        _warm(plan.model)
+    if PAGE_CACHE[c.page_cache] is None:  # configuration "all": every expert file cached
+        warm_files(expert_files(plan.model))
     cmd = cli("capture", str(plan.model), "--out", str(out), "--force", "--no-progress",
               "--prompts", str(prompts), "--max-tokens", str(plan.max_tokens),
               "--temp", str(plan.temp), "--seed", str(plan.seed), *c.capture_args(plan.heads))
@@ -126,9 +120,7 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
     }
     path = plan.result_path(c)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, result, durable=False)
     return result
 
 
