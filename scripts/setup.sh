@@ -25,4 +25,4 @@ if [ "$(uname -s)" = "Linux" ]; then
     fi
 fi
 
-uv sync --frozen --quiet
+uv sync --frozen --quiet --all-extras  # extras too: the Ray backend is tested

@@ -1,22 +1,30 @@
-"""The simulator (no MLX, ever): a SimPy model of storage, page cache, engine caches, staged slots,
-reader threads and the main thread that replays a trace (or synthetic routing) and writes a
-simulated trace in the same schema as a measured one.
+"""The simulator (no MLX, ever): a discrete-event model in SimPy of a machine serving an MoE from
+SSD. Every actor that waits or contends is a process or a resource: the main thread (graph
+building, syncs, fills), the compute stream, reader threads, the storage device, the host's CPU
+cores (shared by all of them) and memory (RAM split between the OS, the engine, its caches and the
+page cache). It replays a trace (or synthetic routing) and writes a simulated trace in the same
+schema as a measured one.
 
-  scenario.py     Hardware / ModelProfile / Scenario dataclasses
-  profiles.py     TOML loading, validation, --set key=value overrides
-  memory.py       RAM budget: unreclaimable memory and the page cache left
-  storage.py      the device (queue depth, latency, shared bandwidth)
-  throttle.py     the kernel's block-I/O read throttle in front of it (a token bucket)
-  lru.py          byte-bounded LRU; page_cache.py (OS page cache), caches.py (bundle LRU, slots)
-  loads.py        a load and its cost (page cache -> device -> CPU overheads)
-  readers.py      reader threads: priority queue, demand before prefetch
-  policies.py     on-demand, hot, prerouter (lead one token or N layers)
-  main_thread.py  the SimPy process: graph build, accelerator timeline, waits
+  scenario.py        Hardware / ModelProfile / Scenario dataclasses
+  profiles.py        TOML loading, validation, --set key=value overrides
+  cpu.py             the host's cores: processor sharing among every thread that computes
+  compute_stream.py  the accelerator's command stream (on a CPU backend: a thread on the cores)
+  main_thread.py     the main thread's process: graph build, fills, syncs, waits
+  readers.py         reader threads: processes on one priority queue, demand before prefetch
+  loads.py           a load and its cost by where its bytes are (page cache, device) + CPU work
+  storage.py         the device, closed form (queue depth, latency, shared bandwidth)
+  device_process.py  the same device as SimPy resources: the reference the closed form equals
+  throttle.py        the kernel's block-I/O read throttle in front of it (a token bucket)
+  memory.py          RAM budget: OS, engine, app caches; the page cache gets what is left
+  swap.py            oversubscription: the engine's paged-out memory faulted back in
+  lru.py             byte-bounded LRU; page_cache.py (OS page cache), caches.py (LRU, slots)
+  policies.py        on-demand, hot, prerouter (lead one token or N layers)
   routing_input.py, routing_synth.py   what is replayed
-  record.py       simulated run -> trace tables; replay.py: run_scenario()
-  sweep.py        grids of scenarios in worker processes -> Parquet + PNG (`sim sweep`)
-  compare.py      a measured trace replayed with its engine config, side by side (`sim compare`)
-  model_profile.py  a model profile from a converted model's manifest (`sim profile-model`)
-  calibrate.py    storage probes, fits and profile writers for `ssdmoe calibrate` (the engine
-                  timings are engine/calibrate.py's)
+  record.py          simulated run -> trace tables; replay.py: run_scenario()
+  sweep.py           grids of scenarios in worker processes -> Parquet + PNG (`sim sweep`);
+                     sweep_ray.py: the same points as Ray tasks (`--backend ray`)
+  compare.py         a measured trace replayed with its engine config, side by side
+  model_profile.py   a model profile from a converted model's manifest (`sim profile-model`)
+  calibrate.py       storage probes, fits and profile writers for `ssdmoe calibrate` (the engine
+                     timings are engine/calibrate.py's)
 """

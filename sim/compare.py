@@ -33,6 +33,9 @@ The engine configuration in run.json `engine` maps onto scenario keys:
                                         RAM - unreclaimable = that
   build_ms_per_layer                    the scenario's notes "build_ms_per_layer.<path>" when
                                         present (per-path main-thread CPU, from calibrate)
+  compute_factor, load_overhead_ms      the scenario's notes "compute_factor" and
+                                        "load_overhead_ms.in_decode" when present (fitted
+                                        inside decode by ssdmoe validate's calibration subset)
   cold_overhead_ms (O_DIRECT traces)    the scenario's notes "cold_overhead_ms.o_direct" when
                                         present (an O_DIRECT bundle read, from calibrate)
 Routing (and the step plan: prefill chunks, decode steps, requests) comes from the trace.
@@ -207,31 +210,28 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     build = sc.notes.get(f"build_ms_per_layer.{path}")
     if build is not None:
         sets.append(f"build_ms_per_layer={build}")
+    for key, setting in (("compute_factor", "compute_factor"),
+                         ("load_overhead_ms.in_decode", "load_overhead_ms")):
+        fitted = sc.notes.get(key)  # fitted inside decode by ssdmoe validate
+        if fitted is not None:
+            sets.append(f"{setting}={fitted}")
     direct = sc.notes.get("cold_overhead_ms.o_direct")
     if o_direct and direct is not None:
         sets.append(f"cold_overhead_ms={direct}")
     return sets, path, notes
 
 
-PAGE = 4096
-
-
 def paged_bundle_bytes(trace: Trace) -> float | None:
-    """Mean bytes the engine's page-cache budget charges per bundle: each of its ranges rounded
-    out to whole pages (engine.store), from the manifest the trace names; None if unknown."""
+    """Mean bytes the engine's page-cache budget charges per bundle (its ranges rounded out to
+    whole pages: sim.model_profile.paged_bundle_bytes), from the manifest the trace names;
+    None if unknown."""
+    from sim.model_profile import paged_bundle_bytes as paged
     from sim.model_profile import read_manifest_json
 
     path = (trace.run.get("model") or {}).get("path")
     if not path or not Path(path, "manifest.json").is_file():
         return None
-    layer = read_manifest_json(Path(path))["layers"][0]
-    total, experts = 0, 0
-    for t in layer["tensors"].values():
-        experts = int(t["shape"][0])
-        for e in range(experts):
-            start = int(t["offset"]) + e * int(t["stride"])
-            total += (-(-(start + int(t["stride"])) // PAGE) - start // PAGE) * PAGE
-    return total / experts if experts else None
+    return paged(read_manifest_json(Path(path)))
 
 
 def with_page_cache(sc: Scenario, budget_bytes: int, notes: list[str],
@@ -303,8 +303,11 @@ def scenario_for(trace: Trace, scenario: str | None = None,
     sc = apply_overrides(sc, derived + list(sets or []))
     engine = trace.run.get("engine") or {}
     budget_bytes = engine.get("page_cache_budget")
+    paged = paged_bundle_bytes(trace)
+    if paged is not None and not sc.model.device_bundle_bytes:
+        sc.model.device_bundle_bytes = int(round(paged))  # what a cold read moves
     if budget_bytes is not None and not engine.get("o_direct_effective", engine.get("o_direct")):
-        sc = with_page_cache(sc, int(budget_bytes), notes, paged_bundle_bytes(trace))
+        sc = with_page_cache(sc, int(budget_bytes), notes, paged)
         derived.append(f"page cache = {int(budget_bytes)} bytes")
     sc.source = f"{sc.source} (sim compare {trace.path})"
     check_scenario(sc)

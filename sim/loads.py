@@ -1,10 +1,15 @@
 """A load (one bundle, or one whole layer at prefill) and what performing it costs.
 
-Cost of a load started at time s by some thread (main or a reader):
-    cold: device read (sim.storage: queueing + latency + bytes / bandwidth), then the bundle
-          enters the page cache; warm: page-cache hit, no device time
-    copy: bytes / memcpy (page cache -> engine memory; 0 when memcpy_gbps is 0)
-    CPU:  pieces x load_overhead + cold pieces x cold_overhead, on the thread doing the load
+Where a load's bytes are decides its cost, on the thread doing it (main or a reader):
+    page cache  a copy into engine memory (bytes / memcpy_gbps) and the per-read work
+                (pieces x load_overhead: syscall, array, bookkeeping)
+    device      first the device read of the bundle's ranges rounded out to pages
+                (device_bundle_bytes; sim.storage: throttle, queueing, latency, bytes /
+                bandwidth; no CPU while it is in flight), then the bundle enters the page cache,
+                then the copy, the per-read work and the fault work of the cold pieces
+                (cold pieces x cold_overhead: page faults, VM mapping)
+Copy, per-read and fault work are CPU time on the host's shared cores (sim.cpu), so a load
+slows down when graph building and compute run beside it, and slows them down in turn.
 A bundle may be read as several pieces (tensor-wise partial reads, `*_pieces`): with readahead
 the first cold piece brings the whole bundle in and the others are warm; without it every piece
 of a cold bundle is a separate device request.
@@ -12,6 +17,11 @@ of a cold bundle is a separate device request.
 
 from __future__ import annotations
 
+from collections.abc import Generator
+
+import simpy
+
+from sim.cpu import Cores
 from sim.page_cache import PageCache
 from sim.scenario import Hardware
 from sim.storage import Device
@@ -22,10 +32,10 @@ DEMAND, PREFETCH, WHOLE_LAYER = "demand", "prefetch", "whole_layer"
 class Load:
     __slots__ = ("step", "layer", "expert", "nbytes", "pieces", "source", "issued", "started",
                  "finished", "cold", "cold_pieces", "waited", "wait", "thread", "priority",
-                 "seq", "key")
+                 "seq", "key", "done")
 
     def __init__(self, step: int, layer: int, expert: int, key: int, nbytes: int, pieces: int,
-                 source: str, issued: float, priority: int = 1) -> None:
+                 source: str, issued: float, done: simpy.Event, priority: int = 1) -> None:
         self.step = step
         self.layer = layer
         self.expert = expert
@@ -43,55 +53,56 @@ class Load:
         self.thread = ""
         self.priority = priority
         self.seq = 0
+        self.done = done  # fires when the bytes are in engine memory
 
 
 class Fetcher:
     """Performs loads against the page cache and the device; keeps the load log."""
 
-    def __init__(self, hw: Hardware, device: Device, page_cache: PageCache,
-                 experts: int, bundle_bytes: int) -> None:
+    def __init__(self, env: simpy.Environment, hw: Hardware, device: Device,
+                 page_cache: PageCache, cores: Cores, experts: int, bundle_bytes: int,
+                 device_bundle_bytes: int = 0) -> None:
+        self.env = env
         self.device = device
         self.pc = page_cache
+        self.cores = cores
         self.experts = experts
         self.bundle_bytes = bundle_bytes
+        self.device_bytes = device_bundle_bytes or bundle_bytes  # page-rounded ranges
         self.overhead = hw.load_overhead_ms / 1e3
         self.cold_overhead = hw.cold_overhead_ms / 1e3
         self.copy_bps = hw.memcpy_gbps * 1e9
         self.readahead = hw.readahead
         self.log: list[Load] = []
 
-    def perform(self, load: Load, start: float, thread: str) -> float:
-        """Run `load` from `start` on `thread`; fills its fields and returns its finish time."""
-        load.started = start
+    def perform(self, load: Load, thread: str) -> Generator:
+        """Run `load` now on `thread` (a SimPy sub-process: `yield from`)."""
+        env = self.env
+        load.started = env.now
         load.thread = thread
         if load.expert < 0:
-            return self._whole_layer(load, start)
-        io_end = start
-        if self.pc.probe(load.key):
-            cold_pieces = 0
+            missing = self.pc.probe_layer(load.layer)
+            requests, cold_bytes = load.pieces, missing * self.device_bytes
+            cold_pieces = 1 if missing else 0
+        elif self.pc.probe(load.key):
+            requests = cold_bytes = cold_pieces = 0
         else:
             requests = 1 if self.readahead else load.pieces
+            cold_bytes = load.nbytes * self.device_bytes // self.bundle_bytes
             cold_pieces = requests
-            _, io_end = self.device.read(start, load.nbytes, requests)
-            self.pc.fill(load.key)
+        if cold_bytes:
+            _, io_end = self.device.read(env.now, cold_bytes, requests)
+            yield env.timeout(io_end - env.now)
+            if load.expert < 0:
+                self.pc.fill_layer(load.layer)
+            else:
+                self.pc.fill(load.key)
+        cpu = load.pieces * self.overhead + cold_pieces * self.cold_overhead
         if self.copy_bps:
-            io_end += load.nbytes / self.copy_bps
+            cpu += load.nbytes / self.copy_bps
+        yield self.cores.work(cpu, thread)
         load.cold = cold_pieces > 0
         load.cold_pieces = cold_pieces
-        load.finished = io_end + load.pieces * self.overhead + cold_pieces * self.cold_overhead
+        load.finished = env.now
         self.log.append(load)
-        return load.finished
-
-    def _whole_layer(self, load: Load, start: float) -> float:
-        missing = self.pc.probe_layer(load.layer)
-        io_end = start
-        if missing:
-            _, io_end = self.device.read(start, missing * self.bundle_bytes, load.pieces)
-            self.pc.fill_layer(load.layer)
-        if self.copy_bps:
-            io_end += load.nbytes / self.copy_bps
-        load.cold = missing > 0
-        load.cold_pieces = 1 if missing else 0
-        load.finished = io_end + load.pieces * self.overhead + load.cold_pieces * self.cold_overhead
-        self.log.append(load)
-        return load.finished
+        load.done.succeed()

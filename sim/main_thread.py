@@ -30,29 +30,33 @@ t's fill points. Per decode step t (a window of wall time, as the engine's trace
 
 Per prefill step: whole-layer loads, layer L+1's load overlapping layer L's compute.
 
-The accelerator is a timeline (work starts when queued and the device is free; with the hardware's
-lazy_compute, work queued by the synchronous loop or a prefill starts only at the next sync; a sync
-that finds work queued or running costs sync_overhead_ms more), loads are timed by sim.loads /
-sim.readers; the process yields one SimPy timeout per layer to move the clock. Times are seconds.
+The main thread is one SimPy process; the others are sim.compute_stream (the accelerator, or on
+a CPU backend a compute thread on the host's cores), sim.readers (reader threads) and the storage
+device; graph building, fills, copies and faults ask sim.cpu for CPU time. With the hardware's
+lazy_compute, work queued by the synchronous loop or a prefill starts only at the next sync; a
+sync that finds work queued or running costs sync_overhead_ms more. Times are seconds.
 Blocked time = main thread waiting on (or itself performing) expert loads (a wait on a reader's
 load includes the hardware's thread hand-off, handoff_ms: sim.readers); eval time = waiting on
 the accelerator; build time = graph building (and, in the synchronous loop, slot rewrites).
 """
-
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import simpy
 
 from sim.caches import BundleLRU, StagedSlots
+from sim.compute_stream import ComputeStream
+from sim.cpu import Cores
 from sim.loads import DEMAND, PREFETCH, WHOLE_LAYER, Fetcher, Load
 from sim.policies import Policy
-from sim.readers import DEMAND_PRIORITY, INLINE_WARM_BYTES, PREFETCH_PRIORITY, ReaderPool
+from sim.readers import DEMAND_PRIORITY, INLINE_WARM_BYTES, PREFETCH_PRIORITY, ReaderThreads
 from sim.scenario import Scenario
+from sim.swap import Swap
 
 _ABSENT = object()
+MAIN_THREAD = "main"
 
 
 class StepLog:
@@ -69,111 +73,117 @@ class StepLog:
 
 
 class MainThread:
-    def __init__(self, sc: Scenario, policy: Policy, fetcher: Fetcher, pool: ReaderPool | None,
-                 lru: BundleLRU) -> None:
+    def __init__(self, env: simpy.Environment, sc: Scenario, policy: Policy, cores: Cores,
+                 compute: ComputeStream, fetcher: Fetcher, readers: ReaderThreads | None,
+                 lru: BundleLRU, swap: Swap) -> None:
         m, hw = sc.model, sc.hardware
+        self.env = env
         self.sc = sc
         self.policy = policy
+        self.cores = cores
+        self.compute = compute
         self.fetcher = fetcher
-        self.pool = pool
-        if pool is not None:  # the pool is built from the scenario's reader count alone
-            pool.handoff_s = hw.handoff_ms / 1e3
+        self.readers = readers
         self.lru = lru
+        self.swap = swap
         self.slots = StagedSlots(m.layers)
         self.layers = m.layers
         self.experts = m.experts
         self.bundle_bytes = m.bundle_bytes
         self.build_s = m.build_ms_per_layer * hw.cpu_factor / 1e3
         self.head_build_s = m.head_build_ms * hw.cpu_factor / 1e3
-        bw = hw.mem_bandwidth_gbps * 1e9
-        self.attn_s = m.resident_bytes / m.layers / bw
-        expert_bw = hw.expert_gbps * 1e9 if hw.expert_gbps else bw
-        self.expert_s = sc.k * m.bundle_bytes / expert_bw + hw.expert_overhead_ms / 1e3
-        # work queued since the last sync starts at the next one (synchronous loop, prefill)
-        self.lazy = hw.lazy_compute
-        self.lookahead = sc.lookahead
-        self.pending = 0.0
-        self.sync_s = hw.sync_overhead_ms / 1e3
+        bw = hw.mem_bandwidth_gbps * 1e9 / hw.compute_factor
+        self.attn_s = (m.resident_bytes - m.unembed_bytes) / m.layers / bw
+        self.unembed_s = m.unembed_bytes / bw  # logits, after the last layer
+        expert_bw = hw.expert_gbps * 1e9 / hw.compute_factor if hw.expert_gbps else bw
+        self.expert_s = (sc.k * m.bundle_bytes / expert_bw
+                         + hw.expert_overhead_ms * hw.compute_factor / 1e3)
         self.head_s = m.head_bytes / bw
-        self.flops = hw.compute_tflops * 1e12
+        self.flops = hw.compute_tflops * 1e12 / hw.compute_factor
         self.mem_bw = bw
         self.slot_update_s = hw.slot_update_ms / 1e3
         self.uses_slots = policy.sticky or sc.policy == "prerouter"
-        self.now = 0.0
-        self.gpu_free = 0.0
+        self.lookahead = sc.lookahead
         self.log = StepLog()
         self.executed_log: list[list[int]] = []  # per decode step and layer, the executed set
         self.warnings: list[str] = []
         self._reset()
 
-    # -- primitives -------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    # -- primitives (each a SimPy sub-process: `yield from`) --------------------------------
     def _reset(self) -> None:
         self.build = self.eval = self.blocked = 0.0
         self.hits = self.misses = 0
         self.evictions0 = self.lru.evictions
 
-    def cpu(self, seconds: float) -> None:
-        self.now += seconds
-        self.build += seconds
+    def cpu(self, seconds: float) -> Generator:
+        """Graph building on the main thread."""
+        start = self.env.now
+        yield self.cores.work(seconds, MAIN_THREAD)
+        self.build += self.env.now - start
 
-    def fill_cpu(self, seconds: float) -> None:
+    def fill_cpu(self, seconds: float) -> Generator:
         """Main-thread host work of a fill point (lookahead loop): not graph building."""
-        self.now += seconds
-        self.eval += seconds
+        start = self.env.now
+        yield self.cores.work(seconds, MAIN_THREAD)
+        self.eval += self.env.now - start
 
-    def gpu_submit(self, seconds: float) -> None:
-        if self.lazy:
-            self.pending += seconds
-            return
-        self.gpu_queue(seconds)
-
-    def gpu_queue(self, seconds: float) -> None:
-        """Queue work that starts as soon as the accelerator is free (async eval)."""
-        self.gpu_free = (self.gpu_free if self.gpu_free > self.now else self.now) + seconds
-
-    def gpu_sync(self) -> None:
-        if self.pending or (self.sync_s and self.gpu_free > self.now):
-            start = self.gpu_free if self.gpu_free > self.now else self.now
-            self.gpu_free = start + self.pending + self.sync_s
-            self.pending = 0.0
-        if self.gpu_free > self.now:
-            self.eval += self.gpu_free - self.now
-            self.now = self.gpu_free
+    def gpu_sync(self) -> Generator:
+        """Wait until the compute stream has run everything queued (the host needs a value)."""
+        done = self.compute.sync()
+        if not done.triggered:
+            start = self.env.now
+            yield done
+            self.eval += self.env.now - start
 
     def new_load(self, step: int, layer: int, expert: int, key: int, nbytes: int, pieces: int,
-                 source: str, priority: int) -> Load:
-        load = Load(step, layer, expert, key, nbytes, pieces, source, self.now, priority)
+                 source: str, priority: int) -> Generator:
+        """Issue a load (a generator returning it: `load = yield from ...`)."""
+        env = self.env
+        load = Load(step, layer, expert, key, nbytes, pieces, source, env.now, env.event(),
+                    priority)
         # A small demand read the page cache holds is a copy the engine's main thread does
         # itself (engine.readers.INLINE_WARM_BYTES: cheaper than a reader hand-off); others
         # go to the readers.
         inline = (source == DEMAND and nbytes <= INLINE_WARM_BYTES
                   and self.fetcher.pc.holds(key))
-        if self.pool is not None and not inline:
-            self.pool.advance(self.now)
-            self.pool.submit(load)
+        if self.readers is not None and not inline:
+            self.readers.submit(load)
         else:  # the main thread reads it now and is blocked meanwhile
-            finish = self.fetcher.perform(load, self.now, "main")
+            start = env.now
+            yield from self.fetcher.perform(load, MAIN_THREAD)
             load.waited = True
-            load.wait = finish - self.now
+            load.wait = env.now - start
             self.blocked += load.wait
-            self.now = finish
         return load
 
-    def wait(self, load: Load) -> None:
-        if load.started < 0:
-            self.pool.promote(load)
-        # a reader's load: the main thread resumes after its finish plus the thread hand-off;
-        # one the main thread read itself (no pool) is done by now
-        resume = self.pool.resume(load, self.now) if self.pool is not None else load.finished
-        if resume > self.now:
-            waited = resume - self.now
-            load.waited = True
-            load.wait += waited
-            self.blocked += waited
-            self.now = resume
+    def wait(self, load: Load) -> Generator:
+        if load.done.triggered:
+            return
+        if self.readers is not None:
+            self.readers.promote(load)
+        start = self.env.now
+        yield load.done
+        if self.readers is not None:
+            yield self.env.timeout(self.readers.handoff_s)
+        load.waited = True
+        load.wait += self.env.now - start
+        self.blocked += self.env.now - start
+
+    def cache_hit(self, key: int) -> Generator:
+        """An app-cache hit: free unless memory is oversubscribed and its pages were swapped
+        out (sim.swap), then a swap-in read on the main thread."""
+        cost = self.swap.hit_cost(self.env.now, self.bundle_bytes)
+        if cost > 0:
+            start = self.env.now
+            yield self.env.timeout(cost)
+            self.blocked += self.env.now - start
 
     # -- caches -----------------------------------------------------------------------------
-    def stage(self, step: int, layer: int, predicted: list[int]) -> None:
+    def stage(self, step: int, layer: int, predicted: list[int]) -> Generator:
         """Fill the next-token buffer of `layer` with `predicted` (prefetch what is missing)."""
         current = self.slots.current[layer]
         lru = self.lru
@@ -187,13 +197,14 @@ class MainThread:
             if lru.lookup(key):
                 staged[e] = lru.get(key)
             else:
-                load = self.new_load(step, layer, e, key, self.bundle_bytes,
-                                     self.sc.prefetch_pieces, PREFETCH, PREFETCH_PRIORITY)
+                load = yield from self.new_load(step, layer, e, key, self.bundle_bytes,
+                                                self.sc.prefetch_pieces, PREFETCH,
+                                                PREFETCH_PRIORITY)
                 lru.insert(key, load)
                 staged[e] = load
         self.slots.stage(layer, staged)
 
-    def _staged_layer(self, step: int, row: int, layer: int) -> list[int]:
+    def _staged_layer(self, step: int, row: int, layer: int) -> Generator:
         executed = self.policy.executed(row, layer)
         staged = self.slots.take(layer) or {}
         for e in executed:
@@ -201,18 +212,18 @@ class MainThread:
             if load is None:
                 self.hits += 1
                 continue
-            self.wait(load)
+            yield from self.wait(load)
             if load.step == step and load.source == PREFETCH:
                 self.misses += 1
             else:
                 self.hits += 1
         return executed
 
-    def _router_layer(self, step: int, row: int, layer: int) -> list[int]:
+    def _router_layer(self, step: int, row: int, layer: int) -> Generator:
         policy, lru = self.policy, self.lru
-        self.gpu_sync()  # the router's indices must reach the host
+        yield from self.gpu_sync()  # the router's indices must reach the host
         for target, predicted in policy.after_router(row, layer):
-            self.stage(step, target, predicted)
+            yield from self.stage(step, target, predicted)
         executed = policy.executed(row, layer)
         staged = self.slots.take(layer) or {}
         current = self.slots.current[layer] if policy.sticky else ()
@@ -221,15 +232,19 @@ class MainThread:
         for e in executed:
             if e in current:
                 self.hits += 1
+                yield from self.cache_hit(base + e)
                 continue
             load = staged.get(e, _ABSENT)
             if load is _ABSENT:
                 key = base + e
                 if lru.lookup(key):
                     load = lru.get(key)
+                    if load is None:
+                        yield from self.cache_hit(key)
                 else:
-                    load = self.new_load(step, layer, e, key, self.bundle_bytes,
-                                         self.sc.demand_pieces, DEMAND, DEMAND_PRIORITY)
+                    load = yield from self.new_load(step, layer, e, key, self.bundle_bytes,
+                                                    self.sc.demand_pieces, DEMAND,
+                                                    DEMAND_PRIORITY)
                     lru.insert(key, load)
             if load is None:
                 self.hits += 1
@@ -240,84 +255,88 @@ class MainThread:
             else:
                 self.hits += 1
         for load in need:
-            self.wait(load)
+            yield from self.wait(load)
         return executed
 
     # -- steps ------------------------------------------------------------------------------
-    def decode(self, env: simpy.Environment, step: int, request: int, row: int) -> Generator:
-        """Decode step `step` (trace step index) executing routing row `row`."""
-        start = self.now
+    def decode(self, step: int, request: int, row: int) -> Generator:
+        """Decode step `step` (trace step index) executing routing row `row`, synchronous loop."""
+        start = self.env.now
         self._reset()
         policy = self.policy
         for layer, predicted in policy.boundary(row):
-            self.stage(step, layer, predicted)
+            yield from self.stage(step, layer, predicted)
         for layer in range(self.layers):
-            self.cpu(self._layer_build_s(layer))
-            self.gpu_submit(self.attn_s + (self.head_s if policy.head_owner(layer) else 0.0))
-            self._execute_layer(step, row, layer, self.cpu)
-            self.gpu_submit(self.expert_s)
-            yield env.timeout(self.now - env.now)
-        self.gpu_sync()
-        yield env.timeout(self.now - env.now)
+            yield from self.cpu(self._layer_build_s(layer))
+            self._queue_attention(layer)
+            yield from self._execute_layer(step, row, layer, self.cpu)
+            self.compute.submit(self.expert_s)
+        if self.unembed_s:
+            self.compute.submit(self.unembed_s)
+        yield from self.gpu_sync()
         self._record(step, request, "decode", 1, start)
 
-    def decode_lookahead(self, env: simpy.Environment, step: int, request: int, row: int,
-                         built: bool, next_row: int | None) -> Generator:
+    def decode_lookahead(self, step: int, request: int, row: int, built: bool,
+                         next_row: int | None) -> Generator:
         """Decode step `step` (routing row `row`) in the lookahead loop: its window, during which
         step+1 (routing row `next_row`; None when the request ends here) is built. `built`: the
         step's graph was built, and its layer 0 attention queued, in the previous window.
         Approximation: the engine builds a request's first decode step in the window of its last
         prefill token, which the sim's whole-layer prefill does not model; here that step builds
         its own graph at the start of its window (L x build once per request)."""
-        start = self.now
+        start = self.env.now
         self._reset()
         policy = self.policy
         if not built:  # the first decode step of a request: build it, then queue it
             for layer, predicted in policy.boundary(row):
-                self.stage(step, layer, predicted)
+                yield from self.stage(step, layer, predicted)
             for layer in range(self.layers):
-                self.cpu(self._layer_build_s(layer))
-            self._queue_attention(0)
+                yield from self.cpu(self._layer_build_s(layer))
+            self._queue_attention(0, lazy=False)
         if next_row is not None:  # the next step's on_step_start: stage its sets now
             for layer, predicted in policy.boundary(next_row):
-                self.stage(step + 1, layer, predicted)
+                yield from self.stage(step + 1, layer, predicted)
         for layer in range(self.layers):
-            if next_row is not None:
-                self.cpu(self._layer_build_s(layer))  # step+1's layer, while this step computes
-            self._execute_layer(step, row, layer, self.fill_cpu)  # this step's fill point
-            self.gpu_queue(self.expert_s)
+            if next_row is not None:  # step+1's layer, while this step computes
+                yield from self.cpu(self._layer_build_s(layer))
+            yield from self._execute_layer(step, row, layer, self.fill_cpu)  # its fill point
+            self.compute.submit(self.expert_s, lazy=False)
             if layer + 1 < self.layers:
-                self._queue_attention(layer + 1)
-            yield env.timeout(self.now - env.now)
-        self.gpu_sync()  # token `step` on the host
+                self._queue_attention(layer + 1, lazy=False)
+            elif self.unembed_s:
+                self.compute.submit(self.unembed_s, lazy=False)
+        yield from self.gpu_sync()  # token `step` on the host
         if next_row is not None:
-            self._queue_attention(0)
-        yield env.timeout(self.now - env.now)
+            self._queue_attention(0, lazy=False)
         self._record(step, request, "decode", 1, start)
 
-    def _execute_layer(self, step: int, row: int, layer: int, charge) -> None:
+    def _execute_layer(self, step: int, row: int, layer: int,
+                       charge: Callable[[float], Generator]) -> Generator:
         """Get `layer`'s executed experts in place (staged slots, or a sync on the router then
         the caches and demand loads), charge the slot rewrites to `charge` (graph building in
         the synchronous loop, fill work in the lookahead loop) and log the set."""
         if self.policy.staged_layer(layer):
-            executed = self._staged_layer(step, row, layer)
+            executed = yield from self._staged_layer(step, row, layer)
         else:
-            executed = self._router_layer(step, row, layer)  # syncs on the router
+            executed = yield from self._router_layer(step, row, layer)  # syncs on the router
         if self.uses_slots and self.slot_update_s:
             current = self.slots.current[layer]
-            charge(self.slot_update_s * sum(1 for e in executed if e not in current))
+            yield from charge(self.slot_update_s * sum(1 for e in executed if e not in current))
         self.slots.settle(layer, frozenset(executed))
         self.executed_log.append(executed)
 
     def _layer_build_s(self, layer: int) -> float:
         return self.build_s + (self.head_build_s if self.policy.head_owner(layer) else 0.0)
 
-    def _queue_attention(self, layer: int) -> None:
-        """Queue `layer`'s attention (+ its head) in the lookahead loop."""
-        self.gpu_queue(self.attn_s + (self.head_s if self.policy.head_owner(layer) else 0.0))
+    def _queue_attention(self, layer: int, lazy: bool | None = None) -> None:
+        """Queue `layer`'s attention (+ its head; + the swap-in of its resident pages when
+        memory is oversubscribed)."""
+        seconds = self.attn_s + (self.head_s if self.policy.head_owner(layer) else 0.0)
+        seconds += self.swap.layer_fault_s(self.env.now)
+        self.compute.submit(seconds, lazy)
 
-    def prefill(self, env: simpy.Environment, step: int, request: int, tokens: int) -> Generator:
-        start = self.now
+    def prefill(self, step: int, request: int, tokens: int) -> Generator:
+        start = self.env.now
         self._reset()
         m = self.sc.model
         layer_bytes = self.experts * self.bundle_bytes
@@ -326,42 +345,40 @@ class MainThread:
         compute = max(tokens * 2 * m.active_params / m.layers / self.flops,
                       (m.resident_bytes / m.layers + touched * self.bundle_bytes) / self.mem_bw)
 
-        def whole(layer: int) -> Load:
+        def whole(layer: int) -> Generator:
             return self.new_load(step, layer, -1, -1, layer_bytes, m.whole_layer_reads,
                                  WHOLE_LAYER, PREFETCH_PRIORITY)
 
-        upcoming = whole(0)
+        upcoming = yield from whole(0)
         for layer in range(self.layers):
-            self.cpu(self.build_s)
-            self.wait(upcoming)
-            self.gpu_submit(compute)
+            yield from self.cpu(self.build_s)
+            yield from self.wait(upcoming)
+            self.compute.submit(compute + self.swap.layer_fault_s(self.env.now))
             if layer + 1 < self.layers:
-                upcoming = whole(layer + 1)  # overlaps this layer's compute
-            yield env.timeout(self.now - env.now)
-        self.gpu_sync()
-        yield env.timeout(self.now - env.now)
+                upcoming = yield from whole(layer + 1)  # overlaps this layer's compute
+        yield from self.gpu_sync()
         self._record(step, request, "prefill", tokens, start)
 
     def _record(self, step: int, request: int, phase: str, tokens: int, start: float) -> None:
         self.log.add(step=step, request=request, phase=phase, tokens=tokens, start=start,
-                     end=self.now, build=self.build, eval=self.eval, blocked=self.blocked,
+                     end=self.env.now, build=self.build, eval=self.eval, blocked=self.blocked,
                      hits=self.hits, misses=self.misses,
                      evictions=self.lru.evictions - self.evictions0,
                      lru_bytes=self.lru.used_bytes,
                      page_cache_bytes=self.fetcher.pc.used_bytes)
 
-    def run(self, env: simpy.Environment, plan: list[tuple[str, int, int, int]]) -> Generator:
+    def run(self, plan: list[tuple[str, int, int, int]]) -> Generator:
         """plan: (phase, tokens, request, routing row) per step, in order."""
         built = False  # lookahead: this decode step's graph was built in the previous window
         for step, (phase, tokens, request, row) in enumerate(plan):
             if phase == "prefill":
-                yield from self.prefill(env, step, request, tokens)
+                yield from self.prefill(step, request, tokens)
                 built = False
             elif self.lookahead:
                 nxt = plan[step + 1] if step + 1 < len(plan) else None
                 ahead = nxt is not None and nxt[0] == "decode" and nxt[2] == request
                 next_row = nxt[3] if ahead else None
-                yield from self.decode_lookahead(env, step, request, row, built, next_row)
+                yield from self.decode_lookahead(step, request, row, built, next_row)
                 built = ahead
             else:
-                yield from self.decode(env, step, request, row)
+                yield from self.decode(step, request, row)

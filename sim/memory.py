@@ -1,9 +1,11 @@
 """Memory budget: what is unreclaimable, and what is left for the OS page cache.
 
-page cache = RAM - (OS reserve + resident weights + KV cache + heads + engine caches + staged
-slots + runtime). The checkpoint's expert files compete for that page cache; whatever is pinned
-by the engine (bundle LRU, staged slots) is taken out of it, which is how a bigger app cache can
-starve the page cache under a fixed RAM budget.
+RAM = OS reserve + engine (resident weights + KV cache + heads + bundle LRU + staged slots and
+their views + sticky slots + runtime) + page cache. The page cache gets what is left, so every
+byte an app cache holds is a byte the page cache cannot: a bigger app cache can starve it.
+When what is left is below the kernel's floor for file pages (`page_cache_floor_gib`), the page
+cache keeps the floor and the difference is paged out of the engine's own memory: `swapped` is
+that fraction of the engine's bytes, which sim.swap turns into faults (reads that slow down).
 """
 
 from __future__ import annotations
@@ -37,14 +39,33 @@ class MemoryBudget:
     def unreclaimable(self) -> int:
         return self.os_reserve + self.engine
 
+    page_cache_floor: int = 0
+
     @property
-    def page_cache(self) -> int:
+    def left(self) -> int:
+        """RAM minus the OS reserve and the engine (negative when they do not fit)."""
         return self.ram - self.unreclaimable
 
-    def as_dict(self) -> dict[str, int]:
-        out = {name: int(getattr(self, name)) for name in self.__dataclass_fields__}
+    @property
+    def page_cache(self) -> int:
+        return max(self.left, min(self.page_cache_floor, max(self.ram - self.os_reserve, 0)))
+
+    @property
+    def oversubscribed(self) -> int:
+        """Bytes of the engine's memory paged out (0 when everything fits)."""
+        return max(self.unreclaimable + self.page_cache - self.ram, 0)
+
+    @property
+    def swapped(self) -> float:
+        """Fraction of the engine's memory paged out."""
+        return min(self.oversubscribed / self.engine, 1.0) if self.engine else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        out: dict[str, float] = {name: int(getattr(self, name))
+                                 for name in self.__dataclass_fields__}
         out.update(engine=self.engine, unreclaimable=self.unreclaimable,
-                   page_cache=self.page_cache)
+                   page_cache=self.page_cache, oversubscribed=self.oversubscribed)
+        out["swapped_fraction"] = self.swapped
         return out
 
 
@@ -72,4 +93,5 @@ def budget(sc: Scenario) -> MemoryBudget:
         sticky=sticky_layers * sc.k * m.bundle_bytes,
         runtime=int(sc.runtime_gib * GIB),
         prefill_buffers=2 * m.experts * m.bundle_bytes if sc.prefill_tokens else 0,
+        page_cache_floor=int(hw.page_cache_floor_gib * GIB),
     )

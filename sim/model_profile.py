@@ -72,6 +72,37 @@ def resident_figures(path: Path, bits: int | None) -> tuple[int, int, int]:
     return nbytes, params, embed
 
 
+PAGE = 4096
+
+
+def paged_bundle_bytes(manifest: dict[str, Any]) -> float:
+    """Mean bytes of one bundle's ranges rounded out to whole pages (what the kernel reads, and
+    what the engine's page-cache budget charges: engine.store), over the first MoE layer."""
+    layer = manifest["layers"][0]
+    total, experts = 0, 0
+    for t in layer["tensors"].values():
+        experts = int(t["shape"][0])
+        for e in range(experts):
+            start = int(t["offset"]) + e * int(t["stride"])
+            total += (-(-(start + int(t["stride"])) // PAGE) - start // PAGE) * PAGE
+    return total / experts if experts else 0.0
+
+
+def unembed_bytes(path: Path, tied: bool) -> int:
+    """Bytes of the output projection as held on CPU: lm_head (with its scales and biases when
+    quantized), or the token embedding when the two are tied."""
+    want = ("embed_tokens", "wte.") if tied else ("lm_head",)
+    nbytes = 0
+    for name, t in safetensors_header(path).items():
+        if not any(w in name for w in want):
+            continue
+        count = 1
+        for d in t["shape"]:
+            count *= int(d)
+        nbytes += count * (4 if t["dtype"] in _FLOAT else _BYTES.get(t["dtype"], 4))
+    return nbytes
+
+
 def expert_params(manifest: dict[str, Any]) -> int:
     """Parameters of one expert: sum over gate/up/down of out x in (in from packed words)."""
     bits = int(manifest.get("quantization", {}).get("bits", 4))
@@ -120,6 +151,12 @@ def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | Non
         "active_params": (float(active), (
             f"resident params {res_params}{'' if tied else f' - embedding {embed}'} + {moe} "
             f"MoE layers x K={k} x {per_expert} params per expert")),
+        "device_bundle_bytes": (int(round(paged_bundle_bytes(m))), (
+            f"{src}: the 9 ranges of a bundle rounded out to {PAGE}-byte pages, mean over the "
+            "first MoE layer: what a cold read moves from the device")),
+        "unembed_bytes": (unembed_bytes(resident_path, tied), (
+            f"{resident_path.name}: {'the tied token embedding' if tied else 'lm_head'} as held "
+            "on CPU (read once per step, after the last layer)")),
         "kv_bytes_per_token": (kv, f"2 x {layers} layers x {kv_heads} KV heads x head_dim "
                                f"{head_dim} x 4 bytes (float32 cache)"),
         **heads_profile(model_dir / "prerouter" / "prerouter.json"),

@@ -27,7 +27,8 @@ from sim.scenario import (
 )
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
-OPTIONAL = {"description", "whole_layer_reads", *HARDWARE_OPTIONAL}
+OPTIONAL = {"description", "whole_layer_reads", "unembed_bytes", "device_bundle_bytes",
+            *HARDWARE_OPTIONAL}
 
 _SIZE = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -66,6 +67,10 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "expert_overhead_ms": (_nonneg, "must be >= 0"),
     "sync_overhead_ms": (_nonneg, "must be >= 0"),
     "handoff_ms": (_nonneg, "must be >= 0"),
+    "compute_factor": (_positive, "must be > 0"),
+    "cpu_cores": (_nonneg, "must be >= 0 (0 = not modelled)"),
+    "background_cores": (_nonneg, "must be >= 0"),
+    "page_cache_floor_gib": (_nonneg, "must be >= 0"),
     "throttle_read_mbps": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_read_iops": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_burst_s": (_nonneg, "must be >= 0"),
@@ -80,6 +85,8 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "build_ms_per_layer": (_nonneg, "must be >= 0"),
     "head_build_ms": (_nonneg, "must be >= 0"),
     "whole_layer_reads": (_positive, "must be >= 1"),
+    "unembed_bytes": (_nonneg, "must be >= 0"),
+    "device_bundle_bytes": (_nonneg, "must be >= 0 (0 = bundle_bytes)"),
     "policy": (lambda v: v in POLICIES, f"must be one of {', '.join(POLICIES)}"),
     "k": (_nonneg, "must be >= 1 (0 = the model's K)"),
     "lead": (_lead, 'must be "token" or a number of layers >= 1'),
@@ -218,6 +225,9 @@ def load_model(name_or_path: str, overrides: dict[str, Any] | None = None,
 
 
 def check_model(where: str, m: ModelProfile) -> None:
+    if m.unembed_bytes > m.resident_bytes:
+        raise BadInput(f"{where}: unembed_bytes: {m.unembed_bytes} is more than resident_bytes "
+                       f"({m.resident_bytes}), of which it is a part")
     if not 1 <= m.k <= m.experts:
         raise BadInput(f"{where}: k: {m.k} must be in 1..experts ({m.experts})")
     no_heads = (m.consumer_first, m.consumer_last) == (-1, -1)

@@ -13,16 +13,19 @@ import simpy
 
 from contract.errors import BadInput
 from sim.caches import BundleLRU
+from sim.compute_stream import ComputeStream
+from sim.cpu import Cores
 from sim.loads import Fetcher
 from sim.main_thread import MainThread
 from sim.memory import MemoryBudget, budget
 from sim.page_cache import PageCache
 from sim.policies import make_policy
-from sim.readers import ReaderPool
+from sim.readers import ReaderThreads
 from sim.record import loads_frame, routing_frame, steps_frame
 from sim.routing_input import RoutingInput, from_trace, synthetic
-from sim.scenario import Scenario
+from sim.scenario import GIB, Scenario
 from sim.storage import Device
+from sim.swap import Swap
 from sim.throttle import TokenBucket
 from traces.reader import Trace
 from traces.run_info import RunInfo
@@ -39,18 +42,21 @@ class SimResult:
 
 
 def check_memory(sc: Scenario, mem: MemoryBudget) -> list[str]:
-    """BadInput when RAM cannot even hold the resident weights; a warning (returned) when the
-    engine and OS reserve oversubscribe RAM, in which case the page cache is empty."""
+    """BadInput when RAM cannot even hold the OS reserve and the resident weights; when the
+    rest does not fit, the breakdown and what the model does about it (returned, printed)."""
     where = sc.source or sc.name
-    if mem.ram < mem.resident:
-        raise BadInput(f"{where}: ram_gib: {sc.hardware.ram_gib} GiB is smaller than the resident "
-                       f"weights of {sc.model.name} ({mem.resident / 2**30:.2f} GiB)")
-    if mem.page_cache <= 0:
-        parts = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in _parts(mem).items())
-        return [f"memory oversubscribed by {-mem.page_cache / 2**30:.2f} GiB (unreclaimable "
-                f"{mem.unreclaimable / 2**30:.2f} GiB: {parts}): page cache empty, every read "
-                "is cold"]
-    return []
+    if mem.ram < mem.os_reserve + mem.resident:
+        raise BadInput(f"{where}: ram_gib: {sc.hardware.ram_gib} GiB cannot hold the OS reserve "
+                       f"({mem.os_reserve / GIB:.2f} GiB) and the resident weights of "
+                       f"{sc.model.name} ({mem.resident / GIB:.2f} GiB)")
+    if not mem.oversubscribed:
+        return []
+    parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in _parts(mem).items())
+    return [f"memory oversubscribed by {mem.oversubscribed / GIB:.2f} GiB (RAM "
+            f"{mem.ram / GIB:.2f} GiB; {parts}; page cache floor {mem.page_cache_floor / GIB:.2f}"
+            f"): the page cache is held at {mem.page_cache / GIB:.2f} GiB and "
+            f"{mem.swapped:.0%} of the engine's memory is paged out, so layers and app-cache "
+            "hits fault it back in from the device (sim.swap)"]
 
 
 def _parts(mem: MemoryBudget) -> dict[str, int]:
@@ -59,30 +65,49 @@ def _parts(mem: MemoryBudget) -> dict[str, int]:
     return {n: getattr(mem, n) for n in names if getattr(mem, n)}
 
 
-def simulate(sc: Scenario, routing: RoutingInput) -> tuple[MainThread, Fetcher, Device,
-                                                             ReaderPool | None, MemoryBudget]:
+@dataclass
+class Model:
+    """The simulated machine after a run: its processes, resources and memory."""
+    main: MainThread
+    fetcher: Fetcher
+    device: Device
+    readers: ReaderThreads | None
+    cores: Cores
+    compute: ComputeStream
+    swap: Swap
+    memory: MemoryBudget
+
+
+def simulate(sc: Scenario, routing: RoutingInput) -> Model:
     m, hw = sc.model, sc.hardware
     mem = budget(sc)
     warnings = check_memory(sc, mem)
     if sc.policy == "hot" and sc.lru_bytes < m.bundle_bytes:
         raise BadInput(f"{sc.source or sc.name}: lru_bytes: policy hot needs a bundle LRU of at "
                        f"least one bundle ({m.bundle_bytes} bytes)")
+    env = simpy.Environment()
     device = Device(hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9, hw.queue_depth)
     if hw.throttle_read_mbps > 0:
         device.throttle_bytes = TokenBucket(hw.throttle_read_mbps * 1e6, hw.throttle_burst_s)
     if hw.throttle_read_iops > 0:
         device.throttle_requests = TokenBucket(hw.throttle_read_iops, hw.throttle_burst_s)
-    pc = PageCache(max(mem.page_cache, 0), m.bundle_bytes, m.experts, enabled=not sc.o_direct)
-    fetcher = Fetcher(hw, device, pc, m.experts, m.bundle_bytes)
-    pool = ReaderPool(sc.readers, fetcher) if sc.readers > 0 else None
+    cores = Cores(env, hw.cpu_cores, hw.background_cores)
+    compute = ComputeStream(env, cores if hw.compute_on_cpu else None, hw.lazy_compute,
+                            hw.sync_overhead_ms / 1e3)
+    pc = PageCache(mem.page_cache, m.bundle_bytes, m.experts, enabled=not sc.o_direct)
+    fetcher = Fetcher(env, hw, device, pc, cores, m.experts, m.bundle_bytes,
+                      m.device_bundle_bytes)
+    readers = (ReaderThreads(env, sc.readers, fetcher, hw.handoff_ms / 1e3)
+               if sc.readers > 0 else None)
     lru = BundleLRU(sc.lru_bytes, m.bundle_bytes)
+    swap = Swap(mem.swapped, device, hw.cold_overhead_ms / 1e3,
+                (mem.resident + mem.kv) // m.layers)
     policy = make_policy(sc, routing.router, routing.predicted)
-    main = MainThread(sc, policy, fetcher, pool, lru)
+    main = MainThread(env, sc, policy, cores, compute, fetcher, readers, lru, swap)
     main.warnings = warnings
-    env = simpy.Environment()
-    env.process(main.run(env, routing.plan))
+    env.process(main.run(routing.plan))
     env.run()
-    return main, fetcher, device, pool, mem
+    return Model(main, fetcher, device, readers, cores, compute, swap, mem)
 
 
 def run_info(sc: Scenario, routing: RoutingInput, mem: MemoryBudget) -> RunInfo:
@@ -113,7 +138,9 @@ def run_scenario(sc: Scenario, trace: Trace | None = None,
         routing = from_trace(trace, sc) if trace is not None else synthetic(sc)
     t_routing = time.perf_counter() - t0
     t1 = time.perf_counter()
-    main, fetcher, device, pool, mem = simulate(sc, routing)
+    model = simulate(sc, routing)
+    main, fetcher, device, readers, mem = (model.main, model.fetcher, model.device,
+                                           model.readers, model.memory)
     sim_s = time.perf_counter() - t1
     loads = loads_frame(fetcher.log, sc.hardware.readahead)
     steps = steps_frame(main.log, loads, mem, sc.model.kv_bytes_per_token, sc.context_tokens)
@@ -148,8 +175,14 @@ def run_scenario(sc: Scenario, trace: Trace | None = None,
         "lru_hit_rate": _rate(lru.hits, lru.misses),
         "device_busy_fraction": device.busy_s / main.now if main.now > 0 else None,
         "device_requests": device.requests,
-        "reader_busy_fraction": (pool.busy_s / (main.now * len(pool.free))
-                                 if pool is not None and main.now > 0 else None),
+        "reader_busy_fraction": (readers.busy_s / (main.now * readers.n)
+                                 if readers is not None and main.now > 0 else None),
+        "cpu_seconds_by_thread": dict(model.cores.busy_s),
+        "cpu_contended_fraction": (model.cores.contended_s / main.now if main.now > 0
+                                   else None),
+        "compute_busy_fraction": model.compute.busy_s / main.now if main.now > 0 else None,
+        "swap_faults": model.swap.faults,
+        "swap_fault_bytes": model.swap.fault_bytes,
         "build_ms_per_step": _mean_ms(steps, "build_ns"),
         "eval_ms_per_step": _mean_ms(steps, "eval_ns"),
         "memory": mem.as_dict(),

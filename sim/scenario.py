@@ -44,6 +44,15 @@ class Hardware:
     throttle_burst_s: float = 0.1  # the throttle's burst (engine.throttle.BURST_S)
     handoff_ms: float = 0.0  # thread hand-off the main thread pays per load it waits on that a
     # reader thread performs (queue put, reader wake-up, event set, main wake-up / GIL)
+    compute_factor: float = 1.0  # accelerator time inside decode / as the roofline figures above
+    # give it (fitted by `ssdmoe validate` from its calibration configurations; 1 = as measured)
+    cpu_cores: float = 0.0  # host cores shared by graph building, readers' copies and faults and
+    # (compute_on_cpu) the compute thread (sim.cpu); 0 = not modelled: no thread waits for a core
+    compute_on_cpu: bool = False  # the accelerator is the host CPU (MLX's CPU backend): compute
+    # work takes a core like any other thread
+    background_cores: float = 0.0  # cores other processes keep busy (a shared machine)
+    page_cache_floor_gib: float = 0.0  # file pages the kernel keeps before it pages out the
+    # engine's own memory (sim.swap); below it an oversubscribed engine faults
 
 
 @dataclass
@@ -63,6 +72,10 @@ class ModelProfile:
     build_ms_per_layer: float  # CPU graph building per decoder layer on the reference CPU
     head_build_ms: float  # CPU graph building per head
     whole_layer_reads: int = 9  # reads per whole-layer load at prefill (one per tensor)
+    device_bundle_bytes: int = 0  # bytes a cold bundle read moves from the device: its ranges
+    # rounded out to whole pages, as the kernel reads them (0: bundle_bytes)
+    unembed_bytes: int = 0  # the output projection's share of resident_bytes, read once per
+    # step after the last layer (0: spread over the layers with the rest)
     description: str = ""
 
     def is_consumer(self, layer: int) -> bool:
@@ -126,5 +139,7 @@ SCENARIO_KEYS = tuple(
 )
 HARDWARE_KEYS = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "description"))
 HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
-                     "handoff_ms", "throttle_read_mbps", "throttle_read_iops", "throttle_burst_s")
+                     "handoff_ms", "throttle_read_mbps", "throttle_read_iops", "throttle_burst_s",
+                     "compute_factor", "cpu_cores", "compute_on_cpu", "background_cores",
+                     "page_cache_floor_gib")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

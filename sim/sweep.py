@@ -206,16 +206,27 @@ def point_sets(grid: Grid, point: dict[str, Any]) -> list[str]:
     return grid.sets + [f"{k}={set_text(v)}" for k, v in point.items()]
 
 
+BACKENDS = ("local", "ray")
+
+
 def run_grid(grid: Grid, workers: int | None = None,
-             progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+             progress: Callable[[int, int], None] | None = None, backend: str = "local",
+             address: str | None = None) -> list[dict[str, Any]]:
     """Run every point; rows in point order: `point`, axis values, (seed), status, error,
-    metrics. `progress(done, total)` is called as points finish. workers=1 runs in-process."""
+    metrics. `progress(done, total)` is called as points finish. workers=1 runs in-process.
+    backend "ray" runs the points as Ray tasks (sim.sweep_ray; `address`: a cluster to join)."""
+    if backend not in BACKENDS:
+        raise BadInput(f"--backend {backend}: unknown backend (one of {', '.join(BACKENDS)})")
     points = grid.points()
     total = len(points)
     results: list[dict[str, Any] | None] = [None] * total
     workers = max(1, min(workers or os.cpu_count() or 1, total))
     args = [(grid.scenario, point_sets(grid, p), grid.trace) for p in points]
-    if workers == 1:
+    if backend == "ray":
+        from sim.sweep_ray import run_points
+
+        results = list(run_points(args, run_point, one_line, address, progress))
+    elif workers == 1:
         for i, a in enumerate(args):
             results[i] = run_point(*a)
             if progress:

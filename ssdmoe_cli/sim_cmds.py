@@ -113,17 +113,29 @@ def sweep(
         "--workers", help="Worker processes (default: one per core).")] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", help="Output folder (default reports/sweeps/<grid name>).")] = None,
+    backend: Annotated[str, typer.Option(
+        "--backend", help="local (worker processes) or ray (Ray tasks: the optional extra; "
+        "a local cluster unless RAY_ADDRESS or --address names one).")] = "local",
+    address: Annotated[str | None, typer.Option(
+        "--address", help="Ray cluster to join (--backend ray).")] = None,
 ) -> None:
-    """Run every point of GRID in worker processes; write Parquet, PNGs and a README.
+    """Run every point of GRID in worker processes (or on Ray); write Parquet, PNGs and a
+    README.
 
     A failing point is reported as failed with its reason; the others still run."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from sim.sweep import check_grid, load_grid, results_frame, run_grid, write_outputs
+    from sim.sweep import BACKENDS, check_grid, load_grid, results_frame, run_grid, write_outputs
 
     if workers is not None and workers < 1:
         raise BadInput(f"--workers: must be >= 1, got {workers}")
+    if backend not in BACKENDS:
+        raise BadInput(f"--backend {backend}: unknown backend (one of {', '.join(BACKENDS)})")
+    if backend == "ray":
+        from sim.sweep_ray import ray_module
+
+        ray_module()  # not installed: one line, before any point runs
     g = load_grid(grid)
     check_grid(g)
     out = out if out is not None else Path("reports") / "sweeps" / g.name
@@ -132,9 +144,11 @@ def sweep(
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task(f"sweep {g.name}", total=total)
-        rows = run_grid(g, workers, lambda done, _: bar.update(task, completed=done))
+        rows = run_grid(g, workers, lambda done, _: bar.update(task, completed=done),
+                        backend=backend, address=address)
     frame = results_frame(g, rows)
     command = "ssdmoe sim sweep " + str(grid) + (f" --workers {workers}" if workers else "") + \
+        (f" --backend {backend}" if backend != "local" else "") + \
         (f" --out {out}" if out != Path("reports") / "sweeps" / g.name else "")
     written = write_outputs(g, frame, out, command)
     failed = frame.filter(frame["status"] != "ok")

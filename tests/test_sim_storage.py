@@ -7,9 +7,10 @@ import pytest
 import simpy
 from sim_helpers import hardware
 
+from sim.cpu import Cores
 from sim.loads import DEMAND, PREFETCH, Fetcher, Load
 from sim.page_cache import PageCache
-from sim.readers import DEMAND_PRIORITY, PREFETCH_PRIORITY, ReaderPool
+from sim.readers import DEMAND_PRIORITY, PREFETCH_PRIORITY, ReaderThreads
 from sim.storage import Device
 
 
@@ -81,45 +82,59 @@ def test_queue_depth_overlaps_latency_but_shares_bandwidth():
         device.read(0.5, 10)  # arrivals must be in time order
 
 
-def _pool(readers: int, latency: float = 0.001, bandwidth: float = 1e9) -> ReaderPool:
+def _readers(env: simpy.Environment, n: int, latency: float = 0.001,
+             bandwidth: float = 1e9) -> ReaderThreads:
     hw = hardware(ssd_latency_ms=latency * 1e3, ssd_bandwidth_gbps=bandwidth / 1e9)
     device = Device(latency, bandwidth, queue_depth=8)
     pc = PageCache(0, 1_000_000, 16, enabled=False)
-    return ReaderPool(readers, Fetcher(hw, device, pc, 16, 1_000_000))
+    return ReaderThreads(env, n, Fetcher(env, hw, device, pc, Cores(env, 0), 16, 1_000_000))
 
 
-def _load(expert: int, t: float, source: str = PREFETCH) -> Load:
+def _load(env: simpy.Environment, expert: int, source: str = PREFETCH) -> Load:
     prio = DEMAND_PRIORITY if source == DEMAND else PREFETCH_PRIORITY
-    return Load(0, 0, expert, expert, 1_000_000, 1, source, t, prio)
+    return Load(0, 0, expert, expert, 1_000_000, 1, source, env.now, env.event(), prio)
 
 
 def test_demand_reads_go_ahead_of_queued_prefetches():
-    pool = _pool(1)  # one reader; every read takes 1 ms latency + 1 ms transfer
-    prefetches = [_load(e, 0.0) for e in range(3)]
-    for ld in prefetches:
-        pool.advance(0.0)
-        pool.submit(ld)
-    pool.advance(0.0005)  # reader has started prefetch 0 at t=0
-    demand = _load(9, 0.0005, DEMAND)
-    pool.submit(demand)
-    assert pool.finish(demand) == pytest.approx(0.004)  # right after prefetch 0 (ends 0.002)
+    env = simpy.Environment()
+    readers = _readers(env, 1)  # one reader; every read takes 1 ms latency + 1 ms transfer
+    prefetches = [_load(env, e) for e in range(3)]
+    demand = []
+
+    def main():
+        for ld in prefetches:
+            readers.submit(ld)
+        yield env.timeout(0.0005)  # the reader has started prefetch 0 at t=0
+        demand.append(_load(env, 9, DEMAND))
+        readers.submit(demand[0])
+
+    env.process(main())
+    env.run()
+    assert demand[0].finished == pytest.approx(0.004)  # right after prefetch 0 (ends 0.002)
     assert prefetches[0].finished == pytest.approx(0.002)
-    assert pool.finish(prefetches[1]) == pytest.approx(0.006)
-    assert pool.finish(prefetches[2]) == pytest.approx(0.008)
+    assert prefetches[1].finished == pytest.approx(0.006)
+    assert prefetches[2].finished == pytest.approx(0.008)
 
 
 def test_two_readers_overlap_latency_and_promote_a_needed_prefetch():
-    pool = _pool(2)
-    loads = [_load(e, 0.0) for e in range(4)]
-    for ld in loads:
-        pool.submit(ld)
-    # the main thread needs the last prefetch now: promoted, it is the first one started
-    pool.promote(loads[3])
-    assert pool.finish(loads[3]) == pytest.approx(0.002)
-    assert all(ld.started < 0 for ld in loads[:3])  # nothing else decided yet
+    env = simpy.Environment()
+    readers = _readers(env, 2)
+    loads = [_load(env, e) for e in range(4)]
+
+    def main():
+        for ld in loads:
+            readers.submit(ld)
+        readers.promote(loads[3])  # the main thread needs the last prefetch now
+        yield env.timeout(0)
+
+    env.process(main())
+    env.run()
+    # the readers wake after the batch is queued: the promoted load 3 is the first one started
+    assert (loads[3].started, loads[3].finished) == (0.0, pytest.approx(0.002))
     # the second reader takes prefetch 0 at t=0: latency overlaps, the transfer waits for the
-    # pipe (busy until 2 ms); then reader 0 (free at 2 ms) takes prefetch 1
-    assert pool.finish(loads[0]) == pytest.approx(0.003)
-    assert loads[0].started == 0.0 and loads[0].thread == "reader1"
-    assert pool.finish(loads[1]) == pytest.approx(0.004)
-    assert loads[1].started == pytest.approx(0.002) and loads[1].thread == "reader0"
+    # pipe (busy until 2 ms); then the first reader (free at 2 ms) takes prefetch 1
+    assert (loads[0].started, loads[0].finished) == (0.0, pytest.approx(0.003))
+    assert loads[0].thread != loads[3].thread
+    assert (loads[1].started, loads[1].finished) == (pytest.approx(0.002), pytest.approx(0.004))
+    assert loads[1].thread == loads[3].thread
+    assert (loads[2].started, loads[2].finished) == (pytest.approx(0.003), pytest.approx(0.005))

@@ -149,20 +149,33 @@ def test_end_to_end_resume_and_missing(tmp_path, ssdmoe_subprocess, tiny_random_
 
 
 def test_calibration_fit_by_hand(tmp_path):
+    from sim.profiles import load_hardware
     from validation.calibration import current_note, fit, fitted_build
 
     r = {"config": {"name": "staged-pcall-unthrottled", "path": "staged", "page_cache": "all"},
-         "measured": {"build_ms_per_step": 8.0}, "simulated": {"build_ms_per_step": 2.0},
+         "measured": {"build_ms_per_step": 8.0, "eval_ms_per_step": 3.0,
+                      "blocked_ms_per_step": 1.0, "loads_per_step": 6.0},
+         "simulated": {"build_ms_per_step": 2.0, "eval_ms_per_step": 2.0,
+                       "blocked_ms_per_step": 0.4},
          "layers": 6}
     assert fitted_build(r, 6, 0.2) == pytest.approx(0.2 + 6.0 / 6)
     sc = tmp_path / "s.toml"
-    sc.write_text('hardware = "x"\n\n[notes]\n"build_ms_per_layer.staged" = "0.2000"  # old\n'
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n\n[notes]\n'
+                  '"build_ms_per_layer.staged" = "0.2000"  # old\n'
                   '"build_ms_per_layer.hot" = "0.1000"  # untouched\n')
-    got = fit([r, {**r, "config": {**r["config"], "page_cache": "1/4"}}], sc)
+    # the 1/4 page-cache result is not a calibration configuration: it changes nothing
+    other = {**r, "config": {**r["config"], "page_cache": "1/4"},
+             "measured": {**r["measured"], "eval_ms_per_step": 100.0}}
+    got = fit([r, other], sc)
+    warm_load = load_hardware("this-machine").load_overhead_ms
     assert got == {"build_ms_per_layer.staged": {"before": 0.2, "after": pytest.approx(1.2),
-                                                 "measured_build_ms_per_step": 8.0}}
+                                                 "measured_build_ms_per_step": 8.0},
+                   "compute_factor": {"before": 1.0, "after": pytest.approx(1.5)},
+                   "load_overhead_ms.in_decode": {"before": warm_load,
+                                                  "after": pytest.approx(warm_load + 0.1)}}
     assert current_note(sc, "build_ms_per_layer.staged") == pytest.approx(1.2)
     assert current_note(sc, "build_ms_per_layer.hot") == pytest.approx(0.1)
+    assert current_note(sc, "compute_factor") == pytest.approx(1.5)
     import tomllib
 
     assert tomllib.loads(sc.read_text())["notes"]["build_ms_per_layer.staged"] == "1.2000"

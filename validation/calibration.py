@@ -1,12 +1,17 @@
 """The calibration subset's named configurations fit the profile: each runs one decode path
-with every expert in the page cache (no storage effects), and its measured graph-building time
-per decode step, taken inside real decode (concurrent with compute, on this machine's two
-cores), sets that path's main-thread cost per layer (`build_ms_per_layer.<path>` in the
-scenario's [notes], which `sim compare` uses). `ssdmoe calibrate` measures the same figure in
-an isolated loop; in decode it is several times larger here, which is what the held-out
-configurations then test. One parameter per path, fitted so that the simulated build of the
-calibration configuration equals the measured one:
-    new = old + (measured build/step - simulated build/step) / layers
+with every expert in the page cache (no storage effects), measured inside real decode
+(concurrent with compute, on this machine's cores), and sets figures `sim compare` uses (the
+scenario's [notes]); `ssdmoe calibrate` measures the same figures in isolated loops, and in
+decode they are larger, which is what the held-out configurations then test.
+  build_ms_per_layer.<path>   per path, the main-thread cost per layer:
+                              new = old + (measured build/step - simulated build/step) / layers
+  compute_factor              machine-wide, the accelerator's time inside decode against the
+                              microbenchmarks': old x median(measured / simulated eval per step)
+  load_overhead_ms.in_decode  machine-wide, a warm load's CPU inside decode: old + median((measured
+                              - simulated blocked per step) / loads per step)
+validation.run repeats the fit (FIT_ROUNDS): with shared cores the simulated times are not
+linear in these figures. Storage figures (latency, bandwidth, cold fault work, throttle) are
+never fitted here: every held-out configuration that reads cold predicts them.
 No MLX here."""
 
 from __future__ import annotations
@@ -60,7 +65,56 @@ def fit(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict[str, fl
         write_note(scenario, key, new,
                    f"fitted by ssdmoe validate: {r['config']['name']} measured "
                    f"{r['measured']['build_ms_per_step']:.2f} ms of graph building per decode "
-                   f"step inside decode (isolated loop: {old:.4f} ms/layer)")
+                   f"step inside decode (before this fit: {old:.4f} ms/layer)")
         out[key] = {"before": old, "after": new,
                     "measured_build_ms_per_step": r["measured"]["build_ms_per_step"]}
+    out.update(fit_machine(results, scenario))
+    return out
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(values)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict[str, float]]:
+    """Two machine-wide figures, each the median over the calibration configurations:
+    compute_factor (the accelerator's time inside decode against the isolated microbenchmarks':
+    old x measured eval / simulated eval) and load_overhead_ms.in_decode (a warm load's CPU
+    inside decode: old + (measured - simulated blocked) / loads per step)."""
+    from sim.profiles import load_scenario
+
+    cal = [r for r in results if r["config"]["page_cache"] == "all"]
+    if not cal:
+        return {}
+    hw = load_scenario(str(scenario)).hardware
+    out: dict[str, dict[str, float]] = {}
+    old_cf = current_note(scenario, "compute_factor") or hw.compute_factor
+    ratios = [r["measured"]["eval_ms_per_step"] / r["simulated"]["eval_ms_per_step"]
+              for r in cal if (r["simulated"].get("eval_ms_per_step") or 0) > 0
+              and r["measured"].get("eval_ms_per_step") is not None]
+    ratio = _median(ratios)
+    if ratio is not None:
+        new_cf = max(old_cf * ratio, 0.05)
+        write_note(scenario, "compute_factor", new_cf,
+                   f"fitted by ssdmoe validate: median measured / simulated eval per decode step "
+                   f"over {len(ratios)} calibration configurations (before this fit: "
+                   f"{old_cf:.4f})")
+        out["compute_factor"] = {"before": old_cf, "after": new_cf}
+    old_lo = current_note(scenario, "load_overhead_ms.in_decode") or hw.load_overhead_ms
+    deltas = [(r["measured"]["blocked_ms_per_step"] - r["simulated"]["blocked_ms_per_step"])
+              / r["measured"]["loads_per_step"]
+              for r in cal if (r["measured"].get("loads_per_step") or 0) > 0
+              and r["simulated"].get("blocked_ms_per_step") is not None]
+    delta = _median(deltas)
+    if delta is not None:
+        new_lo = max(old_lo + delta, 0.0)
+        write_note(scenario, "load_overhead_ms.in_decode", new_lo,
+                   f"fitted by ssdmoe validate: a warm load's main-thread cost inside decode, "
+                   f"from blocked ms over loads per step of {len(deltas)} calibration "
+                   f"configurations (isolated calibrate loop: {hw.load_overhead_ms:.4f} ms)")
+        out["load_overhead_ms.in_decode"] = {"before": old_lo, "after": new_lo}
     return out

@@ -335,11 +335,12 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None) -> str:
     if doc.get("fitted"):
         lines += [f"What the calibration configurations fitted (`validation/calibration.py`, "
                   f"written to `{doc.get('scenario')}`): each path's main-thread cost per layer, "
-                  "measured inside decode instead of in the isolated loop of `ssdmoe "
-                  "calibrate`:", "", "| parameter | isolated loop | inside decode (fitted) |",
-                  "|---|---|---|"]
+                  "the accelerator's time and a warm load's cost, measured inside decode "
+                  "instead of in the isolated loops of `ssdmoe calibrate`:", "",
+                  "| parameter | isolated loop | inside decode (fitted) |", "|---|---|---|"]
         for key, v in doc["fitted"].items():
-            lines.append(f"| `{key}` | {v['before']:.4f} ms | {v['after']:.4f} ms |")
+            unit = "" if key == "compute_factor" else " ms"
+            lines.append(f"| `{key}` | {v['before']:.4f}{unit} | {v['after']:.4f}{unit} |")
         lines.append("")
     if doc["missing"]:
         lines += [f"**Incomplete run**: {len(doc['missing'])} configurations missing: "

@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
+from engine.paths.stats import host_routed, stats_for
 from engine.store import ExpertStore
 
 
@@ -31,7 +32,8 @@ class ExactPath:
         return arrays
 
     def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
-        host = np.array(inds, copy=True)  # evaluates the graph up to this router: a host sync
+        # evaluates the graph up to this router: a host sync, timed as compute (not building)
+        host = host_routed(inds, stats_for(self.store))
         experts, local = np.unique(host, return_inverse=True)
         stack = self.fetch(experts)
         local_inds = mx.array(local.reshape(host.shape).astype(np.uint32))

@@ -1,0 +1,121 @@
+"""The host's cores (sim.cpu, processor sharing) and the compute stream (sim.compute_stream)
+against hand-worked timelines, and the whole model's CPU contention against closed forms."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+import simpy
+from sim_helpers import MB, hardware, model, routing_input, scenario, uniform_routing
+
+from sim.compute_stream import ComputeStream
+from sim.cpu import Cores
+from sim.replay import run_scenario
+
+
+def _finish_times(cores: float, jobs: list[tuple[float, float]], background: float = 0.0):
+    """(arrival, CPU seconds) per job -> finish times."""
+    env = simpy.Environment()
+    cpu = Cores(env, cores, background)
+    out = [0.0] * len(jobs)
+
+    def job(i: int, arrival: float, seconds: float):
+        yield env.timeout(arrival)
+        yield cpu.work(seconds, f"t{i}")
+        out[i] = env.now
+
+    for i, (a, s) in enumerate(jobs):
+        env.process(job(i, a, s))
+    env.run()
+    return out
+
+
+def test_processor_sharing_by_hand():
+    # one core, jobs of 1 s and 2 s from t=0: both at half speed until the first is done at
+    # t=2 (it had 1 s); the second then runs alone for its last 1 s
+    assert _finish_times(1, [(0, 1), (0, 2)]) == pytest.approx([2.0, 3.0])
+    # two cores, three 1 s jobs: each gets 2/3 of a core, all done at 1.5 s
+    assert _finish_times(2, [(0, 1)] * 3) == pytest.approx([1.5] * 3)
+    # two cores, two jobs: no sharing at all
+    assert _finish_times(2, [(0, 1), (0, 1)]) == pytest.approx([1.0, 1.0])
+    # a late arrival: job 0 alone on one core for 0.5 s, then both at half speed: job 0 has
+    # 0.5 s left -> done at 1.5; job 1 got 0.5 s by then, runs alone: done at 2.0
+    assert _finish_times(1, [(0, 1), (0.5, 1)]) == pytest.approx([1.5, 2.0])
+    # other processes keep half a core busy: a 1 s job on one core takes 2 s
+    assert _finish_times(1, [(0, 1)], background=0.5) == pytest.approx([2.0])
+
+
+def test_unbounded_cores_are_plain_timeouts():
+    assert _finish_times(0, [(0, 1), (0, 2), (0.5, 1)]) == pytest.approx([1.0, 2.0, 1.5])
+
+
+def test_lazy_stream_runs_at_the_sync_and_sync_overhead_applies():
+    env = simpy.Environment()
+    stream = ComputeStream(env, None, lazy=True, sync_s=0.25)
+    seen = {}
+
+    def host():
+        done = stream.submit(1.0)
+        yield env.timeout(2.0)
+        assert not done.triggered  # lazy: nothing ran before the sync
+        yield stream.sync()
+        seen["t"] = env.now
+
+    env.process(host())
+    env.run()
+    assert seen["t"] == pytest.approx(2.0 + 1.0 + 0.25)
+
+
+def test_compute_on_the_cpu_competes_with_the_main_thread():
+    env = simpy.Environment()
+    cpu = Cores(env, 1)
+    stream = ComputeStream(env, cpu, lazy=False)
+    seen = {}
+
+    def host():
+        stream.submit(1.0)
+        yield cpu.work(1.0, "main")  # graph building beside the compute thread, one core
+        seen["build"] = env.now
+        yield stream.sync()
+        seen["sync"] = env.now
+
+    env.process(host())
+    env.run()
+    assert seen == {"build": pytest.approx(2.0), "sync": pytest.approx(2.0)}
+
+
+def _lookahead_run(cores: float, compute_on_cpu: bool):
+    # 4 layers, build 1 ms per layer, compute 0.84 ms per layer, no storage costs
+    m = model(layers=4, experts=16, k=2, resident_bytes=320 * MB, build_ms_per_layer=1.0)
+    hw = hardware(mem_bandwidth_gbps=100.0, expert_gbps=1e9, ssd_latency_ms=0.0,
+                  ssd_bandwidth_gbps=1e12, load_overhead_ms=0.0, cold_overhead_ms=0.0,
+                  memcpy_gbps=0.0, cpu_cores=cores, compute_on_cpu=compute_on_cpu)
+    router = uniform_routing(200, 4, 16, 2, seed=3)
+    sc = scenario(hw=hw, m=m, policy="hot", lru_bytes=64 * 16 * MB, readers=1,
+                  decode_steps=200, lookahead=True)
+    res = run_scenario(sc, routing=routing_input(router))
+    steps = res.trace.steps.filter(pl.col("phase") == "decode")
+    return float(steps["end_ns"].diff().drop_nulls().median()) / 1e6, res
+
+
+def test_one_core_serialises_building_and_compute_two_overlap():
+    # compute per layer a = 80 MiB / 100 GB/s = 0.839 ms (+ ~0 experts); build b = 1 ms
+    a = 80 * MB / 100e9 * 1e3
+    one, res1 = _lookahead_run(1, True)
+    two, _ = _lookahead_run(2, True)
+    gpu, _ = _lookahead_run(1, False)
+    # one core: the core is never idle (the main thread waits only on compute, compute only
+    # on the main thread's fills), so a step is all the CPU work: 4 builds + 4 layers' compute
+    assert one == pytest.approx(4 * (1.0 + a), rel=1e-6)
+    # two cores: each layer's compute (queued at the previous fill point) runs beside the next
+    # layer's build and is done by the time its fill point syncs: building paces the step
+    assert two == pytest.approx(4 * 1.0, rel=1e-6)
+    assert gpu == pytest.approx(two, rel=1e-6)  # an accelerator does not take a core
+    assert res1.extra["cpu_contended_fraction"] > 0.5
+
+
+def test_enough_cores_give_the_unbounded_model_exactly():
+    a, ra = _lookahead_run(0, True)
+    b, rb = _lookahead_run(64, True)
+    assert a == b
+    assert ra.trace.steps["end_ns"].to_list() == rb.trace.steps["end_ns"].to_list()
