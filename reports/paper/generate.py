@@ -374,8 +374,10 @@ def write_readme(result: dict[str, Any]) -> str:
         f"- OS reserve (not fitted): {c['os_reserve_gib']:.2f} GiB, the digest's bound (resident "
         "mlx-lm at 18.2 GiB pages on the 24 GB machine, so macOS holds at least 5.8 GiB), the",
         f"  same on both Macs; the expert files get ~{c['page_cache_gib_at_calibration']:.2f} GiB "
-        f"of page cache on demand, and the on-demand cold fraction ({c['cold_fraction_predicted']:.3f},",
-        "  digest 0.17) is a prediction. RAM is a mechanism (sim.memory, sim.swap): what the OS and",
+        "of page cache on demand, and the on-demand cold fraction "
+        f"({c['cold_fraction_predicted']:.3f},",
+        "  digest 0.17) is a prediction. RAM is a mechanism (sim.memory, sim.swap): what the OS "
+        "and",
         "  the engine leave goes to the page cache; past its floor the engine itself pages.",
         "",
         "## Assumptions (each also commented in the TOML files)",
