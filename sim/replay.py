@@ -1,5 +1,6 @@
-"""Run a scenario: routing (trace or synthetic) -> SimPy main-thread process over the storage,
-page-cache, cache and reader models -> a simulated Trace (kind "simulated") + extra metrics."""
+"""Run a scenario: routing (trace or synthetic) -> the SimPy model (main thread, compute stream
+and reader processes over the host's shared cores, the storage device, page cache, app caches
+and memory) -> a simulated Trace (kind "simulated") + extra metrics."""
 
 from __future__ import annotations
 
