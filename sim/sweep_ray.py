@@ -7,13 +7,18 @@ sweep joins that cluster and leaves it running. No MLX here."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
-from contract.errors import BadInput
+from contract.errors import BadInput, IOFault
 
 
 def ray_module():
+    # Under `uv run`, Ray by default re-creates the project's environment for its workers with
+    # `uv run` (without the ray extra, so they die at `import ray` and the sweep hangs). The
+    # workers should use this interpreter's environment, as they do without uv. Read at import.
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     try:
         import ray
     except ImportError:
@@ -24,7 +29,8 @@ def ray_module():
 
 def run_points(point_args: list[tuple], run_point: Callable[..., dict[str, Any]],
                one_line: Callable[[BaseException], str], address: str | None = None,
-               progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+               progress: Callable[[int, int], None] | None = None,
+               stall_s: float = 600.0) -> list[dict[str, Any]]:
     """run_point(*args) for every args on Ray; results in the order of `point_args`."""
     ray = ray_module()
     started = not ray.is_initialized()
@@ -37,7 +43,10 @@ def run_points(point_args: list[tuple], run_point: Callable[..., dict[str, Any]]
         results: list[dict[str, Any] | None] = [None] * len(point_args)
         done = 0
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=stall_s)
+            if not ready:
+                raise IOFault(f"--backend ray: no point finished in {stall_s:.0f} s (Ray's workers "
+                              "may not start: see /tmp/ray/session_latest/logs)")
             for ref in ready:
                 i = pending.pop(ref)
                 try:
