@@ -19,7 +19,8 @@ schema as a measured one.
   swap.py            oversubscription: the engine's paged-out memory faulted back in
   lru.py             byte-bounded LRU; page_cache.py (OS page cache), caches.py (LRU, slots)
   policies.py        on-demand, hot, prerouter (lead one token or N layers)
-  routing_input.py, routing_synth.py   what is replayed
+  routing_input.py, routing_synth.py   what is replayed; routing_fit.py: the generator's
+                     reuse and skew (and their scaling with K) fitted to captured traces
   record.py          simulated run -> trace tables; replay.py: run_scenario()
   sweep.py           grids of scenarios in worker processes -> Parquet + PNG (`sim sweep`);
                      sweep_ray.py: the same points as Ray tasks (`--backend ray`)

@@ -26,15 +26,17 @@ The engine configuration in run.json `engine` maps onto scenario keys:
                                         path in use is one that does not sync at build (staged,
                                         hot, whole-layer), as engine.generate decides; else false
                                         (exact: the synchronous loop)
-  k, o_direct                           as recorded
+  k, o_direct, help_reads               as recorded (help_reads: the main thread reads a needed
+                                        bundle no reader has started; traces without it: on)
   page_cache_budget                     the simulated page cache holds as many bundles as the
                                         engine's budget does (it charges each bundle its ranges
                                         rounded out to pages); the OS reserve is set so that
                                         RAM - unreclaimable = that
   build_ms_per_layer                    the scenario's notes "build_ms_per_layer.<path>" when
                                         present (per-path main-thread CPU, from calibrate)
-  compute_factor, load_overhead_ms      the scenario's notes "compute_factor" and
-                                        "load_overhead_ms.in_decode" when present (fitted
+  compute_factor, load_overhead_ms,     the scenario's notes "compute_factor",
+  cold_overhead_ms                      "load_overhead_ms.in_decode" and (buffered reads)
+                                        "cold_overhead_ms.in_decode" when present (fitted
                                         inside decode by ssdmoe validate's calibration subset)
   cold_overhead_ms (O_DIRECT traces)    the scenario's notes "cold_overhead_ms.o_direct" when
                                         present (an O_DIRECT bundle read, from calibrate)
@@ -205,13 +207,17 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     else:
         raise BadInput(f"run.json engine: decode path {path!r} has no simulator mapping")
     sets.append(f"lookahead={'true' if looked_ahead(engine) else 'false'}")
+    sets.append(f"help_reads={'false' if engine.get('help_reads') is False else 'true'}")
     o_direct = engine.get("o_direct_effective", engine.get("o_direct"))
     sets.append(f"o_direct={'true' if o_direct else 'false'}")
     build = sc.notes.get(f"build_ms_per_layer.{path}")
     if build is not None:
         sets.append(f"build_ms_per_layer={build}")
-    for key, setting in (("compute_factor", "compute_factor"),
-                         ("load_overhead_ms.in_decode", "load_overhead_ms")):
+    fitted_keys = [("compute_factor", "compute_factor"),
+                   ("load_overhead_ms.in_decode", "load_overhead_ms")]
+    if not o_direct:
+        fitted_keys.append(("cold_overhead_ms.in_decode", "cold_overhead_ms"))
+    for key, setting in fitted_keys:
         fitted = sc.notes.get(key)  # fitted inside decode by ssdmoe validate
         if fitted is not None:
             sets.append(f"{setting}={fitted}")
@@ -308,6 +314,9 @@ def scenario_for(trace: Trace, scenario: str | None = None,
         sc.model.device_bundle_bytes = int(round(paged))  # what a cold read moves
     if budget_bytes is not None and not engine.get("o_direct_effective", engine.get("o_direct")):
         sc = with_page_cache(sc, int(budget_bytes), notes, paged)
+        evict = sc.notes.get("budget_evict_ms.in_decode")  # the store drops evicted pages
+        if evict is not None:
+            sc.budget_evict_ms = float(evict)
         derived.append(f"page cache = {int(budget_bytes)} bytes")
     sc.source = f"{sc.source} (sim compare {trace.path})"
     check_scenario(sc)

@@ -10,7 +10,11 @@ order, one item at a time.
                               `sync_s` more (handing work over and waking the waiter)
 
 `submit` returns the item's completion event; `sync` returns an event that fires when
-everything queued so far has run. The stream is one SimPy process fed by a Store.
+everything queued so far has run. On a CPU backend the stream is one SimPy process fed by a
+Store (its items share the cores). On an accelerator nothing else shares its time, so an item's
+finish is known when it is handed over (the later of now and the previous finish, plus its
+duration): the stream keeps that timeline and each item is one timeout. `shortcut=False` runs
+the process there too; tests/test_sim_cpu.py checks that both give the same run.
 """
 
 from __future__ import annotations
@@ -24,44 +28,57 @@ COMPUTE_THREAD = "compute"
 
 class ComputeStream:
     def __init__(self, env: simpy.Environment, cores: Cores | None, lazy: bool,
-                 sync_s: float = 0.0) -> None:
+                 sync_s: float = 0.0, shortcut: bool = True) -> None:
         self.env = env
         self.cores = cores  # None: an accelerator with its own time
         self.lazy = lazy
         self.sync_s = sync_s
         self.queue: simpy.Store = simpy.Store(env)
-        self.held: list[tuple[float, simpy.Event]] = []  # lazy work not handed over yet
+        self.held: list[tuple[float, simpy.Event | None]] = []  # lazy work not handed over yet
         self.last: simpy.Event = env.event().succeed()  # completion of the newest item
         self.busy_s = 0.0
         self.running = False
         self.pending = 0  # items handed over and not finished
-        env.process(self._run())
+        self.timeline = cores is None and shortcut
+        self.free_at = 0.0  # timeline: when the accelerator finishes what it was handed
+        if not self.timeline:
+            env.process(self._run())
 
-    def submit(self, seconds: float, lazy: bool | None = None) -> simpy.Event:
+    def _busy(self) -> bool:
+        if self.timeline:
+            return self.free_at > self.env.now
+        return bool(self.pending or self.running)
+
+    def submit(self, seconds: float, lazy: bool | None = None) -> None:
         """Queue `seconds` of compute; with lazy evaluation it waits for the next sync."""
-        done = self.env.event()
         if self.lazy if lazy is None else lazy:
-            self.held.append((seconds, done))
+            self.held.append((seconds, None))
+            self.last = None  # known at the sync
         else:
-            self._hand_over(seconds, done)
-        self.last = done
-        return done
+            self.last = self._hand_over(seconds)
 
     def sync(self) -> simpy.Event:
         """The host waits for everything queued so far (lazy work is handed over now)."""
-        if self.held or (self.sync_s and (self.pending or self.running)):
+        if self.held or (self.sync_s and self._busy()):
             held, self.held = self.held, []
-            for seconds, done in held:
-                self._hand_over(seconds, done)
+            for seconds, _ in held:
+                self.last = self._hand_over(seconds)
             if self.sync_s:
-                done = self.env.event()
-                self._hand_over(self.sync_s, done)
-                self.last = done
+                self.last = self._hand_over(self.sync_s)
+        if self.last is None:
+            self.last = self.env.event().succeed()
         return self.last
 
-    def _hand_over(self, seconds: float, done: simpy.Event) -> None:
+    def _hand_over(self, seconds: float) -> simpy.Event:
+        if self.timeline:
+            start = self.free_at if self.free_at > self.env.now else self.env.now
+            self.free_at = start + seconds
+            self.busy_s += seconds
+            return self.env.timeout(self.free_at - self.env.now)
+        done = self.env.event()
         self.pending += 1
         self.queue.put((seconds, done))
+        return done
 
     def _run(self):
         while True:

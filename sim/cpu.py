@@ -25,12 +25,18 @@ EPS_S = 1e-12
 
 
 class Cores:
-    def __init__(self, env: simpy.Environment, cores: float, background: float = 0.0) -> None:
+    def __init__(self, env: simpy.Environment, cores: float, background: float = 0.0,
+                 threads: int | None = None) -> None:
+        """`threads`: the most threads that can ever ask for CPU at once (None: unknown). When
+        the cores left by the background load hold them all, nobody can wait for a core and
+        every job is a plain timeout (the shortcut the module doc describes)."""
         if cores < 0 or background < 0:
             raise ValueError("cores and background load must be >= 0")
         self.env = env
-        self.unbounded = cores == 0  # 0: not modelled (every job runs at full speed)
-        self.capacity = max(cores - background, 0.05) if not self.unbounded else 0.0
+        capacity = max(cores - background, 0.05)
+        # 0 cores: not modelled (every job runs at full speed)
+        self.unbounded = cores == 0 or (threads is not None and capacity >= threads)
+        self.capacity = 0.0 if self.unbounded else capacity
         self.jobs: dict[int, list] = {}  # id -> [remaining s, event, thread]
         self._next_id = 0
         self._at = 0.0  # time `remaining` was last brought up to date

@@ -4,10 +4,13 @@ Where a load's bytes are decides its cost, on the thread doing it (main or a rea
     page cache  a copy into engine memory (bytes / memcpy_gbps) and the per-read work
                 (pieces x load_overhead: syscall, array, bookkeeping)
     device      first the device read of the bundle's ranges rounded out to pages
-                (device_bundle_bytes; sim.storage: throttle, queueing, latency, bytes /
-                bandwidth; no CPU while it is in flight), then the bundle enters the page cache,
-                then the copy, the per-read work and the fault work of the cold pieces
-                (cold pieces x cold_overhead: page faults, VM mapping)
+                (device_bundle_bytes; the edge pages shared with a neighbouring expert that
+                the page cache holds are not read again; sim.storage: throttle, queueing,
+                latency, bytes / bandwidth; no CPU while it is in flight), then the bundle
+                enters the page cache, then the copy, the per-read work and the fault work of
+                the cold pieces (cold pieces x cold_overhead: page faults, VM mapping)
+With the engine's emulated page-cache budget, each bundle a fill pushes out costs the reading
+thread `budget_evict_ms` of CPU after the load is done (the store drops its pages).
 Copy, per-read and fault work are CPU time on the host's shared cores (sim.cpu), so a load
 slows down when graph building and compute run beside it, and slows them down in turn.
 A bundle may be read as several pieces (tensor-wise partial reads, `*_pieces`): with readahead
@@ -61,7 +64,7 @@ class Fetcher:
 
     def __init__(self, env: simpy.Environment, hw: Hardware, device: Device,
                  page_cache: PageCache, cores: Cores, experts: int, bundle_bytes: int,
-                 device_bundle_bytes: int = 0) -> None:
+                 device_bundle_bytes: int = 0, evict_ms: float = 0.0) -> None:
         self.env = env
         self.device = device
         self.pc = page_cache
@@ -73,7 +76,21 @@ class Fetcher:
         self.cold_overhead = hw.cold_overhead_ms / 1e3
         self.copy_bps = hw.memcpy_gbps * 1e9
         self.readahead = hw.readahead
+        self.evict_s = evict_ms / 1e3  # Scenario.budget_evict_ms
         self.log: list[Load] = []
+
+    def _edge_bytes(self, load: Load) -> int:
+        """The partial pages at a bundle's range ends, shared with the neighbouring experts'
+        ranges (half the page rounding on each side): read from the device only when that
+        neighbour is not in the page cache."""
+        extra = (self.device_bytes - self.bundle_bytes) * load.nbytes // self.bundle_bytes
+        if extra <= 0:
+            return 0
+        side = extra // 2
+        key, e = load.key, load.expert
+        left = e == 0 or not self.pc.holds(key - 1)
+        right = e == self.experts - 1 or not self.pc.holds(key + 1)
+        return side * left + (extra - side) * right
 
     def perform(self, load: Load, thread: str) -> Generator:
         """Run `load` now on `thread` (a SimPy sub-process: `yield from`)."""
@@ -88,15 +105,18 @@ class Fetcher:
             requests = cold_bytes = cold_pieces = 0
         else:
             requests = 1 if self.readahead else load.pieces
-            cold_bytes = load.nbytes * self.device_bytes // self.bundle_bytes
+            cold_bytes = load.nbytes + self._edge_bytes(load)
             cold_pieces = requests
+        evicted = 0
         if cold_bytes:
             _, io_end = self.device.read(env.now, cold_bytes, requests)
             yield env.timeout(io_end - env.now)
+            before = self.pc.lru.evictions
             if load.expert < 0:
                 self.pc.fill_layer(load.layer)
             else:
                 self.pc.fill(load.key)
+            evicted = self.pc.lru.evictions - before
         cpu = load.pieces * self.overhead + cold_pieces * self.cold_overhead
         if self.copy_bps:
             cpu += load.nbytes / self.copy_bps
@@ -106,3 +126,5 @@ class Fetcher:
         load.finished = env.now
         self.log.append(load)
         load.done.succeed()
+        if evicted and self.evict_s:  # the engine's budget drops what the fill pushed out
+            yield self.cores.work(evicted * self.evict_s, thread)

@@ -140,8 +140,9 @@ class MainThread:
             self.eval += self.env.now - start
 
     def new_load(self, step: int, layer: int, expert: int, key: int, nbytes: int, pieces: int,
-                 source: str, priority: int) -> Generator:
-        """Issue a load (a generator returning it: `load = yield from ...`)."""
+                 source: str, priority: int, hold: bool = False) -> Generator:
+        """Issue a load (a generator returning it: `load = yield from ...`). `hold`: a demand
+        load the caller hands out itself (`_hand_out`) once it knows all of a fill's misses."""
         env = self.env
         load = Load(step, layer, expert, key, nbytes, pieces, source, env.now, env.event(),
                     priority)
@@ -151,19 +152,46 @@ class MainThread:
         inline = (source == DEMAND and nbytes <= INLINE_WARM_BYTES
                   and self.fetcher.pc.holds(key))
         if self.readers is not None and not inline:
-            self.readers.submit(load)
+            if not hold:
+                self.readers.submit(load)
         else:  # the main thread reads it now and is blocked meanwhile
-            start = env.now
-            yield from self.fetcher.perform(load, MAIN_THREAD)
-            load.waited = True
-            load.wait = env.now - start
-            self.blocked += load.wait
+            yield from self._perform_here(load)
         return load
+
+    def _perform_here(self, load: Load) -> Generator:
+        """The main thread reads `load` itself: blocked until its bytes are in; the budget's
+        page drops after it (sim.loads) are main-thread work, not waiting on a read."""
+        start = self.env.now
+        yield from self.fetcher.perform(load, MAIN_THREAD)
+        load.waited = True
+        load.wait += load.finished - start
+        self.blocked += load.finished - start
+        after = self.env.now - load.finished
+        if after > 0:
+            if self.lookahead:
+                self.eval += after
+            else:
+                self.build += after
+
+    def _hand_out(self, held: list[Load]) -> None:
+        """A fill point's demand misses (engine.readers.wait): with help_reads the main thread
+        keeps the first for itself and queues the others, so several still read in parallel."""
+        keep = 1 if self.sc.help_reads else 0
+        for load in held[keep:]:
+            self.readers.submit(load)
+
+    def _help(self, load: Load) -> Generator:
+        """help_reads: a needed load no reader has started is read by the main thread itself
+        (no hand-off); the reader that finds it in the queue skips it."""
+        yield from self._perform_here(load)
 
     def wait(self, load: Load) -> Generator:
         if load.done.triggered:
             return
-        if self.readers is not None:
+        if self.readers is not None and load.started < 0:
+            if self.sc.help_reads:
+                yield from self._help(load)
+                return
             self.readers.promote(load)
         start = self.env.now
         yield load.done
@@ -229,6 +257,7 @@ class MainThread:
         current = self.slots.current[layer] if policy.sticky else ()
         base = layer * self.experts
         need: list[Load] = []
+        held: list[Load] = []
         for e in executed:
             if e in current:
                 self.hits += 1
@@ -244,7 +273,9 @@ class MainThread:
                 else:
                     load = yield from self.new_load(step, layer, e, key, self.bundle_bytes,
                                                     self.sc.demand_pieces, DEMAND,
-                                                    DEMAND_PRIORITY)
+                                                    DEMAND_PRIORITY, hold=True)
+                    if not load.done.triggered:
+                        held.append(load)
                     lru.insert(key, load)
             if load is None:
                 self.hits += 1
@@ -254,6 +285,8 @@ class MainThread:
                 self.misses += 1
             else:
                 self.hits += 1
+        if held:
+            self._hand_out(held)
         for load in need:
             yield from self.wait(load)
         return executed

@@ -28,7 +28,8 @@ from sim.scenario import (
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
 OPTIONAL = {"description", "whole_layer_reads", "unembed_bytes", "device_bundle_bytes",
-            *HARDWARE_OPTIONAL}
+            "routing_reuse_at_k0", "routing_reuse_per_expert_share", "routing_skew_at_k0",
+            "routing_skew_per_k", *HARDWARE_OPTIONAL}
 
 _SIZE = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -99,9 +100,12 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "prefetch_pieces": (_positive, "must be >= 1"),
     "prediction_accuracy": (_fraction, "must be in [0, 1]"),
     "stager_dup_views": (lambda v: True, ""),
+    "help_reads": (lambda v: True, ""),
+    "budget_evict_ms": (_nonneg, "must be >= 0"),
     "slot_headroom": (_nonneg, "must be >= 0"),
     "runtime_gib": (_nonneg, "must be >= 0"),
     "overlap": (_fraction, "must be in [0, 1]"),
+    "routing_stats": (lambda v: v in ("scenario", "model"), 'must be "scenario" or "model"'),
     "skew": (_nonneg, "must be >= 0"),
     "seed": (_nonneg, "must be >= 0"),
 }
@@ -246,6 +250,9 @@ def check_scenario(sc: Scenario) -> None:
     check_model(where, sc.model)
     if not 1 <= sc.k <= sc.model.experts // 2:
         raise BadInput(f"{where}: k: {sc.k} must be in 1..experts/2 ({sc.model.experts // 2})")
+    if sc.routing_stats == "model" and sc.model.routing_reuse_at_k0 < 0:
+        raise BadInput(f"{where}: routing_stats: \"model\" but model {sc.model.name!r} has no "
+                       "fitted routing statistics (ssdmoe sim profile-model --trace TRACE)")
     if sc.policy == "prerouter" and sc.model.consumer_count == 0:
         raise BadInput(f"{where}: policy: model {sc.model.name!r} has no prediction heads "
                        "(consumer_first = -1), so prerouter cannot run")

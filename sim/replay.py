@@ -92,12 +92,13 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
         device.throttle_bytes = TokenBucket(hw.throttle_read_mbps * 1e6, hw.throttle_burst_s)
     if hw.throttle_read_iops > 0:
         device.throttle_requests = TokenBucket(hw.throttle_read_iops, hw.throttle_burst_s)
-    cores = Cores(env, hw.cpu_cores, hw.background_cores)
+    threads = 1 + sc.readers + (1 if hw.compute_on_cpu else 0)  # main, readers, compute
+    cores = Cores(env, hw.cpu_cores, hw.background_cores, threads)
     compute = ComputeStream(env, cores if hw.compute_on_cpu else None, hw.lazy_compute,
                             hw.sync_overhead_ms / 1e3)
     pc = PageCache(mem.page_cache, m.bundle_bytes, m.experts, enabled=not sc.o_direct)
     fetcher = Fetcher(env, hw, device, pc, cores, m.experts, m.bundle_bytes,
-                      m.device_bundle_bytes)
+                      m.device_bundle_bytes, sc.budget_evict_ms)
     readers = (ReaderThreads(env, sc.readers, fetcher, hw.handoff_ms / 1e3)
                if sc.readers > 0 else None)
     lru = BundleLRU(sc.lru_bytes, m.bundle_bytes)

@@ -43,8 +43,13 @@ def synthetic_params(sc: Scenario) -> SynthRouting:
         # predictions only matter where they are not the routing itself (see sim.policies)
         accuracy = sc.prediction_accuracy
         predicted_layers = [layer for layer in range(m.layers) if m.is_consumer(layer)] or None
+    reuse, skew = sc.overlap, sc.skew
+    if sc.routing_stats == "model":  # fitted to the model's traces, scaled to this K
+        reuse = min(max(m.routing_reuse_at_k0 + m.routing_reuse_per_expert_share * sc.k
+                        / m.experts, 0.0), 0.95)
+        skew = max(m.routing_skew_at_k0 + m.routing_skew_per_k * sc.k, 0.0)
     return SynthRouting(layers=m.layers, experts=m.experts, k=sc.k,
-                        steps=max(sc.decode_steps, 1), skew=sc.skew, reuse=sc.overlap,
+                        steps=max(sc.decode_steps, 1), skew=skew, reuse=reuse,
                         prediction_accuracy=accuracy, predicted_layers=predicted_layers,
                         seed=sc.seed)
 

@@ -74,6 +74,13 @@ class ModelProfile:
     whole_layer_reads: int = 9  # reads per whole-layer load at prefill (one per tensor)
     device_bundle_bytes: int = 0  # bytes a cold bundle read moves from the device: its ranges
     # rounded out to whole pages, as the kernel reads them (0: bundle_bytes)
+    # routing statistics fitted to traces (sim.routing_fit, `sim profile-model --trace`):
+    # reuse(K) = at_k0 + per_expert_share x K / experts, skew(K) = at_k0 + per_k x K; used by
+    # synthetic routing when the scenario says routing_stats = "model"
+    routing_reuse_at_k0: float = -1.0  # < 0: not fitted
+    routing_reuse_per_expert_share: float = 0.0
+    routing_skew_at_k0: float = 0.0
+    routing_skew_per_k: float = 0.0
     unembed_bytes: int = 0  # the output projection's share of resident_bytes, read once per
     # step after the last layer (0: spread over the layers with the rest)
     description: str = ""
@@ -112,11 +119,18 @@ class Scenario:
     o_direct: bool = False  # bypass the page cache: every read is cold
     stager_dup_views: bool = False  # stager keeps bundle and stacked views (paper: ~0.45 GiB @K=8)
     slot_headroom: int = 0  # staged slots per layer beyond K
+    budget_evict_ms: float = 0.0  # CPU per bundle the engine's page-cache budget drops (fadvise
+    # DONTNEED on its ranges, engine.store), on the reading thread after its read: only where the
+    # page cache is the engine's emulated budget (sim compare); 0 for a real OS page cache
+    help_reads: bool = True  # the main thread does a needed read no reader has started yet, and
+    # of a fill point's misses reads the first itself (EngineConfig.help_reads, engine.readers)
     lookahead: bool = False  # decode loop of our engine's staged path (engine.generate): step
     # t+1's graph is built while step t computes, step t's work runs as soon as queued and each
     # layer's fill (router sync, loads) is done as that layer of step t+1 is built. False: the
     # synchronous loop (the paper's engine; ours on the exact and hot paths). sim.main_thread
     runtime_gib: float = 0.0  # other unreclaimable engine memory (activations, allocator slack)
+    routing_stats: str = "scenario"  # synthetic routing from overlap/skew below ("scenario"),
+    # or from the model profile's statistics fitted to traces, at this scenario's K ("model")
     overlap: float = 0.25  # synthetic routing: adjacent-token expert reuse
     skew: float = 0.0  # synthetic routing: per-layer expert popularity skew
     seed: int = 0

@@ -214,25 +214,54 @@ def _fmt(value: Any) -> str:
 
 @app.command("profile-model")
 def profile_model(
-    model_dir: Annotated[Path, typer.Argument(metavar="MODEL_DIR",
-                                              help="Converted model directory (manifest.json).")],
+    source: Annotated[Path, typer.Argument(
+        metavar="MODEL_DIR|TRACE", help="Converted model directory (manifest.json), or a trace "
+        "directory (its run.json names the model; its routing is fitted).")],
     out: Annotated[Path, typer.Option("--out", help="scenarios/models/NAME.toml to write.")],
     build_ms: Annotated[float | None, typer.Option(
         "--build-ms", help="Graph building per layer, ms (measured by ssdmoe calibrate; "
         "default: machine-notes' tiny-model figure).")] = None,
+    traces: Annotated[list[Path] | None, typer.Option(
+        "--trace", help="Also fit routing statistics to this trace (repeatable: traces routed "
+        "at several K fit how reuse and skew scale with K).")] = None,
 ) -> None:
-    """Write a simulator model profile derived from a converted model's manifest.
+    """Write a simulator model profile derived from a converted model's manifest, and routing
+    statistics fitted to traces (sim.routing_fit; scenarios use them with
+    routing_stats = "model").
 
-    So its traces can be replayed (`sim run --trace`, `sim compare`)."""
+    So its traces can be replayed (`sim run --trace`, `sim compare`) and synthetic routing
+    looks like the model's own."""
     from sim.model_profile import model_toml, profile_from_manifest, write_model
+    from sim.routing_fit import fit_trace, profile_values
+    from traces.reader import read_trace
 
     if out.suffix != ".toml":
         raise BadInput(f"--out {out}: expected a .toml path (scenarios/models/NAME.toml)")
     if build_ms is not None and build_ms < 0:
         raise BadInput(f"--build-ms: must be >= 0, got {build_ms}")
+    fitted = [read_trace(t) for t in traces or []]
+    model_dir = source
+    if (source / "run.json").is_file():  # a trace: fit it, and find its model
+        trace = read_trace(source)
+        fitted.insert(0, trace)
+        path = (trace.run.get("model") or {}).get("path")
+        if not path or not (Path(path) / "manifest.json").is_file():
+            raise BadInput(f"{source}/run.json: model.path {path!r} has no manifest.json (give "
+                           "the converted model directory, and the trace with --trace)")
+        model_dir = Path(path)
     how = None if build_ms is None else "given with --build-ms"
     values = profile_from_manifest(model_dir, build_ms, how)
-    header = [f"{out.stem}: derived from {model_dir}/manifest.json by `ssdmoe sim profile-model "
-              f"{model_dir} --out {out}`."]
+    fits = [fit_trace(t) for t in fitted]
+    for f in fits:
+        if (f.layers, f.experts) != (values["layers"][0], values["experts"][0]):
+            raise BadInput(f"{f.source}: routing of {f.layers} layers x {f.experts} experts, "
+                           f"but {model_dir} has {values['layers'][0]} x {values['experts'][0]}")
+        print(f"{f.source}: K={f.k}, {f.tokens} token pairs: reuse {f.reuse:.3f}, load entropy "
+              f"{f.load_entropy:.3f} -> skew {f.skew:.3f}")
+    if fits:
+        values.update(profile_values(fits))
+    cmd = " ".join(["ssdmoe sim profile-model", str(source), "--out", str(out),
+                    *(f"--trace {t}" for t in traces or [])])
+    header = [f"{out.stem}: derived from {model_dir}/manifest.json by `{cmd}`."]
     write_model(out, model_toml(values, out.stem, header))
     print(f"wrote {out}")

@@ -176,6 +176,9 @@ def validate(
         "(default 40,15; the corners run at the last).")] = None,
     read_iops: Annotated[str | None, typer.Option(
         "--read-iops", help="Also throttle by reads per second, comma-separated.")] = None,
+    rounds: Annotated[int, typer.Option(
+        "--rounds", help="Captures per configuration, order rotated per round; the median "
+        "round is compared (this machine is noisy).")] = 1,
 ) -> None:
     """Measure a matrix of real configurations, predict each with the simulator, report."""
     from dataclasses import asdict
@@ -197,14 +200,18 @@ def validate(
     tokens = max_tokens or (48 if quick else 96)
     if n_prompts < 1 or tokens < 2:
         raise BadInput("--prompts must be >= 1 and --max-tokens >= 2")
+    if rounds < 1:
+        raise BadInput(f"--rounds: must be >= 1, got {rounds}")
     configs, skipped, heads = _runnable(m.configs(), model, train_heads)
     from engine.manifest import sha256_file
 
     sha = sha256_file(model / "manifest.json")
-    _start(out, {"model_sha256": sha, "prompts": n_prompts, "max_tokens": tokens}, fresh)
+    _start(out, {"model_sha256": sha, "prompts": n_prompts, "max_tokens": tokens,
+                 **({"rounds": rounds} if rounds > 1 else {})}, fresh)
     cal = _calibration(model, out, calibrate)
 
-    plan = run.Plan(model=model, out=out, prompts=n_prompts, max_tokens=tokens, heads=heads)
+    plan = run.Plan(model=model, out=out, prompts=n_prompts, max_tokens=tokens, heads=heads,
+                    rounds=rounds)
     t0 = time.perf_counter()
 
     def progress(i: int, n: int, c, what: str) -> None:
@@ -226,7 +233,7 @@ def validate(
             and sys.argv[1] == "validate" else f"ssdmoe validate {model}",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": _machine(), "model": str(model), "model_sha256": sha,
-            "prompts": n_prompts, "max_tokens": tokens,
+            "prompts": n_prompts, "max_tokens": tokens, "rounds": rounds,
             "decode_routing": f"sampled at temperature {plan.temp} with seed {plan.seed}",
             "calibration": f"{cal['profile']}, {cal['command']}, {cal['date']}",
             "heldout_overlap": heldout_overlap(model)[0], "skipped": skipped,

@@ -75,7 +75,9 @@ def test_engine_configs_map_onto_scenario_keys():
     sets, path, _ = engine_settings({"preset": "on-demand", "decode": "exact", "k": 2,
                                      "readers": 2, "o_direct": False}, sc)
     assert path == "exact" and sets == ["k=2", "policy=hot", "lru_bytes=1000", "readers=0",
-                                        "lookahead=false", "o_direct=false"]
+                                        "lookahead=false", "help_reads=true", "o_direct=false"]
+    sets, _, _ = engine_settings({"decode": "exact", "k": 2, "help_reads": False}, sc)
+    assert "help_reads=false" in sets
     sets, _, _ = engine_settings({"decode": "hot", "k": 2, "readers": 3, "hot_bytes": None}, sc)
     assert "lru_bytes=16000" in sets and "readers=3" in sets  # 25% of 4 x 16 x 1000 bytes
     sets, _, notes = engine_settings({"decode": "staged", "k": 2, "readers": 2,
@@ -85,10 +87,13 @@ def test_engine_configs_map_onto_scenario_keys():
     assert "o_direct=true" in sets and notes
     sc.notes["build_ms_per_layer.hot"] = "0.42"
     sc.notes["cold_overhead_ms.o_direct"] = "0.9"
+    sc.notes["cold_overhead_ms.in_decode"] = "0.6"
+    sc.notes["compute_factor"] = "1.2"
     sets, _, _ = engine_settings({"decode": "hot", "k": 2}, sc)
-    assert sets[-1] == "build_ms_per_layer=0.42"  # buffered: the O_DIRECT cost is not used
+    # buffered: the in-decode cold cost, not the O_DIRECT one
+    assert sets[-3:] == ["build_ms_per_layer=0.42", "compute_factor=1.2", "cold_overhead_ms=0.6"]
     sets, _, _ = engine_settings({"decode": "hot", "k": 2, "o_direct": True}, sc)
-    assert sets[-2:] == ["build_ms_per_layer=0.42", "cold_overhead_ms=0.9"]
+    assert sets[-3:] == ["build_ms_per_layer=0.42", "compute_factor=1.2", "cold_overhead_ms=0.9"]
     with pytest.raises(BadInput, match="decode path 'fancy' has no simulator mapping"):
         engine_settings({"decode": "fancy"}, sc)
 

@@ -49,15 +49,16 @@ def test_unbounded_cores_are_plain_timeouts():
     assert _finish_times(0, [(0, 1), (0, 2), (0.5, 1)]) == pytest.approx([1.0, 2.0, 1.5])
 
 
-def test_lazy_stream_runs_at_the_sync_and_sync_overhead_applies():
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_lazy_stream_runs_at_the_sync_and_sync_overhead_applies(shortcut):
     env = simpy.Environment()
-    stream = ComputeStream(env, None, lazy=True, sync_s=0.25)
+    stream = ComputeStream(env, None, lazy=True, sync_s=0.25, shortcut=shortcut)
     seen = {}
 
     def host():
-        done = stream.submit(1.0)
+        stream.submit(1.0)
         yield env.timeout(2.0)
-        assert not done.triggered  # lazy: nothing ran before the sync
+        assert stream.busy_s == 0.0  # lazy: nothing ran before the sync
         yield stream.sync()
         seen["t"] = env.now
 
@@ -84,7 +85,7 @@ def test_compute_on_the_cpu_competes_with_the_main_thread():
     assert seen == {"build": pytest.approx(2.0), "sync": pytest.approx(2.0)}
 
 
-def _lookahead_run(cores: float, compute_on_cpu: bool):
+def _lookahead_run(cores: float, compute_on_cpu: bool, shortcut: bool = True):
     # 4 layers, build 1 ms per layer, compute 0.84 ms per layer, no storage costs
     m = model(layers=4, experts=16, k=2, resident_bytes=320 * MB, build_ms_per_layer=1.0)
     hw = hardware(mem_bandwidth_gbps=100.0, expert_gbps=1e9, ssd_latency_ms=0.0,
@@ -93,7 +94,15 @@ def _lookahead_run(cores: float, compute_on_cpu: bool):
     router = uniform_routing(200, 4, 16, 2, seed=3)
     sc = scenario(hw=hw, m=m, policy="hot", lru_bytes=64 * 16 * MB, readers=1,
                   decode_steps=200, lookahead=True)
-    res = run_scenario(sc, routing=routing_input(router))
+    import sim.replay as replay
+
+    saved = replay.ComputeStream
+    if not shortcut:  # the accelerator as a process, not a timeline
+        replay.ComputeStream = lambda *a, **kw: saved(*a, **kw, shortcut=False)
+    try:
+        res = run_scenario(sc, routing=routing_input(router))
+    finally:
+        replay.ComputeStream = saved
     steps = res.trace.steps.filter(pl.col("phase") == "decode")
     return float(steps["end_ns"].diff().drop_nulls().median()) / 1e6, res
 
@@ -119,3 +128,10 @@ def test_enough_cores_give_the_unbounded_model_exactly():
     b, rb = _lookahead_run(64, True)
     assert a == b
     assert ra.trace.steps["end_ns"].to_list() == rb.trace.steps["end_ns"].to_list()
+
+
+def test_the_accelerator_timeline_equals_the_accelerator_process():
+    _, timeline = _lookahead_run(1, False)
+    _, process = _lookahead_run(1, False, shortcut=False)
+    assert timeline.trace.steps["end_ns"].to_list() == process.trace.steps["end_ns"].to_list()
+    assert timeline.trace.steps["eval_ns"].to_list() == process.trace.steps["eval_ns"].to_list()

@@ -83,7 +83,7 @@ def test_background_readers_take_prefetch_off_the_main_thread():
     runs = {}
     for readers in (0, 2):
         sc = scenario(hw=hw, m=m, policy="prerouter", decode_steps=200, readers=readers,
-                      o_direct=True)
+                      o_direct=True, help_reads=False)
         runs[readers] = run_scenario(sc, routing=routing_input(router))
     sync, bg = runs[0].metrics, runs[2].metrics
     assert sync["loads_per_step"] == bg["loads_per_step"]  # same reads, different threads

@@ -23,7 +23,10 @@ def test_default_matrix_sweeps_every_axis_from_the_defaults():
     assert len(names) == len(set(names))
     cal = [c for c in configs if c.role == "calibration"]
     assert configs[:len(cal)] == cal and {c.path for c in cal} == {"on-demand", "hot", "staged"}
-    assert all(c.page_cache == "all" for c in cal)
+    warm = [c for c in cal if c.page_cache == "all"]  # one per path: its costs inside decode
+    assert {c.path for c in warm} == {"on-demand", "hot", "staged"} and len(warm) == 3
+    cold = [c for c in cal if c.page_cache != "all"]  # one reading cold on the main thread
+    assert [(c.path, c.storage) for c in cold] == [("on-demand", "unthrottled")]
     held = [c for c in configs if c.role == "held-out"]
     d = m.defaults
     for axis, values in m.axes.items():
@@ -122,7 +125,8 @@ def test_end_to_end_resume_and_missing(tmp_path, ssdmoe_subprocess, tiny_random_
     doc = json.loads((out / "validation.json").read_text())
     names = {x["config"]["name"] for x in doc["results"]}
     assert names == {"on-demand-pcall-unthrottled", "hot-pcall-unthrottled",
-                     "staged-pcall-unthrottled", "on-demand-pc25-unthrottled",
+                     "staged-pcall-unthrottled", "on-demand-pc50-unthrottled",
+                     "on-demand-pc25-unthrottled",
                      "staged-layer-pc25-unthrottled", "on-demand-pc25-unthrottled-k2"}
     assert doc["missing"] == []
     for x in doc["results"]:
@@ -226,3 +230,44 @@ def test_interrupted_run_reports_what_it_measured(tmp_path, tiny_random_converte
     for r in doc["results"]:
         assert (out / "traces" / r["config"]["name"] / "run.json").is_file()
     assert "Traceback" not in err
+
+
+ROUNDS_MATRIX = """
+[axes]
+page_cache = ["1/4"]
+path = ["on-demand"]
+storage = ["unthrottled"]
+k = ["native"]
+[calibration]
+path = "hot"
+page_cache = "all"
+"""
+
+
+@pytest.mark.slow
+def test_rounds_capture_each_configuration_again_and_compare_the_median(
+        tmp_path, ssdmoe_subprocess, tiny_random_converted):
+    f = tmp_path / "m.toml"
+    f.write_text(ROUNDS_MATRIX)
+    out = tmp_path / "v"
+    r = ssdmoe_subprocess("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
+                          str(out), "--no-calibrate", "--prompts", "1", "--max-tokens", "6",
+                          "--rounds", "3")
+    assert r.returncode == 0, r.stderr
+    assert "capturing round 3/3" in r.stderr
+    doc = json.loads((out / "validation.json").read_text())
+    assert {x["config"]["name"] for x in doc["results"]} == {"hot-pcall-unthrottled",
+                                                             "on-demand-pc25-unthrottled"}
+    for x in doc["results"]:
+        name = x["config"]["name"]
+        assert all((out / "traces" / d / "run.json").is_file()
+                   for d in (name, f"{name}.r1", f"{name}.r2"))
+        speeds = x["rounds_decode_tok_s"]
+        assert len(speeds) == 3
+        # the compared round is the median one, and its speed is what was compared
+        assert speeds[x["compared_round"]] == sorted(speeds)[1]
+        assert x["measured"]["decode_tok_s"] == pytest.approx(speeds[x["compared_round"]])
+    assert "captured 3 times" in (out / "README.md").read_text()
+    bad = ssdmoe_subprocess("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
+                            str(out), "--no-calibrate", "--rounds", "0")
+    assert bad.returncode != 0 and "--rounds: must be >= 1, got 0" in bad.stderr

@@ -181,9 +181,12 @@ def default_matrix(quick: bool = False, throttles: list[str] | None = None) -> M
         corners += [Config(path="staged", storage=slow), Config(path="hot", storage=slow),
                     Config(path="staged", k="2"), Config(path="on-demand", k="8")]
     # one per decode path, every expert in the page cache (no storage effects): they fit
-    # each path's main-thread cost inside decode (validation.calibration)
+    # each path's main-thread cost inside decode; and one that reads cold on the main thread
+    # only (on-demand, 1/2 page cache, unthrottled): it fits a cold read's cost inside decode
+    # (validation.calibration)
     calibration = [Config(path=p, page_cache="all", role="calibration")
                    for p in ("on-demand", "hot", "staged")]
+    calibration.append(Config(path="on-demand", page_cache="1/2", role="calibration"))
     return Matrix(axes, defaults, corners, calibration)
 
 

@@ -332,6 +332,10 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None) -> str:
              f"({doc['calibration']}). The calibration subset is those microbenchmarks plus the "
              "configurations marked calibration below (one per decode path, every expert in "
              "the page cache); every other configuration is held out and only predicted.", ""]
+    if (doc.get("rounds") or 1) > 1:
+        lines += [f"Every configuration was captured {doc['rounds']} times, the order of the "
+                  "configurations rotated from round to round, and the round with the median "
+                  "decode tok/s is the one compared (its spread: the last column below).", ""]
     if doc.get("fitted"):
         lines += [f"What the calibration configurations fitted (`validation/calibration.py`, "
                   f"written to `{doc.get('scenario')}`): each path's main-thread cost per layer, "
@@ -360,14 +364,21 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None) -> str:
               "| configuration | role | decode tok/s | step p50 ms | blocked ms/step | cold "
               "fraction | build ms/step | eval ms/step | overlap | entropy |",
               "|---|---|---|---|---|---|---|---|---|---|"]
+    rounds = (doc.get("rounds") or 1) > 1
+    if rounds:
+        lines[-2] = lines[-2] + " rounds' decode tok/s |"
+        lines[-1] = lines[-1] + "---|"
     for r in results:
         cells = []
         for k in METRICS:
             m, s, e = r["measured"].get(k), r["simulated"].get(k), r["ape_pct"].get(k)
             cells.append(f"{_fmt(m)} / {_fmt(s)} ({_fmt(e, 0)}%)")
+        spread = ""
+        if rounds:
+            spread = " " + ", ".join(_fmt(v, 1) for v in r.get("rounds_decode_tok_s") or []) + " |"
         lines.append(f"| `{r['config']['name']}` | {r['config']['role']} | " + " | ".join(cells)
                      + f" | {_fmt(r['measured'].get('adjacent_overlap'), 3)} | "
-                     f"{_fmt(r['measured'].get('load_entropy'), 3)} |")
+                     f"{_fmt(r['measured'].get('load_entropy'), 3)} |" + spread)
     if worst is not None:
         comp, diff = responsible(worst)
         lines += ["", f"## The worst configuration: `{worst['config']['name']}`", "",

@@ -1,7 +1,10 @@
 """Run a validation matrix on this machine: calibrate, capture a trace per configuration (each
 in its own `ssdmoe capture` process, so a throttle or a crash stays with its configuration),
-and replay each through the simulator (`sim compare`). Resumable: a configuration whose trace
-is complete and whose comparison is written is not run again; an interrupted run keeps what it
+and replay each through the simulator (`sim compare`). With rounds > 1 every configuration is
+captured once per round, the order rotated from round to round (this machine is shared and
+noisy: a configuration can run 30% slower in one capture than in the next), and the round
+with the median decode tok/s is the one compared. Resumable: a configuration whose traces are
+complete and whose comparison is written is not run again; an interrupted run keeps what it
 measured, and `missing()` says what is left. No MLX in this process."""
 
 from __future__ import annotations
@@ -38,22 +41,27 @@ class Plan:
     heads: Path | None = None
     temp: float = DECODE_TEMP
     seed: int = DECODE_SEED
+    rounds: int = 1
 
-    def trace_dir(self, c: Config) -> Path:
-        return self.out / "traces" / c.name
+    def trace_dir(self, c: Config, round_: int = 0) -> Path:
+        name = c.name if round_ == 0 else f"{c.name}.r{round_}"
+        return self.out / "traces" / name
 
     def result_path(self, c: Config) -> Path:
         return self.out / "results" / f"{c.name}.json"
 
 
-def done(plan: Plan, c: Config) -> bool:
-    run = plan.trace_dir(c) / "run.json"
-    if not plan.result_path(c).is_file() or not run.is_file():
-        return False
+def captured(plan: Plan, c: Config, round_: int) -> bool:
+    run = plan.trace_dir(c, round_) / "run.json"
     try:
-        return bool(json.loads(run.read_text()).get("complete"))
+        return run.is_file() and bool(json.loads(run.read_text()).get("complete"))
     except (OSError, ValueError):
         return False
+
+
+def done(plan: Plan, c: Config) -> bool:
+    return plan.result_path(c).is_file() and all(captured(plan, c, r)
+                                                 for r in range(plan.rounds))
 
 
 def missing(plan: Plan, configs: list[Config]) -> list[Config]:
@@ -79,8 +87,8 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "ssdmoe_cli", *args]
 
 
-def capture(plan: Plan, c: Config, prompts: Path) -> None:
-    out = plan.trace_dir(c)
+def capture(plan: Plan, c: Config, prompts: Path, round_: int = 0) -> None:
+    out = plan.trace_dir(c, round_)
     if PAGE_CACHE[c.page_cache] is None:  # configuration "all": every expert file cached
         warm_files(expert_files(plan.model))
     cmd = cli("capture", str(plan.model), "--out", str(out), "--force", "--no-progress",
@@ -93,13 +101,29 @@ def capture(plan: Plan, c: Config, prompts: Path) -> None:
         raise BadInput(f"validate: configuration {c.name}: capture failed: {last}")
 
 
+def median_round(plan: Plan, c: Config) -> tuple[int, list[float]]:
+    """The captured round with the median decode tok/s (the lower middle of an even count),
+    and every round's decode tok/s."""
+    from traces.reader import read_trace
+    from traces.summary import summarize
+
+    speeds = []
+    for r in range(plan.rounds):
+        if captured(plan, c, r):
+            speeds.append((summarize(read_trace(plan.trace_dir(c, r)))["decode_tok_s"] or 0.0, r))
+    order = sorted(speeds)
+    return order[(len(order) - 1) // 2][1], [v for v, _ in sorted(speeds, key=lambda x: x[1])]
+
+
 def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
     """Measured vs simulated for one captured configuration (sim compare with this machine's
-    calibrated scenario), written to results/<config>.json."""
+    calibrated scenario; with several rounds, on the median round's trace), written to
+    results/<config>.json."""
     from sim.compare import compare
     from traces.reader import read_trace
 
-    trace_dir = plan.trace_dir(c)
+    chosen, round_speeds = median_round(plan, c) if plan.rounds > 1 else (0, [])
+    trace_dir = plan.trace_dir(c, chosen)
     trace = read_trace(trace_dir)
     sim_dir = plan.out / "simulated" / c.name
     comp = compare(trace, out=sim_dir)
@@ -118,6 +142,7 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
         "ape_pct": {k: ape(measured.get(k), simulated.get(k)) for k in METRICS},
         "settings": comp.settings, "notes": comp.notes,
         "capture_command": trace.run.get("command"),
+        "rounds_decode_tok_s": round_speeds, "compared_round": chosen,
     }
     path = plan.result_path(c)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -156,23 +181,39 @@ def run(plan: Plan, configs: list[Config],
 def _run(plan: Plan, configs: list[Config], prompts: Path,
          progress: Callable[[int, int, Config, str], None] | None, first: int,
          todo: int) -> list[dict]:
-    results = []
-    for i, c in enumerate(configs, first + 1):
-        if done(plan, c):
-            if progress:
-                progress(i, todo, c, "kept (already measured)")
-            results.append(json.loads(plan.result_path(c).read_text()))
-            continue
-        t0 = time.perf_counter()
-        if progress:
-            progress(i, todo, c, "capturing")
-        try:
-            capture(plan, c, prompts)
-            results.append(compare_one(plan, c))
-        except BadInput as err:
-            if progress:
-                progress(i, todo, c, f"FAILED: {err}")
-            continue
-        if progress:
-            progress(i, todo, c, f"done in {time.perf_counter() - t0:.0f} s")
-    return results
+    """Capture every round of `configs` (rounds rotate the order); a configuration is compared
+    as soon as its last round is captured, so an interrupted run keeps its comparisons."""
+    index = {c.name: i for i, c in enumerate(configs, first + 1)}
+    failed: set[str] = set()
+    results: dict[str, dict] = {}
+    for r in range(plan.rounds):
+        shift = r % len(configs) if configs else 0
+        for c in configs[shift:] + configs[:shift]:
+            i = index[c.name]
+            if c.name in failed or c.name in results:
+                continue
+            if done(plan, c):
+                if progress:
+                    progress(i, todo, c, "kept (already measured)")
+                results[c.name] = json.loads(plan.result_path(c).read_text())
+                continue
+            if not captured(plan, c, r):
+                t0 = time.perf_counter()
+                label = ("capturing" if plan.rounds == 1
+                         else f"capturing round {r + 1}/{plan.rounds}")
+                if progress:
+                    progress(i, todo, c, label)
+                try:
+                    capture(plan, c, prompts, r)
+                except BadInput as err:
+                    failed.add(c.name)
+                    if progress:
+                        progress(i, todo, c, f"FAILED: {err}")
+                    continue
+                if all(captured(plan, c, q) for q in range(plan.rounds)):
+                    results[c.name] = compare_one(plan, c)
+                if progress:
+                    progress(i, todo, c, f"done in {time.perf_counter() - t0:.0f} s")
+            elif all(captured(plan, c, q) for q in range(plan.rounds)):
+                results[c.name] = compare_one(plan, c)  # captured before an interruption
+    return [results[c.name] for c in configs if c.name in results]

@@ -1,0 +1,94 @@
+"""Small mechanisms of the model against hand-worked figures: the main thread helping the
+readers (help_reads), page-rounded reads and the edge pages a neighbour already brought in,
+the engine's page-cache budget dropping pages, and oversubscribed memory faulting back in."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+import simpy
+from sim_helpers import MB, hardware, model, routing_input, scenario
+
+from sim.cpu import Cores
+from sim.loads import Fetcher, Load
+from sim.memory import budget
+from sim.page_cache import PageCache
+from sim.replay import run_scenario
+from sim.storage import Device
+from sim.swap import Swap
+
+IO = dict(ssd_latency_ms=0.1, ssd_bandwidth_gbps=1e9, queue_depth=2, load_overhead_ms=0.05,
+          cold_overhead_ms=0.0, memcpy_gbps=0.0, handoff_ms=0.0, mem_bandwidth_gbps=1e9)
+
+
+def _fill_blocked(help_reads: bool):
+    # 1 layer, K=2, every read cold (O_DIRECT): two misses at the layer's fill
+    m = model(layers=1, experts=16, k=2, build_ms_per_layer=0.5)
+    router = np.array([[[2 * (s % 4), 2 * (s % 4) + 1]] for s in range(8)], dtype=np.int16)
+    sc = scenario(hw=hardware(**IO), m=m, policy="hot", lru_bytes=MB, readers=1, o_direct=True,
+                  decode_steps=8, help_reads=help_reads)
+    res = run_scenario(sc, routing=routing_input(router))
+    return res.trace.steps.filter(pl.col("phase") == "decode"), res.trace.loads
+
+
+def test_the_main_thread_reads_the_first_miss_itself_and_the_reader_the_other():
+    load_ns = round((0.1 + 0.05) * 1e6)  # latency + the read's CPU; bytes are free
+    helped, loads = _fill_blocked(True)
+    # main reads one while the reader reads the other (queue depth 2): one load's time
+    assert helped["blocked_ns"].to_list() == [load_ns] * 8
+    assert sorted(set(loads["thread"].to_list())) == ["main", "reader0"]
+    alone, loads = _fill_blocked(False)
+    # the one reader reads both, one after the other
+    assert alone["blocked_ns"].to_list() == [2 * load_ns] * 8
+    assert set(loads["thread"].to_list()) == {"reader0"}
+
+
+def _cold_bytes(neighbours: list[int]) -> int:
+    env = simpy.Environment()
+    bundle, paged = 61_440, 61_440 + 8192
+    pc = PageCache(16 * paged, bundle, 16)
+    for e in neighbours:
+        pc.fill(e)
+    device = Device(0.0, 1e9)
+    f = Fetcher(env, hardware(**IO), device, pc, Cores(env, 0), 16, bundle, paged)
+    load = Load(0, 0, 5, 5, bundle, 1, "demand", 0.0, env.event())
+    env.process(f.perform(load, "main"))
+    env.run()
+    return device.bytes_read
+
+
+def test_a_cold_read_moves_its_pages_less_the_edges_a_cached_neighbour_holds():
+    assert _cold_bytes([]) == 61_440 + 8192
+    assert _cold_bytes([4]) == 61_440 + 4096
+    assert _cold_bytes([6]) == 61_440 + 4096
+    assert _cold_bytes([4, 6]) == 61_440
+
+
+def test_the_budget_drops_pages_on_the_main_thread_after_each_cold_read():
+    # page cache of one bundle, two experts alternating: every read is cold and evicts one
+    m = model(layers=1, experts=16, k=1, build_ms_per_layer=0.5)
+    router = np.array([[[s % 2]] for s in range(20)], dtype=np.int16)
+    io = dict(IO, ram_gib=64.0, os_reserve_gib=64.0 - 2 / 1024)  # 2 MiB: the LRU + 1 bundle
+    steps = {}
+    for evict in (0.0, 0.3):
+        sc = scenario(hw=hardware(**io), m=m, policy="hot", lru_bytes=MB, decode_steps=20,
+                      budget_evict_ms=evict)
+        assert budget(sc).page_cache == MB
+        res = run_scenario(sc, routing=routing_input(router))
+        steps[evict] = res.trace.steps.filter(pl.col("phase") == "decode").tail(10)
+    # synchronous loop: the drop is graph-building time, not time blocked on the read
+    assert steps[0.3]["blocked_ns"].to_list() == steps[0.0]["blocked_ns"].to_list()
+    extra = (steps[0.3]["build_ns"] - steps[0.0]["build_ns"]).to_list()
+    assert extra == [round(0.3e6)] * 10
+
+
+def test_oversubscribed_memory_faults_its_swapped_share_back_in():
+    device = Device(0.0, 1e9)
+    swap = Swap(0.25, device, fault_s=0.001, layer_touch_bytes=4_000_000)
+    costs = [swap.hit_cost(0.01 * i, 1_000_000) for i in range(8)]  # device idle each time
+    # every fourth app-cache hit faults: 1 MB at 1 GB/s + the fault work
+    assert costs == [0, 0, 0, pytest.approx(0.002)] * 2
+    assert swap.layer_fault_s(1.0) == pytest.approx(1e6 / 1e9 + 0.001)  # 1/4 of 4 MB
+    assert Swap(0.0, device, 0.001, 4_000_000).layer_fault_s(2.0) == 0.0
+    assert device.bytes_read == 3_000_000
