@@ -11,8 +11,8 @@ Per trace (one K), over its decode routing (the model's own routers, `router_exp
 Across K (traces of one model routed at several K, `ssdmoe capture --top-k`), least squares:
   reuse(K) = reuse_at_k0 + reuse_per_expert_share x K / experts
   skew(K)  = skew_at_k0 + skew_per_k x K
-`check` replays a trace and the fitted generator through one scenario and compares bytes per
-step and the page-cache and app-cache hit rates. No MLX."""
+`check` replays a trace's decode steps and the fitted generator through one scenario and
+compares bytes per step and the page-cache and app-cache hit rates. No MLX."""
 
 from __future__ import annotations
 
@@ -165,6 +165,7 @@ def check(trace: Trace, reuse: float, skew: float, scenario: str,
     from sim.memory import budget
     from sim.profiles import load_scenario
     from sim.replay import run_scenario
+    from sim.routing_input import from_trace
     from sim.scenario import GIB
 
     steps = int((trace.steps["phase"] == "decode").sum())
@@ -174,7 +175,12 @@ def check(trace: Trace, reuse: float, skew: float, scenario: str,
     mem = budget(sc)
     reserve = (mem.ram - mem.engine - page_cache_fraction * sc.model.expert_bytes) / GIB
     base.append(f"os_reserve_gib={reserve:.9f}")
-    replayed = _decode_figures(run_scenario(load_scenario(scenario, base), trace=trace))
+    sc = load_scenario(scenario, base)
+    routing = from_trace(trace, sc)
+    # decode steps only, as the generator's: a prefill's whole-layer reads would warm the page
+    # cache for the trace alone
+    routing.plan = [p for p in routing.plan if p[0] == "decode"]
+    replayed = _decode_figures(run_scenario(sc, routing=routing))
     synth = _decode_figures(run_scenario(load_scenario(
         scenario, [*base, f"overlap={reuse:.4f}", f"skew={skew:.4f}"])))
     return {name: {"trace": replayed[name], "generated": synth[name]} for name in replayed}

@@ -73,7 +73,8 @@ def calibrate(
         mheader = [f"{mname}: derived from {cal.model_dir}/manifest.json by `{command}` "
                    f"({cal.when}); build_ms_per_layer measured on this machine (cpu_factor 1 "
                    f"in {name}.toml)."]
-        written.append(write_model(model_out, model_toml(cal.model, mname, mheader)))
+        values = {**cal.model, **_kept_routing_fit(model_out)}
+        written.append(write_model(model_out, model_toml(values, mname, mheader)))
     if scenario_out is not None:
         written.append(_write_scenario(scenario_out, _ref(out, "hardware"),
                                        _ref(model_out, "models"), cal, command))
@@ -175,3 +176,18 @@ def _print(cal: Any, written: list[Path]) -> None:
     console = Console(soft_wrap=False)
     console.print(table)
     console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+def _kept_routing_fit(path: Path) -> dict:
+    """The routing statistics an earlier `sim profile-model --trace` fitted into `path`: a
+    calibration measures the machine, not the model's routing, so it keeps them."""
+    import tomllib
+
+    if not path.is_file():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return {}
+    return {k: (v, "kept from the earlier profile (sim profile-model --trace)")
+            for k, v in data.items() if k.startswith("routing_")}

@@ -249,6 +249,8 @@ def profile_model(
             raise BadInput(f"{source}/run.json: model.path {path!r} has no manifest.json (give "
                            "the converted model directory, and the trace with --trace)")
         model_dir = Path(path)
+        if model_dir.is_absolute() and model_dir.is_relative_to(Path.cwd()):
+            model_dir = model_dir.relative_to(Path.cwd())  # the profile names it portably
     how = None if build_ms is None else "given with --build-ms"
     values = profile_from_manifest(model_dir, build_ms, how)
     fits = [fit_trace(t) for t in fitted]
