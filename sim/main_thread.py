@@ -321,18 +321,26 @@ class MainThread:
         self._reset()
         policy = self.policy
         if not built:  # the first decode step of a request: build it, then queue it
-            for layer, predicted in policy.boundary(row):
-                yield from self.stage(step, layer, predicted)
             for layer in range(self.layers):
                 yield from self.cpu(self._layer_build_s(layer))
             self._queue_attention(0, lazy=False)
-        if next_row is not None:  # the next step's on_step_start: stage its sets now
-            for layer, predicted in policy.boundary(next_row):
-                yield from self.stage(step + 1, layer, predicted)
+        # begin(step) (engine.fill_points): the staged layers' reads start as the step's
+        # evaluation is queued; their predicted ids came to the host at the end of the last step
+        for layer, predicted in policy.boundary(row):
+            yield from self.stage(step, layer, predicted)
+        resolved = set()
         for layer in range(self.layers):
             if next_row is not None:  # step+1's layer, while this step computes
                 yield from self.cpu(self._layer_build_s(layer))
-            yield from self._execute_layer(step, row, layer, self.fill_cpu)  # its fill point
+            if layer not in resolved:
+                yield from self._execute_layer(step, row, layer, self.fill_cpu)  # fill point
+                # the wait-only points right after it are resolved at once: the main thread
+                # waits for their reads now, so compute never stops at a predicted layer
+                later = layer + 1
+                while later < self.layers and policy.staged_layer(later):
+                    yield from self._execute_layer(step, row, later, self.fill_cpu)
+                    resolved.add(later)
+                    later += 1
             self.compute.submit(self.expert_s, lazy=False)
             if layer + 1 < self.layers:
                 self._queue_attention(layer + 1, lazy=False)

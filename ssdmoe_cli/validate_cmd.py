@@ -179,6 +179,9 @@ def validate(
     rounds: Annotated[int, typer.Option(
         "--rounds", help="Captures per configuration, order rotated per round; the median "
         "round is compared (this machine is noisy).")] = 1,
+    recompare: Annotated[bool, typer.Option(
+        "--recompare", help="Keep the captured traces and their calibration; refit and "
+        "predict them again (after a simulator change).")] = False,
 ) -> None:
     """Measure a matrix of real configurations, predict each with the simulator, report."""
     from dataclasses import asdict
@@ -206,8 +209,15 @@ def validate(
     from engine.manifest import sha256_file
 
     sha = sha256_file(model / "manifest.json")
+    if recompare and fresh:
+        raise BadInput("--recompare keeps the captured traces; --fresh forgets them: one or "
+                       "the other")
     _start(out, {"model_sha256": sha, "prompts": n_prompts, "max_tokens": tokens,
                  **({"rounds": rounds} if rounds > 1 else {})}, fresh)
+    if recompare:  # predictions only: the traces stay, results and fits are redone (the fit
+        # file keeps the isolated-loop figures of the first fit)
+        for sub in ("results", "simulated"):
+            shutil.rmtree(out / sub, ignore_errors=True)
     cal = _calibration(model, out, calibrate)
 
     plan = run.Plan(model=model, out=out, prompts=n_prompts, max_tokens=tokens, heads=heads,

@@ -162,15 +162,17 @@ def test_lookahead_compute_is_never_lazy():
     assert _rows_ms(eager) == pytest.approx([b + L * (C + S) + S] * STEPS, abs=1e-6)
 
 
-def test_prerouter_staged_layers_skip_the_sync_and_stage_a_step_ahead():
+def test_prerouter_staged_layers_skip_the_sync_and_stage_at_their_step():
     """Layers 1-3 consume predictions (no router sync), heads owned by layers 0-2: head compute
     h = 200 kB / 1 GB/s = 0.2 ms, head building 0.1 ms, b = 0.4. Middle window: layer 0's
     router sync waits for its attention + head (a + h > b + 0.1) + s; the rest is queued
     without waiting: (x + a + h) twice, (x + a), x, then the token sync s:
       window = 4 c + 3 h + 2 s = 6.8 ms.
     Synchronous loop, lazy: every build is on the critical path: 3 (b + 0.1) + b + 6.8 = 8.7.
-    In the lookahead loop step t+1's sets are staged (prefetches issued) at the start of step
-    t's window: every prefetch of a later step was issued before that step's window began."""
+    In the lookahead loop a step's sets are staged (prefetches issued) as its evaluation is
+    queued (engine.fill_points.begin): at the start of its own window, not before (the
+    predictions come from the previous step's heads), and waited for right after layer 0's
+    fill point."""
     m = _model(0.4, consumer_first=1, consumer_last=3, heads=3, head_bytes=200_000,
                head_build_ms=0.1)
     la = _run(0.4, True, m=m, policy="prerouter", router=_cycling())
@@ -183,7 +185,7 @@ def test_prerouter_staged_layers_skip_the_sync_and_stage_a_step_ahead():
     pre = la.trace.loads.filter(pl.col("source") == "prefetch")
     assert pre.height == STEPS * 3 * 2  # 3 consumer layers x K, every step
     later = pre.filter(pl.col("step") > 0)
-    assert all(issued < starts[s] for s, issued in later.select("step", "issued_ns").iter_rows())
+    assert all(issued == starts[s] for s, issued in later.select("step", "issued_ns").iter_rows())
     routing = la.trace.routing.filter(pl.col("layer") >= 1)
     assert set(routing["source"]) == {"prediction"}
     got = np.stack(routing.sort("step", "layer")["experts"].to_list())

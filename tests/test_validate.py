@@ -268,6 +268,15 @@ def test_rounds_capture_each_configuration_again_and_compare_the_median(
         assert speeds[x["compared_round"]] == sorted(speeds)[1]
         assert x["measured"]["decode_tok_s"] == pytest.approx(speeds[x["compared_round"]])
     assert "captured 3 times" in (out / "README.md").read_text()
+    # --recompare: the same traces predicted again, nothing captured
+    before = {x["config"]["name"]: x["measured"]["decode_tok_s"] for x in doc["results"]}
+    again = ssdmoe_subprocess("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
+                              str(out), "--no-calibrate", "--prompts", "1", "--max-tokens", "6",
+                              "--rounds", "3", "--recompare")
+    assert again.returncode == 0, again.stderr
+    assert "capturing" not in again.stderr and "kept" not in again.stderr
+    doc2 = json.loads((out / "validation.json").read_text())
+    assert {x["config"]["name"]: x["measured"]["decode_tok_s"] for x in doc2["results"]} == before
     bad = ssdmoe_subprocess("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
                             str(out), "--no-calibrate", "--rounds", "0")
     assert bad.returncode != 0 and "--rounds: must be >= 1, got 0" in bad.stderr
