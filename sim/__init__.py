@@ -8,6 +8,7 @@ schema as a measured one.
   scenario.py        Hardware / ModelProfile / Scenario dataclasses
   profiles.py        TOML loading, validation, --set key=value overrides
   cpu.py             the host's cores: processor sharing among every thread that computes
+  gil.py             Python's interpreter lock: graph building vs readers' bookkeeping
   compute_stream.py  the accelerator's command stream (on a CPU backend: a thread on the cores)
   main_thread.py     the main thread's process: graph build, fills, syncs, waits
   readers.py         reader threads: processes on one priority queue, demand before prefetch

@@ -208,6 +208,7 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
         raise BadInput(f"run.json engine: decode path {path!r} has no simulator mapping")
     sets.append(f"lookahead={'true' if looked_ahead(engine) else 'false'}")
     sets.append(f"help_reads={'false' if engine.get('help_reads') is False else 'true'}")
+    sets.append("gil=true")  # this engine's threads are Python threads (sim.gil)
     o_direct = engine.get("o_direct_effective", engine.get("o_direct"))
     sets.append(f"o_direct={'true' if o_direct else 'false'}")
     build = sc.notes.get(f"build_ms_per_layer.{path}")

@@ -11,8 +11,9 @@ Where a load's bytes are decides its cost, on the thread doing it (main or a rea
                 the cold pieces (cold pieces x cold_overhead: page faults, VM mapping)
 With the engine's emulated page-cache budget, each bundle a fill pushes out costs the reading
 thread `budget_evict_ms` of CPU after the load is done (the store drops its pages).
-Copy, per-read and fault work are CPU time on the host's shared cores (sim.cpu), so a load
-slows down when graph building and compute run beside it, and slows them down in turn.
+The per-read work is Python and holds the GIL (sim.gil) when the scenario models it; copy and
+fault work happen inside the read. All of it is CPU time on the host's shared cores (sim.cpu),
+so a load slows down when graph building and compute run beside it, and slows them in turn.
 A bundle may be read as several pieces (tensor-wise partial reads, `*_pieces`): with readahead
 the first cold piece brings the whole bundle in and the others are warm; without it every piece
 of a cold bundle is a separate device request.
@@ -25,6 +26,7 @@ from collections.abc import Generator
 import simpy
 
 from sim.cpu import Cores
+from sim.gil import Gil
 from sim.page_cache import PageCache
 from sim.scenario import Hardware
 from sim.storage import Device
@@ -64,7 +66,8 @@ class Fetcher:
 
     def __init__(self, env: simpy.Environment, hw: Hardware, device: Device,
                  page_cache: PageCache, cores: Cores, experts: int, bundle_bytes: int,
-                 device_bundle_bytes: int = 0, evict_ms: float = 0.0) -> None:
+                 device_bundle_bytes: int = 0, evict_ms: float = 0.0,
+                 gil: Gil | None = None) -> None:
         self.env = env
         self.device = device
         self.pc = page_cache
@@ -77,6 +80,7 @@ class Fetcher:
         self.copy_bps = hw.memcpy_gbps * 1e9
         self.readahead = hw.readahead
         self.evict_s = evict_ms / 1e3  # Scenario.budget_evict_ms
+        self.gil = gil if gil is not None else Gil(env, False)
         self.log: list[Load] = []
 
     def _edge_bytes(self, load: Load) -> int:
@@ -117,10 +121,11 @@ class Fetcher:
             else:
                 self.pc.fill(load.key)
             evicted = self.pc.lru.evictions - before
-        cpu = load.pieces * self.overhead + cold_pieces * self.cold_overhead
+        kernel = cold_pieces * self.cold_overhead  # faults and the copy: inside pread
         if self.copy_bps:
-            cpu += load.nbytes / self.copy_bps
-        yield self.cores.work(cpu, thread)
+            kernel += load.nbytes / self.copy_bps
+        yield self.cores.work(kernel, thread)
+        yield from self.gil.run(self.cores, load.pieces * self.overhead, thread)  # Python
         load.cold = cold_pieces > 0
         load.cold_pieces = cold_pieces
         load.finished = env.now

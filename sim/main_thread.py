@@ -86,6 +86,7 @@ class MainThread:
         self.readers = readers
         self.lru = lru
         self.swap = swap
+        self.gil = fetcher.gil
         self.slots = StagedSlots(m.layers)
         self.layers = m.layers
         self.experts = m.experts
@@ -120,15 +121,15 @@ class MainThread:
         self.evictions0 = self.lru.evictions
 
     def cpu(self, seconds: float) -> Generator:
-        """Graph building on the main thread."""
+        """Graph building on the main thread (Python: it holds the GIL, sim.gil)."""
         start = self.env.now
-        yield self.cores.work(seconds, MAIN_THREAD)
+        yield from self.gil.run(self.cores, seconds, MAIN_THREAD)
         self.build += self.env.now - start
 
     def fill_cpu(self, seconds: float) -> Generator:
         """Main-thread host work of a fill point (lookahead loop): not graph building."""
         start = self.env.now
-        yield self.cores.work(seconds, MAIN_THREAD)
+        yield from self.gil.run(self.cores, seconds, MAIN_THREAD)
         self.eval += self.env.now - start
 
     def gpu_sync(self) -> Generator:

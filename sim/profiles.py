@@ -101,6 +101,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "prediction_accuracy": (_fraction, "must be in [0, 1]"),
     "stager_dup_views": (lambda v: True, ""),
     "help_reads": (lambda v: True, ""),
+    "gil": (lambda v: True, ""),
     "budget_evict_ms": (_nonneg, "must be >= 0"),
     "slot_headroom": (_nonneg, "must be >= 0"),
     "runtime_gib": (_nonneg, "must be >= 0"),

@@ -16,6 +16,7 @@ from contract.errors import BadInput
 from sim.caches import BundleLRU
 from sim.compute_stream import ComputeStream
 from sim.cpu import Cores
+from sim.gil import Gil
 from sim.loads import Fetcher
 from sim.main_thread import MainThread
 from sim.memory import MemoryBudget, budget
@@ -98,7 +99,7 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
                             hw.sync_overhead_ms / 1e3)
     pc = PageCache(mem.page_cache, m.bundle_bytes, m.experts, enabled=not sc.o_direct)
     fetcher = Fetcher(env, hw, device, pc, cores, m.experts, m.bundle_bytes,
-                      m.device_bundle_bytes, sc.budget_evict_ms)
+                      m.device_bundle_bytes, sc.budget_evict_ms, Gil(env, sc.gil))
     readers = (ReaderThreads(env, sc.readers, fetcher, hw.handoff_ms / 1e3)
                if sc.readers > 0 else None)
     lru = BundleLRU(sc.lru_bytes, m.bundle_bytes)

@@ -122,6 +122,8 @@ class Scenario:
     budget_evict_ms: float = 0.0  # CPU per bundle the engine's page-cache budget drops (fadvise
     # DONTNEED on its ranges, engine.store), on the reading thread after its read: only where the
     # page cache is the engine's emulated budget (sim compare); 0 for a real OS page cache
+    gil: bool = False  # the engine's threads share Python's interpreter lock (sim.gil): graph
+    # building and fill work on the main thread, each load's Python bookkeeping on its reader
     help_reads: bool = True  # the main thread does a needed read no reader has started yet, and
     # of a fill point's misses reads the first itself (EngineConfig.help_reads, engine.readers)
     lookahead: bool = False  # decode loop of our engine's staged path (engine.generate): step

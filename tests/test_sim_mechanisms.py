@@ -92,3 +92,35 @@ def test_oversubscribed_memory_faults_its_swapped_share_back_in():
     assert swap.layer_fault_s(1.0) == pytest.approx(1e6 / 1e9 + 0.001)  # 1/4 of 4 MB
     assert Swap(0.0, device, 0.001, 4_000_000).layer_fault_s(2.0) == 0.0
     assert device.bytes_read == 3_000_000
+
+
+def test_a_readers_python_bookkeeping_waits_for_the_main_threads_build():
+    """GIL (sim.gil): a reader's read lands while the main thread builds a 1 ms layer; its
+    bookkeeping (load_overhead, Python) runs only once the build releases the lock."""
+    env = simpy.Environment()
+    cores = Cores(env, 0)
+    from sim.gil import Gil
+
+    gil = Gil(env, True)
+    device = Device(0.0002, 1e12)  # the read itself: 0.2 ms, no Python
+    pc = PageCache(0, 1000, 16, enabled=False)
+    f = Fetcher(env, hardware(**dict(IO, load_overhead_ms=0.1)), device, pc, cores, 16, 1000,
+                gil=gil)
+    load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())
+    seen = {}
+
+    def main():
+        yield from gil.run(cores, 0.001, "main")  # graph building from t=0 to 1 ms
+        seen["build_end"] = env.now
+
+    def reader():
+        yield from f.perform(load, "reader0")
+
+    env.process(main())
+    env.process(reader())
+    env.run()
+    assert seen["build_end"] == pytest.approx(0.001)
+    assert load.finished == pytest.approx(0.001 + 0.0001)  # lock at 1 ms, then 0.1 ms of Python
+    assert gil.waited_s == pytest.approx(0.001 - 0.0002, abs=1e-8)
+    off = Gil(simpy.Environment(), False)
+    assert off.lock is None

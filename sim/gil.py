@@ -1,0 +1,36 @@
+"""Python's global interpreter lock: the engine's threads run Python one at a time.
+
+The main thread holds it while it builds a layer's graph and while it does a fill point's host
+work; a reader thread needs it for a load's Python bookkeeping (`load_overhead_ms`: arrays,
+rows, the budget's accounting) but not inside the read itself (pread releases it, so a load's
+device time, copy and page faults run beside Python). So a reader whose read lands while the
+main thread builds finishes its load only when that build step ends. A Resource of one slot;
+a GIL that is off (`Scenario.gil`, the default for a simulated engine) costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import simpy
+
+from sim.cpu import Cores
+
+
+class Gil:
+    def __init__(self, env: simpy.Environment, enabled: bool) -> None:
+        self.enabled = enabled
+        self.lock = simpy.Resource(env, capacity=1) if enabled else None
+        self.waited_s = 0.0
+        self.env = env
+
+    def run(self, cores: Cores, seconds: float, thread: str) -> Generator:
+        """`seconds` of Python on `thread`: take the lock (if on), then the CPU."""
+        if self.lock is None or seconds <= 0:
+            yield cores.work(seconds, thread)
+            return
+        asked = self.env.now
+        with self.lock.request() as held:
+            yield held
+            self.waited_s += self.env.now - asked
+            yield cores.work(seconds, thread)
