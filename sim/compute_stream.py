@@ -57,24 +57,29 @@ class ComputeStream:
         else:
             self.last = self._hand_over(seconds)
 
-    def sync(self) -> simpy.Event:
-        """The host waits for everything queued so far (lazy work is handed over now)."""
+    def sync(self) -> simpy.Event | None:
+        """The host waits for everything queued so far (lazy work is handed over now): the
+        event to wait on, or None when everything has already run."""
         if self.held or (self.sync_s and self._busy()):
             held, self.held = self.held, []
             for seconds, _ in held:
                 self.last = self._hand_over(seconds)
             if self.sync_s:
                 self.last = self._hand_over(self.sync_s)
+        if self.timeline:  # one timeout, to when the accelerator is done; None: it is done
+            if self.free_at <= self.env.now:
+                return None
+            return self.env.timeout(self.free_at - self.env.now)
         if self.last is None:
             self.last = self.env.event().succeed()
         return self.last
 
-    def _hand_over(self, seconds: float) -> simpy.Event:
-        if self.timeline:
+    def _hand_over(self, seconds: float) -> simpy.Event | None:
+        if self.timeline:  # no event per item: sync reads the timeline
             start = self.free_at if self.free_at > self.env.now else self.env.now
             self.free_at = start + seconds
             self.busy_s += seconds
-            return self.env.timeout(self.free_at - self.env.now)
+            return None
         done = self.env.event()
         self.pending += 1
         self.queue.put((seconds, done))

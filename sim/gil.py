@@ -26,7 +26,9 @@ class Gil:
 
     def run(self, cores: Cores, seconds: float, thread: str) -> Generator:
         """`seconds` of Python on `thread`: take the lock (if on), then the CPU."""
-        if self.lock is None or seconds <= 0:
+        if seconds <= 0:
+            return
+        if self.lock is None:
             yield cores.work(seconds, thread)
             return
         asked = self.env.now

@@ -124,7 +124,8 @@ class Fetcher:
         kernel = cold_pieces * self.cold_overhead  # faults and the copy: inside pread
         if self.copy_bps:
             kernel += load.nbytes / self.copy_bps
-        yield self.cores.work(kernel, thread)
+        if kernel > 0:
+            yield self.cores.work(kernel, thread)
         yield from self.gil.run(self.cores, load.pieces * self.overhead, thread)  # Python
         load.cold = cold_pieces > 0
         load.cold_pieces = cold_pieces

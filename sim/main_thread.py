@@ -135,7 +135,7 @@ class MainThread:
     def gpu_sync(self) -> Generator:
         """Wait until the compute stream has run everything queued (the host needs a value)."""
         done = self.compute.sync()
-        if not done.processed:  # a Timeout is "triggered" from the start
+        if done is not None and not done.processed:  # a Timeout is "triggered" from the start
             start = self.env.now
             yield done
             self.eval += self.env.now - start
