@@ -34,8 +34,8 @@ class ComputeStream:
         self.lazy = lazy
         self.sync_s = sync_s
         self.queue: simpy.Store = simpy.Store(env)
-        self.held: list[tuple[float, simpy.Event | None]] = []  # lazy work not handed over yet
-        self.last: simpy.Event = env.event().succeed()  # completion of the newest item
+        self.held: list[float] = []  # lazy work not handed over yet
+        self.last: simpy.Event | None = None  # completion of the newest item handed over
         self.busy_s = 0.0
         self.running = False
         self.pending = 0  # items handed over and not finished
@@ -52,8 +52,7 @@ class ComputeStream:
     def submit(self, seconds: float, lazy: bool | None = None) -> None:
         """Queue `seconds` of compute; with lazy evaluation it waits for the next sync."""
         if self.lazy if lazy is None else lazy:
-            self.held.append((seconds, None))
-            self.last = None  # known at the sync
+            self.held.append(seconds)
         else:
             self.last = self._hand_over(seconds)
 
@@ -62,7 +61,7 @@ class ComputeStream:
         event to wait on, or None when everything has already run."""
         if self.held or (self.sync_s and self._busy()):
             held, self.held = self.held, []
-            for seconds, _ in held:
+            for seconds in held:
                 self.last = self._hand_over(seconds)
             if self.sync_s:
                 self.last = self._hand_over(self.sync_s)
@@ -70,8 +69,8 @@ class ComputeStream:
             if self.free_at <= self.env.now:
                 return None
             return self.env.timeout(self.free_at - self.env.now)
-        if self.last is None:
-            self.last = self.env.event().succeed()
+        if self.last is None or self.last.processed:
+            return None
         return self.last
 
     def _hand_over(self, seconds: float) -> simpy.Event | None:

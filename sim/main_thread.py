@@ -135,7 +135,7 @@ class MainThread:
     def gpu_sync(self) -> Generator:
         """Wait until the compute stream has run everything queued (the host needs a value)."""
         done = self.compute.sync()
-        if done is not None and not done.processed:  # a Timeout is "triggered" from the start
+        if done is not None:  # None: everything queued has run
             start = self.env.now
             yield done
             self.eval += self.env.now - start
@@ -181,17 +181,12 @@ class MainThread:
         for load in held[keep:]:
             self.readers.submit(load)
 
-    def _help(self, load: Load) -> Generator:
-        """help_reads: a needed load no reader has started is read by the main thread itself
-        (no hand-off); the reader that finds it in the queue skips it."""
-        yield from self._perform_here(load)
-
     def wait(self, load: Load) -> Generator:
         if load.done.triggered:
             return
         if self.readers is not None and load.started < 0:
-            if self.sc.help_reads:
-                yield from self._help(load)
+            if self.sc.help_reads:  # no reader has started it: the main thread reads it
+                yield from self._perform_here(load)  # (the reader that finds it skips it)
                 return
             self.readers.promote(load)
         start = self.env.now

@@ -163,7 +163,7 @@ def check(trace: Trace, reuse: float, skew: float, scenario: str,
     page cache `page_cache_fraction` of the expert bytes: decode bytes and loads per step,
     page-cache hit rate (by load) and app-cache hit rate, side by side."""
     from sim.memory import budget
-    from sim.profiles import load_scenario
+    from sim.profiles import apply_overrides, load_scenario
     from sim.replay import run_scenario
     from sim.routing_input import from_trace
     from sim.scenario import GIB
@@ -174,13 +174,12 @@ def check(trace: Trace, reuse: float, skew: float, scenario: str,
     sc = load_scenario(scenario, base)
     mem = budget(sc)
     reserve = (mem.ram - mem.engine - page_cache_fraction * sc.model.expert_bytes) / GIB
-    base.append(f"os_reserve_gib={reserve:.9f}")
-    sc = load_scenario(scenario, base)
+    sc = apply_overrides(sc, [f"os_reserve_gib={reserve:.9f}"])
     routing = from_trace(trace, sc)
     # decode steps only, as the generator's: a prefill's whole-layer reads would warm the page
     # cache for the trace alone
     routing.plan = [p for p in routing.plan if p[0] == "decode"]
     replayed = _decode_figures(run_scenario(sc, routing=routing))
-    synth = _decode_figures(run_scenario(load_scenario(
-        scenario, [*base, f"overlap={reuse:.4f}", f"skew={skew:.4f}"])))
+    synth = _decode_figures(run_scenario(apply_overrides(
+        sc, [f"overlap={reuse:.4f}", f"skew={skew:.4f}"])))
     return {name: {"trace": replayed[name], "generated": synth[name]} for name in replayed}

@@ -22,6 +22,7 @@ No MLX here."""
 from __future__ import annotations
 
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -77,19 +78,35 @@ def fit(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict[str, fl
     return out
 
 
-def _median(values: list[float]) -> float | None:
-    values = sorted(values)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+def _per_load(results: list[dict[str, Any]], metric: str, cold: bool) -> list[float]:
+    """(measured - simulated `metric` per step) / (cold) loads per step, for each result that
+    has both figures and any such loads."""
+    out = []
+    for r in results:
+        m, s = r["measured"], r["simulated"]
+        per_step = (m.get("loads_per_step") or 0) * ((m.get("cold_fraction") or 0) if cold
+                                                      else 1)
+        if per_step > 0 and s.get(metric) is not None:
+            out.append((m[metric] - s[metric]) / per_step)
+    return out
+
+
+def _shift(scenario: Path, key: str, old: float, deltas: list[float],
+           why: str) -> dict[str, dict[str, float]]:
+    """Set note `key` to old + the median delta (floored at 0); {} when there is no delta."""
+    if not deltas:
+        return {}
+    new = max(old + statistics.median(deltas), 0.0)
+    write_note(scenario, key, new, why.format(n=len(deltas)))
+    return {key: {"before": old, "after": new}}
 
 
 def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict[str, float]]:
-    """Two machine-wide figures, each the median over the calibration configurations:
+    """The machine-wide figures, each the median over the calibration configurations:
     compute_factor (the accelerator's time inside decode against the isolated microbenchmarks':
     old x measured eval / simulated eval) and load_overhead_ms.in_decode (a warm load's CPU
-    inside decode: old + (measured - simulated blocked) / loads per step)."""
+    inside decode: old + (measured - simulated blocked) / loads per step), from the warm ones;
+    then the cold ones' (fit_cold)."""
     from sim.profiles import load_scenario
 
     cal = [r for r in results if r["config"]["page_cache"] == "all"]
@@ -101,76 +118,46 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
     ratios = [r["measured"]["eval_ms_per_step"] / r["simulated"]["eval_ms_per_step"]
               for r in cal if (r["simulated"].get("eval_ms_per_step") or 0) > 0
               and r["measured"].get("eval_ms_per_step") is not None]
-    ratio = _median(ratios)
-    if ratio is not None:
-        new_cf = max(old_cf * ratio, 0.05)
+    if ratios:
+        new_cf = max(old_cf * statistics.median(ratios), 0.05)
         write_note(scenario, "compute_factor", new_cf,
                    f"fitted by ssdmoe validate: median measured / simulated eval per decode step "
                    f"over {len(ratios)} calibration configurations (before this fit: "
                    f"{old_cf:.4f})")
         out["compute_factor"] = {"before": old_cf, "after": new_cf}
-    old_lo = current_note(scenario, "load_overhead_ms.in_decode") or hw.load_overhead_ms
-    deltas = [(r["measured"]["blocked_ms_per_step"] - r["simulated"]["blocked_ms_per_step"])
-              / r["measured"]["loads_per_step"]
-              for r in cal if (r["measured"].get("loads_per_step") or 0) > 0
-              and r["simulated"].get("blocked_ms_per_step") is not None]
-    delta = _median(deltas)
-    if delta is not None:
-        new_lo = max(old_lo + delta, 0.0)
-        write_note(scenario, "load_overhead_ms.in_decode", new_lo,
-                   f"fitted by ssdmoe validate: a warm load's main-thread cost inside decode, "
-                   f"from blocked ms over loads per step of {len(deltas)} calibration "
-                   f"configurations (isolated calibrate loop: {hw.load_overhead_ms:.4f} ms)")
-        out["load_overhead_ms.in_decode"] = {"before": old_lo, "after": new_lo}
+    out.update(_shift(
+        scenario, "load_overhead_ms.in_decode",
+        current_note(scenario, "load_overhead_ms.in_decode") or hw.load_overhead_ms,
+        _per_load(cal, "blocked_ms_per_step", cold=False),
+        "fitted by ssdmoe validate: a warm load's main-thread cost inside decode, from blocked "
+        "ms over loads per step of {n} calibration configurations (isolated calibrate loop: "
+        f"{hw.load_overhead_ms:.4f} ms)"))
     out.update(fit_cold(results, scenario, hw.cold_overhead_ms))
     return out
 
 
 def fit_cold(results: list[dict[str, Any]], scenario: Path,
              isolated: float) -> dict[str, dict[str, float]]:
-    """cold_overhead_ms.in_decode: a cold read's fault work inside decode, from the calibration
-    configurations that read cold on the main thread only (on-demand under a page-cache
-    budget): old + median((measured - simulated blocked per step) / cold loads per step)."""
+    """From the calibration configurations that read cold on the main thread only (on-demand
+    under a page-cache budget), each old + median(... / cold loads per step):
+      cold_overhead_ms.in_decode  a cold read's fault work inside decode, from blocked time
+      budget_evict_ms.in_decode   the main-thread work the engine's emulated page-cache budget
+                                  adds per cold read (it drops an evicted bundle's pages after
+                                  the read, outside the read's wait), from build time"""
     cold = [r for r in results if r["config"]["page_cache"] != "all"
             and r["config"]["path"] == "on-demand" and r["config"].get("storage") == "unthrottled"]
-    old = current_note(scenario, "cold_overhead_ms.in_decode") or isolated
-    deltas = []
-    for r in cold:
-        m, s = r["measured"], r["simulated"]
-        per_step = (m.get("loads_per_step") or 0) * (m.get("cold_fraction") or 0)
-        if per_step > 0 and s.get("blocked_ms_per_step") is not None:
-            deltas.append((m["blocked_ms_per_step"] - s["blocked_ms_per_step"]) / per_step)
-    delta = _median(deltas)
-    if delta is None:
-        return {}
-    new = max(old + delta, 0.0)
-    out = {"cold_overhead_ms.in_decode": {"before": old, "after": new}}
-    out.update(fit_evict(cold, scenario))
-    write_note(scenario, "cold_overhead_ms.in_decode", new,
-               f"fitted by ssdmoe validate: a cold read's fault work inside decode, from blocked "
-               f"ms over cold loads per step of {len(deltas)} calibration configuration(s) that "
-               f"read cold on the main thread (isolated calibrate loop: {isolated:.4f} ms)")
-    return out
-
-
-def fit_evict(cold: list[dict[str, Any]], scenario: Path) -> dict[str, dict[str, float]]:
-    """budget_evict_ms.in_decode: the main-thread work the engine's emulated page-cache budget
-    adds per cold read (it drops an evicted bundle's pages after the read, outside the read's
-    wait), from the same configurations' build time: old + median((measured - simulated build
-    per step) / cold loads per step)."""
+    out = _shift(
+        scenario, "cold_overhead_ms.in_decode",
+        current_note(scenario, "cold_overhead_ms.in_decode") or isolated,
+        _per_load(cold, "blocked_ms_per_step", cold=True),
+        "fitted by ssdmoe validate: a cold read's fault work inside decode, from blocked ms over "
+        "cold loads per step of {n} calibration configuration(s) that read cold on the main "
+        f"thread (isolated calibrate loop: {isolated:.4f} ms)")
     old = current_note(scenario, "budget_evict_ms.in_decode") or 0.0
-    deltas = []
-    for r in cold:
-        m, s = r["measured"], r["simulated"]
-        per_step = (m.get("loads_per_step") or 0) * (m.get("cold_fraction") or 0)
-        if per_step > 0 and s.get("build_ms_per_step") is not None:
-            deltas.append((m["build_ms_per_step"] - s["build_ms_per_step"]) / per_step)
-    delta = _median(deltas)
-    if delta is None:
-        return {}
-    new = max(old + delta, 0.0)
-    write_note(scenario, "budget_evict_ms.in_decode", new,
-               f"fitted by ssdmoe validate: main-thread work per cold read under the engine's "
-               f"page-cache budget (dropping the evicted bundle's pages), from the build time of "
-               f"{len(deltas)} calibration configuration(s) (before this fit: {old:.4f} ms)")
-    return {"budget_evict_ms.in_decode": {"before": old, "after": new}}
+    out.update(_shift(
+        scenario, "budget_evict_ms.in_decode", old,
+        _per_load(cold, "build_ms_per_step", cold=True),
+        "fitted by ssdmoe validate: main-thread work per cold read under the engine's page-cache "
+        "budget (dropping the evicted bundle's pages), from the build time of {n} calibration "
+        f"configuration(s) (before this fit: {old:.4f} ms)"))
+    return out

@@ -59,9 +59,12 @@ def captured(plan: Plan, c: Config, round_: int) -> bool:
         return False
 
 
+def captured_all(plan: Plan, c: Config) -> bool:
+    return all(captured(plan, c, r) for r in range(plan.rounds))
+
+
 def done(plan: Plan, c: Config) -> bool:
-    return plan.result_path(c).is_file() and all(captured(plan, c, r)
-                                                 for r in range(plan.rounds))
+    return plan.result_path(c).is_file() and captured_all(plan, c)
 
 
 def missing(plan: Plan, configs: list[Config]) -> list[Config]:
@@ -197,8 +200,9 @@ def _run(plan: Plan, configs: list[Config], prompts: Path,
                     progress(i, todo, c, "kept (already measured)")
                 results[c.name] = json.loads(plan.result_path(c).read_text())
                 continue
-            if not captured(plan, c, r):
-                t0 = time.perf_counter()
+            fresh = not captured(plan, c, r)  # else captured before an interruption
+            t0 = time.perf_counter()
+            if fresh:
                 label = ("capturing" if plan.rounds == 1
                          else f"capturing round {r + 1}/{plan.rounds}")
                 if progress:
@@ -210,10 +214,8 @@ def _run(plan: Plan, configs: list[Config], prompts: Path,
                     if progress:
                         progress(i, todo, c, f"FAILED: {err}")
                     continue
-                if all(captured(plan, c, q) for q in range(plan.rounds)):
-                    results[c.name] = compare_one(plan, c)
-                if progress:
-                    progress(i, todo, c, f"done in {time.perf_counter() - t0:.0f} s")
-            elif all(captured(plan, c, q) for q in range(plan.rounds)):
-                results[c.name] = compare_one(plan, c)  # captured before an interruption
+            if captured_all(plan, c):  # compared before "done": an interruption keeps it
+                results[c.name] = compare_one(plan, c)
+            if fresh and progress:
+                progress(i, todo, c, f"done in {time.perf_counter() - t0:.0f} s")
     return [results[c.name] for c in configs if c.name in results]
