@@ -24,6 +24,10 @@ Arms:
                    --prerouter DIR; `ssdmoe train heads`): their predictions ARE the routing
                    of the consumer layers, staged one token ahead; layers without a head fill
                    on demand. A different model in effect: its tokens differ from resident's
+  staged-prerouter-lora  staged-prerouter plus the recovery LoRA (--lora DIR, default the
+                   adapter trained for those heads, MODEL/lora/k{K}-distill or -sft), unmerged:
+                   what the adapter costs at decode (paired with staged-prerouter) and to load
+                   (`lora_load_s`)
 
 Per arm: decode and prefill tok/s, MLX peak and process peak RSS (reset after warm-up),
 blocked ms per decode step (main thread waiting on expert loads), loads and cold MiB per
@@ -58,11 +62,13 @@ from pathlib import Path
 from traces.regime import DECODE_SEED, DECODE_TEMP, decode_routing
 
 ARMS = ("resident", "engine-resident", "resident-sync", "on-demand", "hot", "staged",
-        "staged-oracle", "staged-layer", "staged-prerouter")
-PREDICTED = ("staged-layer", "staged-prerouter")  # route by prediction: their own tokens
+        "staged-oracle", "staged-layer", "staged-prerouter", "staged-prerouter-lora")
+# route by prediction: their own tokens
+PREDICTED = ("staged-layer", "staged-prerouter", "staged-prerouter-lora")
 DEFAULT_ARMS = ("resident", "on-demand", "hot", "staged")
 STREAMING = {"on-demand": "on-demand", "hot": "hot", "staged": "staged",
-             "staged-oracle": "staged", "staged-layer": "staged", "staged-prerouter": "staged"}
+             "staged-oracle": "staged", "staged-layer": "staged", "staged-prerouter": "staged",
+             "staged-prerouter-lora": "staged"}
 PROMPTS = Path(__file__).resolve().parents[1] / "traces" / "prompts" / "default.jsonl"
 
 
@@ -75,6 +81,7 @@ class BenchSpec:
     rounds: int = 3
     page_cache_budget: int | None = None
     prerouter: str | None = None  # heads for staged-prerouter (default MODEL/prerouter)
+    lora: str | None = None  # adapter of staged-prerouter-lora
     warmup_tokens: int = 8
     timeout_s: int = 900
     temp: float = DECODE_TEMP  # sampled decoding: realistic routing (0 = greedy)
@@ -267,7 +274,9 @@ def run_arm(spec: dict) -> dict:
                                           lead_kind="layer" if arm == "staged-layer"
                                           else "none",
                                           prerouter=spec.get("prerouter")
-                                          if arm == "staged-prerouter" else None)
+                                          if arm.startswith("staged-prerouter") else None,
+                                          lora=spec.get("lora")
+                                          if arm == "staged-prerouter-lora" else None)
         model, tok, store = load_streaming(model_dir, config=config, on_load=loads.append)
         rt = store.runtime
     load_s = time.perf_counter() - t_load
@@ -339,6 +348,8 @@ def run_arm(spec: dict) -> dict:
         "peak_mlx_bytes": int(mx.get_peak_memory()), "peak_rss_bytes": _rss_peak(),
         "buffer_bytes": rt.buffer_bytes() if rt else {},
         "config": rt.config.to_dict() if rt else None,
+        "lora_load_s": rt.lora.load_s if rt and rt.lora else None,
+        "lora_bytes": rt.lora.nbytes if rt and rt.lora else None,
     }
     if store is not None:
         store.close()
@@ -383,6 +394,9 @@ def summarize_arm(runs: list[dict]) -> dict:
     out = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
     out["decode_tok_s_rounds"] = [row["decode_tok_s"] for row in rows]
     out["buffer_bytes"] = runs[0]["buffer_bytes"]
+    if runs[0].get("lora_load_s") is not None:
+        out["lora_load_s"] = statistics.median(r["lora_load_s"] for r in runs)
+        out["lora_bytes"] = runs[0]["lora_bytes"]
     return out
 
 
@@ -458,7 +472,20 @@ def resummarize(result: dict) -> dict:
     """(Re)compute `summary` from the raw per-round `runs` of a result."""
     result["summary"] = {a: summarize_arm(result["runs"][a]) for a in result["arms"]}
     add_bounds(result["summary"], result["disk_bandwidth_bytes_s"])
+    result["lora_cost"] = lora_cost(result["summary"])
     return result
+
+
+def lora_cost(summary: dict[str, dict]) -> dict | None:
+    """What the recovery LoRA costs: decode tok/s of staged-prerouter-lora over staged-prerouter
+    (paired within rounds, then the median), and the adapter's load time and bytes."""
+    a, b = summary.get("staged-prerouter-lora"), summary.get("staged-prerouter")
+    if a is None or b is None:
+        return None
+    paired = statistics.median(x / y for x, y in zip(a["decode_tok_s_rounds"],
+                                                     b["decode_tok_s_rounds"], strict=True))
+    return {"decode_ratio_paired": paired, "step_ms_added": a["step_ms"] - b["step_ms"],
+            "load_s": a.get("lora_load_s"), "bytes": a.get("lora_bytes")}
 
 
 def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
@@ -471,7 +498,8 @@ def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
         "page_cache_budget": spec.page_cache_budget, "warmup_tokens": spec.warmup_tokens,
         "temp": spec.temp, "seed": spec.seed, "read_mbps": spec.read_mbps,
         "read_iops": spec.read_iops,
-        "prerouter": spec.prerouter or str(Path(spec.model) / "prerouter")}))
+        "prerouter": spec.prerouter or str(Path(spec.model) / "prerouter"),
+        "lora": spec.lora}))
     cmd = [sys.executable, "-m", "engine.bench", str(spec_file), str(out_file)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=spec.timeout_s)

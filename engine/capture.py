@@ -79,6 +79,7 @@ def load_engine(
     prerouter: str | Path | None = None,
     lead: str = "none",
     top_k: int | None = None,
+    lora: str | Path | None = None,
 ):
     """-> (model, tokenizer, store, config): the streaming model for `preset`
     (engine.config.PRESETS) with the page-cache budget given in MiB or as a fraction of the
@@ -95,7 +96,8 @@ def load_engine(
         lead = "token"
     config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget,
                                       lookahead=lookahead, lead_kind=lead, top_k=top_k,
-                                      prerouter=None if prerouter is None else str(prerouter))
+                                      prerouter=None if prerouter is None else str(prerouter),
+                                      lora=None if lora is None else str(lora))
     model, tokenizer, store = load_streaming(model_dir, verify=verify, config=config)
     return model, tokenizer, store, config
 

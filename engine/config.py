@@ -48,6 +48,9 @@ class EngineConfig:
     # prerouter heads directory (`ssdmoe train heads`): at decode their predictions ARE the
     # routing of the consumer layers, staged one token ahead (engine.prerouter)
     prerouter: str | None = None
+    # recovery LoRA adapter (`ssdmoe train sft` / `distill`): unmerged, on the resident
+    # attention and shared-expert projections (engine.lora)
+    lora: str | None = None
     lead: int = 0  # tokens of staged lookahead (1 with a prerouter); 0 = fill on demand
     lead_kind: str = "none"  # LEADS; "token" whenever lead is 1
     top_k: int | None = None  # route at this K instead of the model's own (routing studies)
@@ -73,6 +76,8 @@ class EngineConfig:
         if self.prerouter is not None:
             self.prerouter = str(self.prerouter)
             self.lead = 1
+        if self.lora is not None:
+            self.lora = str(self.lora)
         if self.lead not in (0, 1):
             raise BadInput(f"engine config: lead must be 0 or 1, got {self.lead}")
         if self.lead_kind not in LEADS:

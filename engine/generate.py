@@ -32,6 +32,12 @@ Hooks (the trace recorder plugs in here):
                                       [start, end) ns intervals of graph building inside the
                                       window; not a trace column)
   on_text(segment)                    streamed text as tokens are decoded
+  on_token(id, logprob, top)          each emitted token (logprob None unless asked for)
+  stop_check()                        after each token's text: a finish reason ("stop" for a
+                                      stop sequence, "cancelled" for a client gone) ends the
+                                      request there, else None
+Sampling is mlx-lm's (`make_sampler`: temperature, top_p, top_k). With `logprobs` (the number
+of alternatives, 0 for none) each token's log-probability, and the top ones, come back too.
 With a prerouter (runtime.preroute) its state is reset at the start: a new sequence.
 `store.step` (if a store is given) is the step whose loads are being done, so load rows carry
 it.
@@ -44,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import numpy as np
 
 from engine.fill_points import FillPoints, resolve
 
@@ -60,8 +67,10 @@ class GenerationResult:
     decode_s: float
     prefill_tok_s: float
     decode_tok_s: float
-    finish_reason: str  # "length" | "stop"
+    finish_reason: str  # "length" | "stop" | what stop_check returned
     steps: list[dict] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # per token, when asked for
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     def summary(self) -> dict:
         return {"tokens": self.tokens, "text": self.text, "prefill_tok_s": self.prefill_tok_s,
@@ -75,6 +84,7 @@ class _Built:
     phase: str
     tokens: int
     out: mx.array | None  # sampled token [1], or None for a prefill chunk
+    lp: mx.array | None  # log-probabilities [1, V] it was sampled from (when asked for)
     points: list  # its fill points (engine.fill_points)
     span: tuple[int, int]  # graph building, perf_counter_ns
     also: list = field(default_factory=list)  # side outputs evaluated with `out` (predictions)
@@ -88,7 +98,12 @@ def generate(
     max_tokens: int = 64,
     *,
     temp: float = 0.0,
+    top_p: float = 0.0,
+    top_k: int = 0,
     seed: int | None = None,
+    logprobs: int | None = None,
+    stop_check: Callable[[], str | None] | None = None,
+    on_token: Callable[[int, float | None, list], None] | None = None,
     prefill_step_size: int = 2048,
     stop_at_eos: bool = True,
     store=None,
@@ -108,7 +123,7 @@ def generate(
         raise ValueError("empty prompt")
     if seed is not None:
         mx.random.seed(seed)
-    sampler = make_sampler(temp)
+    sampler = make_sampler(temp, top_p=top_p, top_k=top_k)
     cache = make_prompt_cache(model)
     runtime = getattr(store, "runtime", None)
     fills = runtime.fills if runtime is not None else FillPoints()
@@ -137,15 +152,16 @@ def generate(
                 logits = model(tokens[None], cache=cache)
         else:
             logits = model(tokens[None], cache=cache)
-        out = None
+        out = lp = None
         if sample:
             logits = logits[:, -1, :]
-            out = sampler(logits - mx.logsumexp(logits, keepdims=True))
+            lp = logits - mx.logsumexp(logits, keepdims=True)
+            out = sampler(lp)
         # The prerouter's predictions for the next call are side outputs of this step: queued
         # with it, so they are ready when the next step's staging asks for them as it begins.
         also = list(preroute.pending().values()) if preroute is not None and sample else []
-        return _Built(step, phase, tokens.size, out, fills.take(), (b0, time.perf_counter_ns()),
-                      also)
+        return _Built(step, phase, tokens.size, out, lp if logprobs is not None else None,
+                      fills.take(), (b0, time.perf_counter_ns()), also)
 
     def record(b: _Built, start: int, spans: list[tuple[int, int]], end: int) -> None:
         spans = [(max(a, start), min(z, end)) for a, z in spans if z > start and a < end]
@@ -184,6 +200,10 @@ def generate(
         else:
             fills.drain()
         token = int(b.out.item())
+        if b.lp is not None:
+            row = np.array(b.lp[0])
+            last_lp[:] = [float(row[token]), [(int(i), float(row[i]))
+                                              for i in np.argsort(-row)[:logprobs]]]
         fills.overlapping = False
         record(b, start, spans, time.perf_counter_ns())
         return token, nxt
@@ -196,6 +216,9 @@ def generate(
             runtime.reset()
 
     out: list[int] = []
+    lps: list[float] = []
+    tops: list[list[tuple[int, float]]] = []
+    last_lp: list = [0.0, []]
     detok = tokenizer.detokenizer
     detok.reset()
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
@@ -217,8 +240,18 @@ def generate(
                     abandon(nxt)
                 return t0, t1, "stop"
             out.append(token)
+            if logprobs is not None:
+                lps.append(last_lp[0])
+                tops.append(last_lp[1])
+            if on_token is not None:
+                on_token(token, last_lp[0] if logprobs is not None else None, last_lp[1])
             detok.add_token(token)
             _emit(detok, on_text)
+            reason = stop_check() if stop_check is not None else None
+            if reason is not None:
+                if nxt is not None:
+                    abandon(nxt)
+                return t0, t1, reason
             if len(out) >= max_tokens:
                 return t0, t1, "length"
             if nxt is None:  # no lookahead: build this step now, inside its own window
@@ -246,7 +279,7 @@ def generate(
         tokens=out, text=detok.text, prompt_tokens=len(ids), prefill_s=prefill_s,
         decode_s=decode_s, prefill_tok_s=len(ids) / prefill_s if prefill_s > 0 else 0.0,
         decode_tok_s=decode_steps / decode_s if decode_s > 0 and decode_steps else 0.0,
-        finish_reason=finish_reason, steps=steps,
+        finish_reason=finish_reason, steps=steps, logprobs=lps, top_logprobs=tops,
     )
 
 

@@ -159,6 +159,8 @@ def load_streaming(
                              None if prefill is path else prefill, on_routing)
         setattr(layer, arch.moe_attr, block)
     _load_weights(model, weights, manifest)
+    if config.lora is not None:
+        rt.lora = install_lora(model, Path(config.lora), manifest)
     if config.prerouter is not None:
         from engine.prerouter import Prerouter, install
 
@@ -173,6 +175,15 @@ def load_streaming(
                            f"layer (MoE layers: {manifest.moe_layers})")
         rt.preroute = layer_lead.install(blocks)
     return model, load_tokenizer(manifest), store
+
+
+def install_lora(model, src: Path, manifest: Manifest):
+    """Apply the adapter in `src` to a loaded model, refusing one trained on another base or K.
+    -> engine.lora.Installed."""
+    from engine import lora
+    from engine.manifest import MANIFEST_FILE, sha256_file
+
+    return lora.install(model, src, sha256_file(manifest.path(MANIFEST_FILE)), manifest.top_k)
 
 
 def routed_at(manifest: Manifest, k: int | None) -> Manifest:
@@ -202,10 +213,10 @@ def streaming_blocks(model) -> dict[int, StreamingMoE]:
 
 
 def load_resident(converted_dir: Path, *, verify: bool | None = None, float32: bool = True,
-                  top_k: int | None = None):
+                  top_k: int | None = None, lora: Path | None = None):
     """-> (model, tokenizer): plain mlx-lm model with all experts in memory, quantized exactly
     as stored (QuantizedSwitchLinear), same resident numbers as `load_streaming` (routing at
-    `top_k` experts per token when given)."""
+    `top_k` experts per token when given), with the adapter `lora` applied when given."""
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -223,4 +234,6 @@ def load_resident(converted_dir: Path, *, verify: bool | None = None, float32: b
         for name, v in mx.load(str(path)).items():
             weights[f"{prefix}.{name}"] = v
     _load_weights(model, weights, manifest)
+    if lora is not None:
+        install_lora(model, Path(lora), manifest)
     return model, load_tokenizer(manifest)

@@ -36,6 +36,7 @@ class Runtime:
     paths: dict[tuple[int, str], ExpertPath] = field(default_factory=dict)
     fills: FillPoints = field(default_factory=FillPoints)
     preroute: PrerouteLink | None = None  # installed prerouter heads (engine.prerouter)
+    lora: object | None = None  # the installed adapter (engine.lora.Installed)
 
     def path(self, layer: int, phase: str) -> ExpertPath:
         return self.paths[(layer, phase)]

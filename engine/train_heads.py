@@ -21,7 +21,7 @@ Recovering that loss is the later phases' work (the recovery LoRA), not this one
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -112,25 +112,50 @@ def evaluate(pre: Prerouter, data: dict[int, HeadData], routers: dict[int, mx.ar
     return {"per_head": rows, **{f"{key}_mean": v for key, v in mean.items()}}
 
 
-def forward_prerouted(model: nn.Module, pre: Prerouter, inputs: mx.array) -> mx.array:
+@dataclass
+class PreroutedState:
+    """What incremental calls of `forward_prerouted` (with a KV cache) carry across calls: per
+    owner layer its executed ids at the last position, per consumer layer the prediction its
+    owner made there (for the next position)."""
+    prev_ids: dict[int, mx.array] = field(default_factory=dict)
+    pred: dict[int, mx.array] = field(default_factory=dict)
+
+
+def forward_prerouted(model: nn.Module, pre: Prerouter, inputs: mx.array, cache=None,
+                      state: PreroutedState | None = None,
+                      routing_log: list | None = None) -> mx.array:
     """Logits of a qwen3_moe-style model when each consumer layer routes position t >= 1 by
     its owner's head at position t-1 (prediction as routing, as the engine decodes; position
     0 routes itself, as a prompt does). The heads' one-hot inputs are the ids each owner layer
-    EXECUTED, predicted ones included: the feature drift the engine has at decode."""
+    EXECUTED, predicted ones included: the feature drift the engine has at decode.
+    With `cache` (mlx-lm's KV cache) and `state`, calls continue a sequence: the first
+    position of a call is routed by the prediction the previous call made.
+    `routing_log` collects (consumer layer, predicted ids, own router's ids) [B, L, K] at the
+    positions routed by prediction: how far prediction and the layer's own choice agree."""
     from mlx_lm.models.base import create_attention_mask
 
     inner = model.model
     h = inner.embed_tokens(inputs)
-    mask = create_attention_mask(h, None)
+    caches = cache if cache is not None else [None] * len(inner.layers)
+    mask = create_attention_mask(h, caches[0])
     owners = set(pre.spec.owners)
     pred = None  # [B, L, E]: this layer's logits for position t+1, made at position t
-    for i, layer in enumerate(inner.layers):
-        h = h + layer.self_attn(layer.input_layernorm(h), mask, None)
+    for i, (layer, c) in enumerate(zip(inner.layers, caches, strict=True)):
+        h = h + layer.self_attn(layer.input_layernorm(h), mask, c)
         x = layer.post_attention_layernorm(h)
         moe = layer.mlp
         logits = moe.gate(x)
         if pred is not None:
-            logits = mx.concatenate([logits[:, :1], pred[:, :-1]], axis=1)
+            first = state.pred.get(i) if state is not None else None
+            first = logits[:, :1] if first is None else first
+            own = logits
+            logits = mx.concatenate([first, pred[:, :-1]], axis=1)
+            if state is not None:
+                state.pred[i] = pred[:, -1:]
+            if routing_log is not None:
+                k = moe.top_k
+                routing_log.append((i, mx.argpartition(-logits[:, 1:], k - 1, axis=-1)[..., :k],
+                                    mx.argpartition(-own[:, 1:], k - 1, axis=-1)[..., :k]))
         spec = RoutingSpec("softmax_topk", moe.top_k, bool(moe.norm_topk_prob))
         inds, weights = route(spec, logits)
         y = moe.switch_mlp(x, inds)
@@ -138,9 +163,13 @@ def forward_prerouted(model: nn.Module, pre: Prerouter, inputs: mx.array) -> mx.
         pred = None
         if i in owners:
             head = pre.head(i)
-            first = head(x[:, :1], inds[:, :1], None)  # no previous token at position 0
+            before = state.prev_ids.get(i) if state is not None else None
+            # no previous token at a sequence's first position
+            first = head(x[:, :1], inds[:, :1], before)
             rest = head(x[:, 1:], inds[:, 1:], inds[:, :-1])
             pred = mx.concatenate([first, rest], axis=1)
+            if state is not None:
+                state.prev_ids[i] = inds[:, -1:]
     h = inner.norm(h)
     if model.args.tie_word_embeddings:
         return inner.embed_tokens.as_linear(h)

@@ -209,6 +209,7 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     sets.append(f"lookahead={'true' if looked_ahead(engine) else 'false'}")
     sets.append(f"help_reads={'false' if engine.get('help_reads') is False else 'true'}")
     sets.append("gil=true")  # this engine's threads are Python threads (sim.gil)
+    sets.append(f"lora={'true' if engine.get('lora') else 'false'}")
     o_direct = engine.get("o_direct_effective", engine.get("o_direct"))
     sets.append(f"o_direct={'true' if o_direct else 'false'}")
     build = sc.notes.get(f"build_ms_per_layer.{path}")
@@ -280,6 +281,24 @@ def with_trace_heads(sc: Scenario, trace: Trace, notes: list[str]) -> Scenario:
     return dataclasses.replace(sc, model=dataclasses.replace(sc.model, **values))
 
 
+def with_trace_lora(sc: Scenario, trace: Trace, notes: list[str]) -> Scenario:
+    """A trace served with a recovery LoRA (run.json engine.lora: its directory) on a model
+    profile without one: the adapter's bytes from its file."""
+    from sim.model_profile import LORA_FILE, lora_profile
+
+    where = (trace.run.get("engine") or {}).get("lora")
+    if not where or sc.model.lora_bytes > 0:
+        return sc
+    if not (Path(str(where)) / LORA_FILE).is_file():
+        raise BadInput(f"{trace.path}: run.json engine.lora: cannot read "
+                       f"{Path(str(where)) / LORA_FILE}")
+    values = {k: v for k, (v, _) in lora_profile(Path(str(where))).items()
+              if k != "lora_build_ms"}
+    notes.append(f"recovery LoRA from {where}: {values['lora_bytes']} bytes; lora_build_ms "
+                 "stays the profile's (not measured)")
+    return dataclasses.replace(sc, model=dataclasses.replace(sc.model, **values))
+
+
 def scenario_for(trace: Trace, scenario: str | None = None,
                  sets: list[str] | None = None) -> tuple[Scenario, list[str], list[str]]:
     """(scenario, derived --set items, notes) for replaying `trace`."""
@@ -297,7 +316,7 @@ def scenario_for(trace: Trace, scenario: str | None = None,
         sc = Scenario(name=f"compare-{model_name(trace) or 'trace'}",
                       hardware=load_hardware(DEFAULT_HARDWARE), model=trace_model(trace, notes),
                       source=f"sim compare {trace.path}")
-    sc = with_trace_heads(sc, trace, notes)
+    sc = with_trace_lora(with_trace_heads(sc, trace, notes), trace, notes)
     derived, _, more = engine_settings(trace.run.get("engine") or {}, sc)
     notes += more
     throttle = (trace.run.get("extra") or {}).get("throttle") or {}

@@ -91,10 +91,13 @@ class MainThread:
         self.layers = m.layers
         self.experts = m.experts
         self.bundle_bytes = m.bundle_bytes
-        self.build_s = m.build_ms_per_layer * hw.cpu_factor / 1e3
+        lora = sc.lora  # the adapter's delta runs beside every layer's attention
+        self.build_s = (m.build_ms_per_layer + (m.lora_build_ms if lora else 0.0)) \
+            * hw.cpu_factor / 1e3
         self.head_build_s = m.head_build_ms * hw.cpu_factor / 1e3
         bw = hw.mem_bandwidth_gbps * 1e9 / hw.compute_factor
-        self.attn_s = (m.resident_bytes - m.unembed_bytes) / m.layers / bw
+        self.attn_s = (m.resident_bytes - m.unembed_bytes
+                       + (m.lora_bytes if lora else 0)) / m.layers / bw
         self.unembed_s = m.unembed_bytes / bw  # logits, after the last layer
         expert_bw = hw.expert_gbps * 1e9 / hw.compute_factor if hw.expert_gbps else bw
         self.expert_s = (sc.k * m.bundle_bytes / expert_bw

@@ -1,8 +1,9 @@
 """Memory budget: what is unreclaimable, and what is left for the OS page cache.
 
-RAM = OS reserve + engine (resident weights + KV cache + heads + bundle LRU + staged slots and
-their views + sticky slots + runtime) + page cache. The page cache gets what is left, so every
-byte an app cache holds is a byte the page cache cannot: a bigger app cache can starve it.
+RAM = OS reserve + engine (resident weights + KV cache + heads + adapter + bundle LRU + staged
+slots and their views + sticky slots + runtime) + page cache. The page cache gets what is left,
+so every byte an app cache holds is a byte the page cache cannot: a bigger app cache can starve
+it.
 When what is left is below the kernel's floor for file pages (`page_cache_floor_gib`), the page
 cache keeps the floor and the difference is paged out of the engine's own memory: `swapped` is
 that fraction of the engine's bytes, which sim.swap turns into faults (reads that slow down).
@@ -22,6 +23,7 @@ class MemoryBudget:
     resident: int
     kv: int
     heads: int
+    adapter: int  # the recovery LoRA, unmerged
     lru: int
     slots: int  # staged slot buffers (double buffered under the prerouter)
     slot_views: int  # duplicate bundle views the stager keeps
@@ -32,8 +34,8 @@ class MemoryBudget:
     @property
     def engine(self) -> int:
         """What the engine holds at decode (the MLX allocation)."""
-        return (self.resident + self.kv + self.heads + self.lru + self.slots + self.slot_views
-                + self.sticky + self.runtime)
+        return (self.resident + self.kv + self.heads + self.adapter + self.lru + self.slots
+                + self.slot_views + self.sticky + self.runtime)
 
     @property
     def unreclaimable(self) -> int:
@@ -87,6 +89,7 @@ def budget(sc: Scenario) -> MemoryBudget:
         resident=m.resident_bytes,
         kv=m.kv_bytes_per_token * tokens,
         heads=m.heads * m.head_bytes if sc.policy == "prerouter" else 0,
+        adapter=m.lora_bytes if sc.lora else 0,
         lru=sc.lru_bytes,
         slots=2 * staged * per_layer,
         slot_views=staged * per_layer if sc.stager_dup_views else 0,

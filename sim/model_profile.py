@@ -13,7 +13,10 @@ What each value is, for a model run by this project's engine on CPU:
                                       layers x K x one expert's parameters
   kv_bytes_per_token                  2 x layers x kv_heads x head_dim x 4 (float32 cache)
   build_ms_per_layer                  given (measured by `ssdmoe calibrate`), else machine-notes
-No prediction heads yet (consumer_first = consumer_last = -1).
+  consumer_first/last, heads,         MODEL/prerouter/prerouter.json when present (else no heads:
+  head_bytes                          consumer_first = consumer_last = -1)
+  lora_bytes                          the served adapter's tensors (MODEL/lora/k{K}-distill, else
+                                      -sft: the safetensors header), float32 as held
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from sim.scenario import MODEL_KEYS
 
 MANIFEST = "manifest.json"
 RESIDENT = "resident.safetensors"
+LORA_FILE = "adapter.safetensors"  # engine.lora.ADAPTER_FILE
 DEFAULT_BUILD_MS = 0.25  # machine-notes: tiny model graph building ~1.7-2.3 ms over 8 layers
 _BYTES = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "U8": 1, "I8": 1, "F64": 8,
           "I64": 8, "U16": 2, "I16": 2, "BOOL": 1}
@@ -160,6 +164,9 @@ def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | Non
         "kv_bytes_per_token": (kv, f"2 x {layers} layers x {kv_heads} KV heads x head_dim "
                                f"{head_dim} x 4 bytes (float32 cache)"),
         **heads_profile(model_dir / "prerouter" / "prerouter.json"),
+        **lora_profile(next((d for d in (model_dir / "lora" / f"k{k}-{phase}"
+                                         for phase in ("distill", "sft"))
+                             if (d / LORA_FILE).is_file()), None)),
         "build_ms_per_layer": (round(float(build_ms_per_layer), 4), build_how or "given"),
         "whole_layer_reads": (9, "9 tensors per MoE layer file"),
     }
@@ -190,6 +197,28 @@ def heads_profile(meta: Path) -> dict[str, tuple[Any, str]]:
             "heads": (len(owners), src),
             "head_bytes": (head_bytes, f"{meta}: float32 proj, one-hot table and fc2 of width {h}"),
             "head_build_ms": (0.0, "not measured (the heads run as one batched flush per step)")}
+
+
+def lora_profile(adapter_dir: Path | None) -> dict[str, tuple[Any, str]]:
+    """Model-profile keys of a recovery LoRA from its file's header (no MLX), or none."""
+    if adapter_dir is None:
+        return {"lora_bytes": (0, "no adapter (ssdmoe train sft makes one)"),
+                "lora_build_ms": (0.0, "no adapter")}
+    path = Path(adapter_dir) / LORA_FILE
+    tensors = safetensors_header(path)
+    count = sum(1 for name in tensors if name.endswith("lora_a"))
+    params = sum(_count(t["shape"]) for t in tensors.values())
+    return {"lora_bytes": (4 * params, f"{path}: {count} adapted projections, {params} "
+                           "parameters as float32"),
+            "lora_build_ms": (0.0, "not measured per layer (bench arm staged-prerouter-lora "
+                              "measures the adapter's decode cost)")}
+
+
+def _count(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 def model_toml(values: dict[str, tuple[Any, str]], name: str, header: list[str]) -> str:

@@ -28,6 +28,7 @@ from sim.scenario import (
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
 OPTIONAL = {"description", "whole_layer_reads", "unembed_bytes", "device_bundle_bytes",
+            "lora_bytes", "lora_build_ms",
             "routing_reuse_at_k0", "routing_reuse_per_expert_share", "routing_skew_at_k0",
             "routing_skew_per_k", *HARDWARE_OPTIONAL}
 
@@ -85,6 +86,8 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "head_bytes": (_nonneg, "must be >= 0"),
     "build_ms_per_layer": (_nonneg, "must be >= 0"),
     "head_build_ms": (_nonneg, "must be >= 0"),
+    "lora_bytes": (_nonneg, "must be >= 0"),
+    "lora_build_ms": (_nonneg, "must be >= 0"),
     "whole_layer_reads": (_positive, "must be >= 1"),
     "unembed_bytes": (_nonneg, "must be >= 0"),
     "device_bundle_bytes": (_nonneg, "must be >= 0 (0 = bundle_bytes)"),
@@ -102,6 +105,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "stager_dup_views": (lambda v: True, ""),
     "help_reads": (lambda v: True, ""),
     "gil": (lambda v: True, ""),
+    "lora": (lambda v: True, ""),
     "budget_evict_ms": (_nonneg, "must be >= 0"),
     "slot_headroom": (_nonneg, "must be >= 0"),
     "runtime_gib": (_nonneg, "must be >= 0"),

@@ -62,8 +62,8 @@ def check_memory(sc: Scenario, mem: MemoryBudget) -> list[str]:
 
 
 def _parts(mem: MemoryBudget) -> dict[str, int]:
-    names = ("os_reserve", "resident", "kv", "heads", "lru", "slots", "slot_views", "sticky",
-             "runtime")
+    names = ("os_reserve", "resident", "kv", "heads", "adapter", "lru", "slots", "slot_views",
+             "sticky", "runtime")
     return {n: getattr(mem, n) for n in names if getattr(mem, n)}
 
 

@@ -83,6 +83,9 @@ class ModelProfile:
     routing_skew_per_k: float = 0.0
     unembed_bytes: int = 0  # the output projection's share of resident_bytes, read once per
     # step after the last layer (0: spread over the layers with the rest)
+    lora_bytes: int = 0  # the recovery LoRA's weights (engine.lora), held and read every token
+    # beside each layer's attention when a scenario serves it (Scenario.lora)
+    lora_build_ms: float = 0.0  # CPU graph building the adapter adds per decoder layer
     description: str = ""
 
     def is_consumer(self, layer: int) -> bool:
@@ -130,6 +133,8 @@ class Scenario:
     # t+1's graph is built while step t computes, step t's work runs as soon as queued and each
     # layer's fill (router sync, loads) is done as that layer of step t+1 is built. False: the
     # synchronous loop (the paper's engine; ours on the exact and hot paths). sim.main_thread
+    lora: bool = False  # serve the model's recovery LoRA, unmerged (its bytes and build time
+    # from the model profile: lora_bytes, lora_build_ms)
     runtime_gib: float = 0.0  # other unreclaimable engine memory (activations, allocator slack)
     routing_stats: str = "scenario"  # synthetic routing from overlap/skew below ("scenario"),
     # or from the model profile's statistics fitted to traces, at this scenario's K ("model")

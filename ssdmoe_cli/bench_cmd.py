@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from contract.errors import BadInput
-from ssdmoe_cli.options import ReadIops, ReadMbps, Seed, Temp
+from ssdmoe_cli.options import LoraDir, NoLora, ReadIops, ReadMbps, Seed, Temp, served_lora
 from traces.regime import DECODE_SEED, DECODE_TEMP
 
 
@@ -24,7 +24,7 @@ def bench(
     model: Annotated[Path, typer.Argument(help="Converted model directory (ssdmoe convert).")],
     arms: Annotated[str, typer.Option(
         "--arms", help="Comma-separated: resident, engine-resident, resident-sync, on-demand, "
-        "hot, staged, staged-oracle, staged-layer, staged-prerouter.")] \
+        "hot, staged, staged-oracle, staged-layer, staged-prerouter, staged-prerouter-lora.")] \
         = "resident,on-demand,hot,staged",
     page_cache_budget: Annotated[str | None, typer.Option(
         "--page-cache-budget", help="Expert bytes kept in the page cache by streaming arms: "
@@ -41,6 +41,8 @@ def bench(
     prerouter: Annotated[Path | None, typer.Option(
         "--prerouter", help="Heads for the staged-prerouter arm (default: MODEL/prerouter).")]
         = None,
+    lora: LoraDir = None,
+    no_lora: NoLora = False,
     temp: Temp = DECODE_TEMP,
     seed: Seed = DECODE_SEED,
     read_mbps: ReadMbps = None,
@@ -90,14 +92,25 @@ def bench(
     throttle = ThrottleSpec.parse(read_mbps, read_iops)
     check_available(throttle)
     manifest = open_manifest(model, verify=False)
-    if "staged-prerouter" in arm_list:
+    adapter = None
+    if any(a.startswith("staged-prerouter") for a in arm_list):
         from engine.prerouter import META, Prerouter
 
         heads_dir = prerouter or Path(model) / "prerouter"
         if not (heads_dir / META).is_file():
-            raise BadInput(f"{heads_dir}: no prerouter heads for the staged-prerouter arm "
+            raise BadInput(f"{heads_dir}: no prerouter heads for the staged-prerouter arms "
                            f"(make them with `ssdmoe train heads {model}`)")
         Prerouter.load_for(heads_dir, manifest)
+        if "staged-prerouter-lora" in arm_list:
+            if no_lora:
+                raise BadInput("--no-lora: the staged-prerouter-lora arm needs an adapter")
+            adapter = served_lora(model, lora, False, heads_dir)
+            if adapter is None:
+                raise BadInput(f"{model}: no adapter for the staged-prerouter-lora arm trained "
+                               f"for {heads_dir} (ssdmoe train sft {model}, or --lora DIR)")
+            from engine.lora import read
+
+            read(adapter)  # a bad file is named here, not in a worker
     total = expert_bytes(model)
     budget = None if page_cache_budget is None else parse_bytes(page_cache_budget, total)
     if budget is not None:
@@ -108,7 +121,7 @@ def bench(
     spec = BenchSpec(model=str(model), arms=arm_list,
                      prompts=load_prompts(prompts or PROMPTS, num_prompts),
                      max_tokens=max_tokens, rounds=rounds, page_cache_budget=budget,
-                     prerouter=None if prerouter is None else str(prerouter),
+                     prerouter=None if prerouter is None else str(prerouter), lora=adapter,
                      temp=temp, seed=seed, read_mbps=throttle.read_mbps,
                      read_iops=throttle.read_iops)
     name = Path(model).name + ("" if budget is None else f"-budget{round(100 * budget / total)}")
@@ -143,4 +156,9 @@ def bench(
     mode = "greedy" if temp == 0 else f"sampled (temp {temp:g}, seed {seed})"
     typer.echo(f"{mode} tokens identical across arms (predicted-routing arms aside): "
                f"{result['tokens_identical']}")
+    cost = result.get("lora_cost")
+    if cost is not None:
+        typer.echo(f"recovery LoRA ({adapter}): decode x{cost['decode_ratio_paired']:.3f} of "
+                   f"staged-prerouter (paired by round), {cost['step_ms_added']:+.2f} ms/step; "
+                   f"adapter load {1e3 * cost['load_s']:.1f} ms, {cost['bytes'] / 2**20:.2f} MiB")
     typer.echo(f"wrote {json_path} and {png_path}")

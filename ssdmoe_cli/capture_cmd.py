@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from contract.errors import BadInput
-from ssdmoe_cli.options import ReadIops, ReadMbps, Seed, Temp
+from ssdmoe_cli.options import LoraDir, NoLora, ReadIops, ReadMbps, Seed, Temp, served_lora
 from traces.regime import DECODE_SEED, DECODE_TEMP
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "traces" / "prompts" / "default.jsonl"
@@ -60,6 +60,8 @@ def capture(
         "next layer's router on this layer's state; preset staged).")] = "none",
     top_k: Annotated[int | None, typer.Option(
         "--top-k", help="Route at K experts per token instead of the model's own K.")] = None,
+    lora: LoraDir = None,
+    no_lora: NoLora = False,
     read_mbps: ReadMbps = None,
     read_iops: ReadIops = None,
     temp: Temp = DECODE_TEMP,
@@ -125,7 +127,8 @@ def capture(
     lm, tokenizer, store, config = load_engine(
         model, preset=preset, o_direct=o_direct, page_cache_mb=page_cache_mb,
         page_cache_fraction=page_cache_fraction, verify=verify, lookahead=lookahead,
-        prerouter=prerouter, lead=lead, top_k=top_k)
+        prerouter=prerouter, lead=lead, top_k=top_k,
+        lora=served_lora(model, lora, no_lora, prerouter, top_k))
     if out is not None and not overhead:
         try:
             out = prepare_out_dir(out, force)

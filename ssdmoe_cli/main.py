@@ -13,8 +13,11 @@ from ssdmoe_cli import (
     calibrate_cmd,
     capture_cmd,
     demo_cmd,
+    eval_cmd,
     fixture_cmd,
+    lora_cmds,
     model_cmds,
+    serve_cmd,
     sim_cmds,
     trace_cmds,
     train_cmds,
@@ -31,11 +34,12 @@ app = typer.Typer(
 )
 
 for module in (demo_cmd, fixture_cmd, model_cmds, capture_cmd, bench_cmd, calibrate_cmd,
-               validate_cmd):
+               validate_cmd, eval_cmd, serve_cmd):
     module.register(app)
 app.add_typer(trace_cmds.app, name="trace")
 app.add_typer(sim_cmds.app, name="sim")
 app.add_typer(train_cmds.app, name="train")
+app.add_typer(lora_cmds.app, name="lora")
 
 
 def main() -> None:

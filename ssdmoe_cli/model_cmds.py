@@ -12,6 +12,7 @@ import typer
 
 from contract.errors import BadInput
 from ssdmoe_cli.atomic_dir import build_into
+from ssdmoe_cli.options import LoraDir, NoLora, served_lora
 
 
 def register(app: typer.Typer) -> None:
@@ -69,6 +70,11 @@ def generate(
     prerouter: Annotated[Path | None, typer.Option(
         "--prerouter", help="Prerouter heads directory (ssdmoe train heads): their predictions "
         "are the decode routing of the layers after a head.")] = None,
+    lora: LoraDir = None,
+    no_lora: NoLora = False,
+    top_k: Annotated[int | None, typer.Option(
+        "--top-k", help="Route at K experts per token instead of the model's own K (heads "
+        "and adapter trained for that K).")] = None,
     trace: Annotated[Path | None, typer.Option(
         "--trace", help="Record a trace (steps, routing, loads) into this new directory.")] = None,
     lookahead: Annotated[bool, typer.Option(
@@ -95,8 +101,9 @@ def generate(
         trace = prepare_out_dir(trace, force, "--trace")
     budget = None if page_cache_mb is None else int(page_cache_mb * 2**20)
     config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget,
-                                      lookahead=lookahead,
-                                      prerouter=None if prerouter is None else str(prerouter))
+                                      lookahead=lookahead, top_k=top_k,
+                                      prerouter=None if prerouter is None else str(prerouter),
+                                      lora=served_lora(model, lora, no_lora, prerouter, top_k))
     lm, tokenizer, store = load_streaming(model, verify=verify, config=config)
     if not tokenizer.encode(prompt):
         raise BadInput("--prompt: encodes to no tokens")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,3 +16,40 @@ Temp = Annotated[float, typer.Option(
     "--temp", help="Sampling temperature (default 1.0: realistic routing; 0 = greedy, whose "
     "tiny-fixture text loops).")]
 Seed = Annotated[int, typer.Option("--seed", help="Sampling seed.")]
+LoraDir = Annotated[Path | None, typer.Option(
+    "--lora", help="Recovery LoRA adapter (ssdmoe train sft/distill), unmerged on the resident "
+    "projections. Default: with --prerouter, MODEL/lora/k{K}-distill (else k{K}-sft) when "
+    "trained for those heads.")]
+NoLora = Annotated[bool, typer.Option("--no-lora", help="Serve without any adapter.")]
+
+
+def served_lora(model: Path, lora: Path | None, no_lora: bool, prerouter: Path | None,
+                top_k: int | None = None) -> str | None:
+    """The adapter a command serves: --lora DIR, none with --no-lora, else the newest phase
+    trained for the heads in use (the paper ships heads and LoRA together)."""
+    from contract.errors import BadInput
+
+    if lora is not None and no_lora:
+        raise BadInput("--lora and --no-lora exclude each other")
+    if no_lora:
+        return None
+    if lora is not None:
+        return str(lora)
+    if prerouter is None:
+        return None
+    from engine.lora import read_provenance
+    from engine.manifest import read_manifest, sha256_file
+    from engine.prerouter import WEIGHTS
+
+    k = top_k if top_k is not None else read_manifest(model).top_k
+    heads = Path(prerouter) / WEIGHTS
+    if not heads.is_file():
+        return None  # loading the heads reports it
+    sha = sha256_file(heads)
+    for phase in ("distill", "sft"):
+        d = Path(model) / "lora" / f"k{k}-{phase}"
+        prov = read_provenance(d)
+        if prov is not None and prov.get("heads_sha256") == sha:
+            typer.echo(f"lora: {d} (phase {phase}; --no-lora to serve without it)", err=True)
+            return str(d)
+    return None

@@ -1,5 +1,6 @@
-"""`ssdmoe train heads MODEL`: training phase 1 (prerouter head distillation) on a converted
-model. MLX is imported inside the command body only."""
+"""`ssdmoe train heads|sft|distill MODEL`: the three training phases on a converted model
+(heads: prerouter head distillation; sft: the recovery LoRA on the student path; distill:
+on-policy distillation of that LoRA). MLX is imported inside the command bodies only."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import typer
 from contract.errors import BadInput
 from ssdmoe_cli.atomic_dir import build_into
 
-app = typer.Typer(help="Train the prerouter (phase 1: heads).", no_args_is_help=True)
+app = typer.Typer(help="Train the prerouter heads (phase 1) and the recovery LoRA (phases 2, 3).",
+                  no_args_is_help=True)
 
 
 @app.command("heads")
@@ -30,6 +32,9 @@ def heads(
     eval_windows: Annotated[int, typer.Option(
         "--eval-windows", help="Held-out windows for the report.")] = 64,
     seed: Annotated[int, typer.Option("--seed", help="Seed (head init, batches).")] = 0,
+    top_k: Annotated[int | None, typer.Option(
+        "--top-k", help="Route at K experts per token instead of the model's own (heads for "
+        "another K; default --out MODEL/prerouter-k{K}).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out.")] = False,
 ) -> None:
     """Distill one prerouter head per MoE layer that has a MoE layer after it, from the
@@ -41,16 +46,17 @@ def heads(
             raise BadInput(f"{name}: must be >= 1, got {v}")
     if text is not None and not text.is_file():
         raise BadInput(f"--text {text}: no such file")
-    out = Path(out) if out is not None else Path(model) / "prerouter"
+    out = Path(out) if out is not None else heads_dir(Path(model), top_k)
     if out.exists() and not force:
         raise BadInput(f"{out}: already exists (use --force to replace it)")
+    fast_blas()
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from engine.loader import load_resident
     from engine.train_heads import HeadsConfig, corpus_tokens, train_heads
 
-    lm, tokenizer = load_resident(model)
+    lm, tokenizer = load_resident(model, top_k=top_k)
     if not all(hasattr(layer, "mlp") and hasattr(layer.mlp, "gate")
                for layer in lm.model.layers):
         raise BadInput(f"{model}: head training supports qwen3_moe-style models (every layer "
@@ -83,6 +89,140 @@ def heads(
     q = rep["lm_heldout"]
     typer.echo(f"held-out cross-entropy: own routing {q['ce_base']:.3f}, predicted routing "
                f"{q['ce_prerouted']:.3f}; greedy tokens agree {100 * q['greedy_agreement']:.1f}%"
-               " (no recovery LoRA yet)")
+               " (before the recovery LoRA: ssdmoe train sft)")
     typer.echo(f"wrote {out} (record {rep['record_s']} s, train {rep['train_s']} s)")
     typer.echo(json.dumps({"out": str(out), "head_recall_mean": h["head_recall_mean"]}))
+
+
+def fast_blas() -> None:
+    """Training is matmul-bound: on Linux re-run this command once with OpenBLAS preloaded."""
+    from engine.blas import reexec_with_fast_blas
+
+    reexec_with_fast_blas()
+
+
+def heads_dir(model: Path, top_k: int | None) -> Path:
+    """The default heads directory: MODEL/prerouter, or MODEL/prerouter-k{K} for another K."""
+    from engine.manifest import read_manifest
+
+    if top_k is None or top_k == read_manifest(model).top_k:
+        return model / "prerouter"
+    return model / f"prerouter-k{top_k}"
+
+
+def teacher_dir(model: Path) -> Path:
+    """The unquantized model the conversion came from (manifest "source"), as recorded or
+    relative to the model's parent directory."""
+    from engine.manifest import read_manifest
+
+    src = read_manifest(model).source
+    if not src:
+        raise BadInput(f"{model}: the manifest records no source model; give --teacher DIR")
+    for cand in (Path(src), model.parent / Path(src).name):
+        if (cand / "config.json").is_file():
+            return cand
+    raise BadInput(f"{model}: source model {src} not found; give --teacher DIR")
+
+
+def _lora_phase(phase: str, model: Path, out: Path | None, prerouter: Path | None,
+                teacher: Path | None, text: Path | None, top_k: int | None,
+                init: Path | None, restart: bool, **cfg) -> None:
+    fast_blas()
+    from engine.fixtures.train_loop import progress_bar
+    from engine.loader import open_manifest
+    from engine.train_lora import LoraTrainConfig, default_out, run_phase
+
+    model = Path(model)
+    if text is not None and not text.is_file():
+        raise BadInput(f"--text {text}: no such file")
+    k = top_k if top_k is not None else open_manifest(model, verify=False).top_k
+    config = LoraTrainConfig(phase=phase, **cfg)
+    out = Path(out) if out is not None else default_out(model, phase, k)
+    heads = Path(prerouter) if prerouter is not None else heads_dir(model, top_k)
+    bar = progress_bar()
+    task = bar.add_task(phase, total=config.steps, loss="")
+
+    started = []
+
+    def advance(stage: str, done: int, total: int, note: str) -> None:
+        if not started:  # on the first report: inputs are checked by then, errors print alone
+            bar.start()
+            started.append(True)
+        bar.update(task, description=stage, completed=done, loss=note)
+
+    try:
+        report = run_phase(model, config, heads,
+                           Path(teacher) if teacher is not None else teacher_dir(model), out,
+                           text=text, top_k=top_k, init_dir=init, restart=restart,
+                           progress=advance)
+    finally:
+        if started:
+            bar.stop()
+    h = report["history"]
+    typer.echo(f"{phase}: loss {h[0]['loss']:.3f} -> {h[-1]['loss']:.3f} over {config.steps} "
+               f"steps, {report['rows']} rows ({report['trained_tokens']} tokens trained), "
+               f"data {report['data_s']} s, train {report['train_s']} s"
+               + (f" (resumed at step {report['resumed_at']})" if report["resumed_at"] else ""))
+    typer.echo(f"wrote {out} (use it with --lora {out}; quality: ssdmoe eval {model})")
+    typer.echo(json.dumps({"out": str(out), "phase": phase, "final_loss": h[-1]["loss"]}))
+
+
+Out = Annotated[Path | None, typer.Option(
+    "--out", help="Adapter directory to write (default: MODEL/lora/k{K}-{phase}).")]
+Heads = Annotated[Path | None, typer.Option(
+    "--prerouter", help="Prerouter heads the student routes by (default: MODEL/prerouter).")]
+Teacher = Annotated[Path | None, typer.Option(
+    "--teacher", help="Unquantized teacher model (default: the manifest's source model).")]
+Text = Annotated[Path | None, typer.Option(
+    "--text", help="UTF-8 text the prompts are drawn from (default: the fixtures' corpus).")]
+TopK = Annotated[int | None, typer.Option(
+    "--top-k", help="Route at K experts per token (an adapter for another K; heads trained "
+    "at that K: ssdmoe train heads --top-k K).")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed (LoRA init, sampling, batches).")]
+Restart = Annotated[bool, typer.Option(
+    "--restart", help="Discard a checkpoint left in OUT.partial instead of resuming it.")]
+Rank = Annotated[int, typer.Option("--rank", help="LoRA rank r.")]
+Alpha = Annotated[float, typer.Option("--alpha", help="LoRA alpha (scale alpha/r).")]
+
+
+@app.command("sft")
+def sft(
+    model: Annotated[Path, typer.Argument(help="Converted model directory (ssdmoe convert).")],
+    out: Out = None, prerouter: Heads = None, teacher: Teacher = None, text: Text = None,
+    top_k: TopK = None, seed: Seed = 0, restart: Restart = False, rank: Rank = 16,
+    alpha: Alpha = 32.0,
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 200,
+    sequences: Annotated[int, typer.Option(
+        "--sequences", help="Teacher-sampled sequences of 129 tokens.")] = 1920,
+    batch: Annotated[int, typer.Option("--batch", help="Sequences per step.")] = 8,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (cosine).")] = 1e-3,
+) -> None:
+    """Phase 2: train the recovery LoRA on the student path (routing by the heads'
+    predictions, as served) on text the unquantized teacher samples. Needs the heads first.
+    Resumes from OUT.partial when interrupted."""
+    _lora_phase("sft", model, out, prerouter, teacher, text, top_k, None, restart, seed=seed,
+                rank=rank, alpha=alpha, steps=steps, sequences=sequences, batch=batch, lr=lr)
+
+
+@app.command("distill")
+def distill(
+    model: Annotated[Path, typer.Argument(help="Converted model directory (ssdmoe convert).")],
+    out: Out = None, prerouter: Heads = None, teacher: Teacher = None, text: Text = None,
+    top_k: TopK = None, seed: Seed = 0, restart: Restart = False,
+    init: Annotated[Path | None, typer.Option(
+        "--from", help="Phase-2 adapter to start from (default: MODEL/lora/k{K}-sft).")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 60,
+    sequences: Annotated[int, typer.Option(
+        "--sequences", help="Student-sampled sequences of 129 tokens (a tenth of phase 2's "
+        "1920).")] = 192,
+    batch: Annotated[int, typer.Option("--batch", help="Sequences per step.")] = 8,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (cosine).")] = 5e-4,
+    teacher_top_k: Annotated[int, typer.Option(
+        "--teacher-top-k", help="Teacher tokens the reverse KL runs over (+ a tail).")] = 32,
+) -> None:
+    """Phase 3: on-policy distillation. The phase-2 student samples, the teacher scores; the
+    loss is reverse KL over the teacher's top-k plus a tail term, on about a tenth of phase
+    2's rows. Resumes from OUT.partial when interrupted."""
+    _lora_phase("distill", model, out, prerouter, teacher, text, top_k, init, restart,
+                seed=seed, steps=steps, sequences=sequences, batch=batch, lr=lr,
+                teacher_top_k=teacher_top_k)

@@ -9,12 +9,18 @@ Tests must not modify these directories: copy them first (`model_copy(src)`)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+# A command run in this process (the `ssdmoe` fixture) must never re-execute it with OpenBLAS
+# preloaded (engine.blas): that would restart pytest. tests/test_blas.py checks the re-exec in
+# subprocesses of its own.
+os.environ.setdefault("SSDMOE_NO_FAST_BLAS", "1")
 
 ARCHS = ("qwen3_moe", "mixtral", "olmoe", "qwen3_next", "bailing_moe")
 

@@ -89,3 +89,35 @@ def test_bench_bad_input(tiny_random_converted, ssdmoe):
     assert r.returncode == 2 and "unknown arm 'turbo'" in r.stderr
     r = ssdmoe("bench", str(tiny_random_converted), "--page-cache-budget", "10")
     assert r.returncode == 2 and "minimum" in r.stderr
+
+
+def test_bench_lora_arm_measures_the_adapter(tiny_random_converted, model_copy, tmp_path,
+                                             ssdmoe):
+    """staged-prerouter-lora runs the adapter trained for the heads (the default), paired
+    with staged-prerouter; its load time and bytes come back; --no-lora refuses the arm."""
+    from test_lora import _rewrite, make_adapter
+    from test_prerouter import _heads
+
+    from engine.manifest import sha256_file
+
+    root = model_copy(tiny_random_converted)
+    heads = _heads(root, root / "prerouter", seed=1)
+    k = json.loads((root / "manifest.json").read_text())["top_k"]
+    ad = make_adapter(root, root / "lora" / f"k{k}-sft", scale_b=0.3)
+    _rewrite(ad, lambda s, a: s["provenance"].update(
+        heads_sha256=sha256_file(heads / "prerouter.safetensors")))
+    out = tmp_path / "b.json"
+    r = ssdmoe("bench", str(root), "--arms", "staged-prerouter,staged-prerouter-lora",
+               "--rounds", "2", "--max-tokens", "6", "--num-prompts", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    lora_run = res["runs"]["staged-prerouter-lora"][0]
+    assert lora_run["config"]["lora"] == str(ad) and lora_run["lora_bytes"] > 0
+    assert res["runs"]["staged-prerouter"][0]["config"]["lora"] is None
+    cost = res["lora_cost"]
+    assert cost["decode_ratio_paired"] > 0 and cost["load_s"] > 0
+    assert "recovery LoRA" in r.stdout
+    tokens = {a: res["runs"][a][0]["prompts"][0]["tokens"] for a in res["arms"]}
+    assert tokens["staged-prerouter-lora"] != tokens["staged-prerouter"]  # the adapter acts
+    r = ssdmoe("bench", str(root), "--arms", "staged-prerouter-lora", "--no-lora")
+    assert r.returncode == 2 and "needs an adapter" in r.stderr

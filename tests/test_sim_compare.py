@@ -76,7 +76,9 @@ def test_engine_configs_map_onto_scenario_keys():
                                      "readers": 2, "o_direct": False}, sc)
     assert path == "exact" and sets == ["k=2", "policy=hot", "lru_bytes=1000", "readers=0",
                                         "lookahead=false", "help_reads=true", "gil=true",
-                                        "o_direct=false"]
+                                        "lora=false", "o_direct=false"]
+    sets, _, _ = engine_settings({"decode": "exact", "k": 2, "lora": "/some/adapter"}, sc)
+    assert "lora=true" in sets
     sets, _, _ = engine_settings({"decode": "exact", "k": 2, "help_reads": False}, sc)
     assert "help_reads=false" in sets
     sets, _, _ = engine_settings({"decode": "hot", "k": 2, "readers": 3, "hot_bytes": None}, sc)

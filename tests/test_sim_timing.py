@@ -91,3 +91,26 @@ def test_background_readers_take_prefetch_off_the_main_thread():
     assert bg["decode_tok_s"] > sync["decode_tok_s"]
     threads = set(runs[2].trace.loads["thread"])
     assert threads == {"reader0", "reader1"}
+
+
+def test_a_served_adapter_costs_its_bytes_and_build_time_by_hand():
+    """lora=true: each layer's attention also reads lora_bytes / layers, each layer's graph
+    takes lora_build_ms more to build, and the engine holds lora_bytes more; lora=false (the
+    same profile) costs nothing."""
+    from sim.memory import budget
+
+    m = model(layers=4, experts=16, k=2, resident_bytes=200 * MB, build_ms_per_layer=1.0,
+              lora_bytes=40 * MB, lora_build_ms=0.25)
+    hw = hardware(mem_bandwidth_gbps=400.0, **FREE_IO)
+    B = 400e9
+    router = uniform_routing(300, 4, 16, 2, seed=1)
+    rates = {}
+    for served in (False, True):
+        sc = scenario(hw=hw, m=m, policy="on-demand", decode_steps=300, lora=served)
+        rates[served] = run_scenario(sc, routing=routing_input(router)).metrics["decode_tok_s"]
+        extra = budget(sc).engine - budget(scenario(hw=hw, m=m, policy="on-demand")).engine
+        assert extra == (40 * MB if served else 0)
+    a0, x = 200 * MB / 4 / B, 2 * MB / B
+    assert rates[False] == pytest.approx(1 / (4 * (1e-3 + a0) + x), rel=1e-9)
+    a1 = (200 + 40) * MB / 4 / B
+    assert rates[True] == pytest.approx(1 / (4 * (1.25e-3 + a1) + x), rel=1e-9)

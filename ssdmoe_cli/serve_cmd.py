@@ -1,0 +1,175 @@
+"""`ssdmoe serve MODEL` (the OpenAI-compatible HTTP API, server/) and `ssdmoe chat MODEL` (an
+interactive terminal chat). MLX is imported inside the command bodies only."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from contract.errors import BadInput
+from ssdmoe_cli.options import LoraDir, NoLora, served_lora
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+Model = Annotated[Path, typer.Argument(help="Converted model directory (ssdmoe convert).")]
+Preset = Annotated[str, typer.Option(
+    "--preset", help="Engine preset: on-demand (exact), hot, staged.")]
+Heads = Annotated[Path | None, typer.Option(
+    "--prerouter", help="Prerouter heads (default: MODEL/prerouter when present).")]
+NoHeads = Annotated[bool, typer.Option("--no-prerouter", help="Route with the model's routers.")]
+TopK = Annotated[int | None, typer.Option(
+    "--top-k", help="Route at K experts per token (heads and adapter trained for that K).")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+    app.command("chat")(chat)
+
+
+def load_served(model: Path, preset: str, prerouter: Path | None, no_prerouter: bool,
+                lora: Path | None, no_lora: bool, top_k: int | None, trace: Path | None = None,
+                force: bool = False, on_load=None):
+    """-> (model, tokenizer, store, config): the engine as `serve` and `chat` run it."""
+    from engine.config import EngineConfig
+    from engine.loader import load_streaming
+    from ssdmoe_cli.train_cmds import heads_dir
+
+    if prerouter is not None and no_prerouter:
+        raise BadInput("--prerouter and --no-prerouter exclude each other")
+    if prerouter is None and not no_prerouter:
+        default = heads_dir(Path(model), top_k)
+        prerouter = default if (default / "prerouter.json").is_file() else None
+    if trace is not None:
+        from engine.capture import prepare_out_dir
+
+        trace = prepare_out_dir(trace, force, "--trace")
+    config = EngineConfig.from_preset(
+        preset, top_k=top_k, prerouter=None if prerouter is None else str(prerouter),
+        lora=served_lora(model, lora, no_lora, prerouter, top_k))
+    lm, tok, store = load_streaming(model, config=config, on_load=on_load)
+    return lm, tok, store, config
+
+
+def serve(
+    model: Model,
+    host: Annotated[str, typer.Option("--host", help="Address to bind (loopback by default).")]
+        = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
+    preset: Preset = "staged",
+    prerouter: Heads = None,
+    no_prerouter: NoHeads = False,
+    lora: LoraDir = None,
+    no_lora: NoLora = False,
+    top_k: TopK = None,
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="Record every request into this new trace directory (request = the "
+        "number in the response id).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --trace.")] = False,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar="SSDMOE_API_KEY",
+        help="Require Authorization: Bearer KEY on /v1/ (default: none).")] = None,
+    max_tokens: Annotated[int, typer.Option(
+        "--max-tokens-limit", help="The most tokens one request may ask for.")] = 512,
+    max_body: Annotated[int, typer.Option(
+        "--max-body-bytes", help="Largest request body accepted.")] = 1 << 20,
+    name: Annotated[str | None, typer.Option(
+        "--model-id", help="Model name clients ask for (default: MODEL's directory name).")]
+        = None,
+) -> None:
+    """Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models,
+    /health; streaming as Server-Sent Events), one request at a time in FIFO order."""
+    if not 0 < port < 65536:
+        raise BadInput(f"--port: must be in 1..65535, got {port}")
+    if max_tokens < 1 or max_body < 1:
+        raise BadInput("--max-tokens-limit and --max-body-bytes must be >= 1")
+    if host not in LOOPBACK and api_key is None:
+        typer.echo(f"warning: serving on {host}, reachable from other machines, with no "
+                   "authentication: anyone who can connect can use it (give --api-key)",
+                   err=True)
+    import uvicorn
+
+    from engine.capture import start_recorder
+    from engine.manifest import MANIFEST_FILE, sha256_file
+    from server.app import ServeConfig, create_app
+    from server.worker import Worker
+
+    lm, tok, store, config = load_served(model, preset, prerouter, no_prerouter, lora, no_lora,
+                                         top_k, trace, force)
+    rec = None if trace is None else start_recorder(trace, lm, store, config=config)
+    m = store.manifest
+    cfg = ServeConfig(
+        model_id=name or Path(model).resolve().name, max_tokens=max_tokens,
+        context=int(m.config.get("max_position_embeddings") or 4096), max_body_bytes=max_body,
+        api_key=api_key,
+        metadata={"preset": config.preset, "prerouter": config.prerouter, "lora": config.lora,
+                  "top_k": m.top_k,
+                  "fingerprint": sha256_file(m.path(MANIFEST_FILE))[:12]})
+    worker = Worker(lm, tok, store, rec)
+    app = create_app(worker, cfg)
+    typer.echo(f"serving {cfg.model_id} on http://{host}:{port}/v1 (preset {config.preset}, "
+               f"heads {config.prerouter or 'none'}, lora {config.lora or 'none'})", err=True)
+    import signal
+
+    stopped_by: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        # uvicorn shuts down gracefully on these, then re-raises the signal under the handler
+        # it found: this one, so the process ends through the cleanup below with status 0
+        signal.signal(sig, lambda s, frame: stopped_by.append(s))
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning",
+                    timeout_graceful_shutdown=10)
+    finally:
+        worker.close()
+        if rec is not None:
+            rec.close()  # the trace keeps every finished step
+        store.close()
+    typer.echo("server stopped", err=True)
+
+
+def chat(
+    model: Model,
+    preset: Preset = "staged",
+    prerouter: Heads = None,
+    no_prerouter: NoHeads = False,
+    lora: LoraDir = None,
+    no_lora: NoLora = False,
+    top_k: TopK = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per reply.")] = 128,
+    temp: Annotated[float, typer.Option("--temp", help="Sampling temperature.")] = 0.8,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+) -> None:
+    """Chat in the terminal through the chat template; replies stream as they come.
+    /reset starts over, /stats shows the last reply's engine figures, /quit leaves."""
+    if max_tokens < 1 or temp < 0:
+        raise BadInput("--max-tokens must be >= 1 and --temp >= 0")
+    from server.chat_session import ChatSession
+
+    loads: list[dict] = []
+    lm, tok, store, config = load_served(model, preset, prerouter, no_prerouter, lora, no_lora,
+                                         top_k, on_load=loads.append)
+    session = ChatSession(lm, tok, store, loads, max_tokens=max_tokens, temp=temp, seed=seed)
+    out = sys.stdout
+    out.write(f"ssdmoe chat: {Path(model).name} (preset {config.preset}, heads "
+              f"{config.prerouter or 'none'}, lora {config.lora or 'none'}); /reset /stats "
+              "/quit\n")
+    try:
+        while True:
+            out.write("> ")
+            out.flush()
+            line = sys.stdin.readline()
+            if not line or line.strip() == "/quit":
+                break
+            line = line.rstrip("\n")
+            if line.strip() == "/reset":
+                session.reset()
+                out.write("(history cleared)\n")
+            elif line.strip() == "/stats":
+                out.write(session.stats_line() + "\n")
+            elif line.strip():
+                session.reply(line, lambda s: (out.write(s), out.flush()))
+                out.write("\n")
+    finally:
+        store.close()
