@@ -199,7 +199,8 @@ def create_app(worker: Worker, cfg: ServeConfig) -> FastAPI:
             "id": rid, "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": protocol.now(), "model": cfg.model_id,
             "system_fingerprint": cfg.metadata.get("fingerprint"), "choices": [choice],
-            "usage": protocol.usage(n_prompt, data["completion_tokens"])})
+            "usage": protocol.usage(n_prompt, data["completion_tokens"]),
+            "ssdmoe": protocol.engine_timing(data)})
 
     async def stream(job: Job, rid: str, kind: str, include_usage: bool,
                      logprobs: int | None, n_prompt: int) -> AsyncIterator[dict]:
@@ -235,7 +236,8 @@ def create_app(worker: Worker, cfg: ServeConfig) -> FastAPI:
                         data["message"], data["type"], code=data["code"]))}
                     return
                 else:
-                    yield chunk(piece("", None, data["finish_reason"]))
+                    yield chunk(piece("", None, data["finish_reason"]),
+                                ssdmoe=protocol.engine_timing(data))
                     if include_usage:
                         yield chunk(None, usage=protocol.usage(n_prompt,
                                                                data["completion_tokens"]))

@@ -86,5 +86,12 @@ def completion_logprobs(tokens: list[dict], offset: int = 0) -> dict:
             "top_logprobs": [dict(t["top"]) for t in tokens], "text_offset": offsets}
 
 
+def engine_timing(done: dict) -> dict:
+    """The engine's own figures for a request (an extension field clients may ignore): how
+    long it queued, its prefill, and its decode rate inside the server."""
+    return {"queued_s": round(done["queued_s"], 6), "prefill_s": round(done["prefill_s"], 6),
+            "decode_tok_s": round(done["decode_tok_s"], 3)}
+
+
 def now() -> int:
     return int(time.time())

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from server.stops import StopMatcher
 
+COALESCE_S = 0.025  # streamed tokens closer together than this share one event
+
 
 @dataclass
 class GenParams:
@@ -141,11 +143,20 @@ class Worker:
             if last:
                 last[0]["text"] += segment
 
+        out = {"text": "", "tokens": [], "sent": 0.0}
+
         def flush(final: bool = False) -> None:
-            text = matcher.feed(pending["text"]) + (matcher.flush() if final else "")
-            tokens, pending["text"], pending["tokens"] = pending["tokens"], "", []
-            if text or tokens:
-                job.emit("delta", {"text": text, "tokens": tokens})
+            out["text"] += matcher.feed(pending["text"]) + (matcher.flush() if final else "")
+            out["tokens"] += pending["tokens"]
+            pending["text"], pending["tokens"] = "", []
+            now = time.perf_counter()
+            # Tokens closer together than COALESCE_S go out as one event: each event wakes
+            # the event loop, whose Python work takes the interpreter lock from the decode
+            # loop. A token after a longer gap goes out at once, so slow decoding adds no delay.
+            due = final or matcher.stopped or now - out["sent"] >= COALESCE_S
+            if due and (out["text"] or out["tokens"]):
+                job.emit("delta", {"text": out["text"], "tokens": out["tokens"]})
+                out["text"], out["tokens"], out["sent"] = "", [], now
 
         def stop_check() -> str | None:
             if job.cancelled.is_set():
