@@ -32,6 +32,8 @@ from server import protocol
 from server.chat_template import render
 from server.worker import GenParams, Job, Worker
 
+DISCONNECT_POLL_S = 0.1  # how often a waiting non-streamed request checks for its client
+
 
 @dataclass
 class ServeConfig:
@@ -46,6 +48,23 @@ class ServeConfig:
 def _error(status: int, message: str, kind: str = "invalid_request_error",
            param: str | None = None, code: str | None = None) -> JSONResponse:
     return JSONResponse(protocol.error_body(message, kind, param, code), status_code=status)
+
+
+class BearerAuth:
+    """ASGI middleware: /v1/ needs `Authorization: Bearer KEY` (compared in constant time)."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            header = dict(scope.get("headers") or []).get(b"authorization", b"")
+            token = header[7:] if header[:7].lower() == b"bearer " else b""
+            if not hmac.compare_digest(token, self.key):
+                return await _error(401, "invalid or missing API key (Authorization: Bearer "
+                                    "...)", "authentication_error",
+                                    code="invalid_api_key")(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 class BodyLimit:
@@ -95,17 +114,10 @@ def create_app(worker: Worker, cfg: ServeConfig) -> FastAPI:
                   description="OpenAI-compatible API on the ssdmoe streaming engine")
     tokenizer = worker.tokenizer
 
+    # plain ASGI middleware (Starlette's BaseHTTPMiddleware would hide client disconnects)
     app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
-
-    @app.middleware("http")
-    async def auth(request: Request, call_next):
-        if cfg.api_key is not None and request.url.path.startswith("/v1/"):
-            header = request.headers.get("authorization", "")
-            token = header[7:] if header.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), cfg.api_key.encode()):
-                return _error(401, "invalid or missing API key (Authorization: Bearer ...)",
-                              "authentication_error", code="invalid_api_key")
-        return await call_next(request)
+    if cfg.api_key is not None:
+        app.add_middleware(BearerAuth, key=cfg.api_key)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -172,9 +184,21 @@ def create_app(worker: Worker, cfg: ServeConfig) -> FastAPI:
     async def complete(job: Job, rid: str, kind: str, logprobs: int | None, n_prompt: int,
                        request: Request) -> JSONResponse:
         text, tokens = [], []
+        loop = asyncio.get_running_loop()
+        checked = loop.time()
         try:
             while True:
-                event, data = await job.events.get()
+                try:
+                    event, data = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
+                except TimeoutError:
+                    event = None
+                if loop.time() - checked >= DISCONNECT_POLL_S:
+                    checked = loop.time()
+                    if await request.is_disconnected():  # nobody to answer: free the engine
+                        job.cancelled.set()
+                        return _error(499, "client closed the request", code="cancelled")
+                if event is None:
+                    continue
                 if event == "delta":
                     text.append(data["text"])
                     tokens += data["tokens"]

@@ -324,3 +324,28 @@ def test_trace_at_shutdown_holds_every_request(server):
     order = [r for r in read_trace(server.trace).steps["request"].to_list()]
     firsts = list(dict.fromkeys(order))
     assert firsts == sorted(firsts)  # FIFO: requests ran in the order they arrived
+
+
+def test_a_non_streamed_client_gone_frees_the_engine_too(model, tmp_path):
+    trace = tmp_path / "trace"
+    srv = Server(model, "--preset", "on-demand", "--max-tokens-limit", "400", "--trace",
+                 str(trace), "--model-id", "tiny")
+    # seed 9 samples no EOS in its first 380 tokens of PROMPT on this fixture
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 380, "temperature": 1.0,
+            "seed": 9}
+    try:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up, closing its connection
+            httpx.post(f"{srv.url}/v1/completions", json=body,
+                       timeout=httpx.Timeout(60, read=0.4))
+        t0 = time.monotonic()
+        while httpx.get(f"{srv.url}/health", timeout=10).json()["pending"] and \
+                time.monotonic() - t0 < 10:
+            time.sleep(0.02)
+        freed_s = time.monotonic() - t0
+        full = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=120).json()
+    finally:
+        code, err = srv.stop()
+    assert code == 0, err
+    assert full["usage"]["completion_tokens"] == 380  # uncancelled, this request runs long
+    steps = _trace_requests(trace)
+    assert steps[0] < 300 and freed_s < 2.0  # the abandoned one stopped soon after
