@@ -11,6 +11,7 @@ holds the store (the trace recorder, the benchmark) reaches the config and the c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.config import PHASES, EngineConfig
 from engine.fill_points import FillPoints
@@ -24,6 +25,9 @@ from engine.prerouter import PrerouteLink
 from engine.readers import ReaderPool
 from engine.store import ExpertStore
 
+if TYPE_CHECKING:  # engine.lora imports mlx-lm's tuner; only the type is needed here
+    from engine.lora import Installed
+
 
 @dataclass
 class Runtime:
@@ -36,7 +40,7 @@ class Runtime:
     paths: dict[tuple[int, str], ExpertPath] = field(default_factory=dict)
     fills: FillPoints = field(default_factory=FillPoints)
     preroute: PrerouteLink | None = None  # installed prerouter heads (engine.prerouter)
-    lora: object | None = None  # the installed adapter (engine.lora.Installed)
+    lora: Installed | None = None  # the recovery LoRA applied to the model (engine.lora)
 
     def path(self, layer: int, phase: str) -> ExpertPath:
         return self.paths[(layer, phase)]

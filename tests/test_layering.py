@@ -1,5 +1,6 @@
 """Layers point one way: the error types live in a leaf (`contract`) that imports nothing of
-ours, and no engine, simulator, traces or validation module imports the CLI."""
+ours, no engine, simulator, traces, validation or server module imports the CLI, and the server
+sits above the engine (nothing below imports it)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = ("contract", "engine", "sim", "traces", "ssdmoe_cli", "validation")
+OURS = ("contract", "engine", "sim", "traces", "ssdmoe_cli", "validation", "server")
 
 
 def _imports(path: Path) -> set[str]:
@@ -29,9 +30,17 @@ def test_contract_is_a_leaf():
 
 
 def test_nothing_below_the_cli_imports_it():
-    for package in ("contract", "engine", "sim", "traces", "validation"):
+    for package in ("contract", "engine", "sim", "traces", "validation", "server"):
         for f in sorted((ROOT / package).rglob("*.py")):
             assert "ssdmoe_cli" not in _imports(f), f
+
+
+def test_the_server_sits_above_the_engine():
+    for package in ("contract", "engine", "sim", "traces", "validation"):
+        for f in sorted((ROOT / package).rglob("*.py")):
+            assert "server" not in _imports(f), f
+    protocol = _imports(ROOT / "server" / "protocol.py")
+    assert not protocol & {"mlx", "engine"}  # the API's shapes need no MLX
 
 
 def test_an_io_fault_is_not_bad_input():
