@@ -189,8 +189,14 @@ def test_cold_loads_after_dropping_the_page_cache(tiny_random_converted, tmp_pat
     trace = read_trace(tmp_path / "t")
     s = trace.steps.sort("step")
     first = [s.filter(pl.col("request") == r).row(0, named=True) for r in (0, 1)]
-    for row in first:  # nothing of this model was cached: every load of the step was cold
-        assert row["loads"] > 0 and row["cold_loads"] == row["loads"]
+    for row in first:  # after a drop the step reads from the disk, and says so
+        assert row["loads"] > 0 and row["cold_loads"] > 0
+    # Not every read of such a step is cold, though: a read caches whole folios, which on a
+    # 6.x kernel can hold neighbouring experts' pages, so later reads of the step may find
+    # theirs resident (seen on tiny-random's 4 KiB slices). The very first read after the
+    # first drop has nothing before it: it is cold.
+    loads = trace.loads.filter(pl.col("step") == first[0]["step"]).sort("started_ns")
+    assert loads["cold"][0]
     # the page cache grows from empty as the experts are read, and never exceeds what was read
     pc = s["page_cache_bytes"].to_list()
     assert 0 < pc[0] <= first[0]["bytes_read"] + 4096 * first[0]["loads"] * 9
