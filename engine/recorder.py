@@ -283,10 +283,10 @@ class Recorder:
             "rss_bytes": memory.rss_bytes(),
             "page_cache_bytes": self._page_cache(t0),
         }
+        for r in mine:  # loads first: an interrupt (Ctrl-C) never leaves a step without them
+            self.writer.add_load(r)
         self.writer.add_step(out)
         self._write_routing(step)
-        for r in mine:
-            self.writer.add_load(r)
         self.steps += 1
         self.overhead_ns += time.perf_counter_ns() - t0
 
