@@ -37,7 +37,7 @@ Hooks (the trace recorder plugs in here):
                                       stop sequence, "cancelled" for a client gone) ends the
                                       request there, else None
 Sampling is mlx-lm's (`make_sampler`: temperature, top_p, top_k). With `logprobs` (the number
-of alternatives, 0 for none) each token's log-probability, and the top ones, come back too.
+of alternatives, 0 for none) on_token gets each token's log-probability and the top ones.
 With a prerouter (runtime.preroute) its state is reset at the start: a new sequence.
 `store.step` (if a store is given) is the step whose loads are being done, so load rows carry
 it.
@@ -69,8 +69,6 @@ class GenerationResult:
     decode_tok_s: float
     finish_reason: str  # "length" | "stop" | what stop_check returned
     steps: list[dict] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)  # per token, when asked for
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     def summary(self) -> dict:
         return {"tokens": self.tokens, "text": self.text, "prefill_tok_s": self.prefill_tok_s,
@@ -179,11 +177,12 @@ def generate(
         mx.eval([c.state for c in cache])
         record(b, b.span[0], [b.span], time.perf_counter_ns())
 
-    def finish(b: _Built, start: int, spans: list, want_next: bool) -> tuple[int, _Built | None]:
+    def finish(b: _Built, start: int, spans: list, want_next: bool
+               ) -> tuple[int, _Built | None, float | None, list]:
         """Evaluate `b`, resolving its fill points; when looking ahead, build the next decode
         step and queue its evaluation before `b`'s token comes to the host, so the host work
         between tokens overlaps compute. Records `b`'s window from `start`. Returns (token,
-        the next step or None)."""
+        the next step or None, its log-probability and top alternatives when asked for)."""
         nxt = None
         if store is not None:
             store.step = b.step
@@ -200,13 +199,15 @@ def generate(
         else:
             fills.drain()
         token = int(b.out.item())
+        chosen, top = None, []
         if b.lp is not None:
             row = np.array(b.lp[0])
-            last_lp[:] = [float(row[token]), [(int(i), float(row[i]))
-                                              for i in np.argsort(-row)[:logprobs]]]
+            chosen = float(row[token])
+            best = np.argpartition(-row, logprobs - 1)[:logprobs] if logprobs else []
+            top = sorted(((int(i), float(row[i])) for i in best), key=lambda t: -t[1])
         fills.overlapping = False
         record(b, start, spans, time.perf_counter_ns())
-        return token, nxt
+        return token, nxt, chosen, top
 
     def abandon(b: _Built) -> None:
         """A step built ahead that will not run (EOS): drop its staging, reuse its number."""
@@ -216,9 +217,6 @@ def generate(
             runtime.reset()
 
     out: list[int] = []
-    lps: list[float] = []
-    tops: list[list[tuple[int, float]]] = []
-    last_lp: list = [0.0, []]
     detok = tokenizer.detokenizer
     detok.reset()
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
@@ -232,7 +230,7 @@ def generate(
             run_chunk(rest[:n])
             rest = rest[n:]
         b = build(mx.array(rest), "prefill", sample=True)
-        token, nxt = finish(b, b.span[0], [b.span], want_next=max_tokens > 1)
+        token, nxt, chosen, top = finish(b, b.span[0], [b.span], want_next=max_tokens > 1)
         t1 = time.perf_counter()
         while True:
             if stop_at_eos and token in eos:
@@ -240,11 +238,8 @@ def generate(
                     abandon(nxt)
                 return t0, t1, "stop"
             out.append(token)
-            if logprobs is not None:
-                lps.append(last_lp[0])
-                tops.append(last_lp[1])
             if on_token is not None:
-                on_token(token, last_lp[0] if logprobs is not None else None, last_lp[1])
+                on_token(token, chosen, top)
             detok.add_token(token)
             _emit(detok, on_text)
             reason = stop_check() if stop_check is not None else None
@@ -259,7 +254,8 @@ def generate(
                 start, spans = nxt.span[0], [nxt.span]
             else:  # built during the previous window
                 start, spans = steps[-1]["end_ns"], []
-            token, nxt = finish(nxt, start, spans, want_next=len(out) + 1 < max_tokens)
+            token, nxt, chosen, top = finish(nxt, start, spans,
+                                             want_next=len(out) + 1 < max_tokens)
 
     try:
         with mx.stream(generation_stream):
@@ -279,7 +275,7 @@ def generate(
         tokens=out, text=detok.text, prompt_tokens=len(ids), prefill_s=prefill_s,
         decode_s=decode_s, prefill_tok_s=len(ids) / prefill_s if prefill_s > 0 else 0.0,
         decode_tok_s=decode_steps / decode_s if decode_s > 0 and decode_steps else 0.0,
-        finish_reason=finish_reason, steps=steps, logprobs=lps, top_logprobs=tops,
+        finish_reason=finish_reason, steps=steps,
     )
 
 

@@ -100,18 +100,27 @@ def attach(model: nn.Module, spec: LoraSpec, seed: int = 0) -> LoraSpec:
 
 def detach(model: nn.Module) -> None:
     """Put the base projections back (the model as served without an adapter)."""
-    base = [(p, m.linear) for p, m in _modules_of(model, LoRALinear).items()]
+    base = [(p, m.linear) for p, m in adapters(model).items()]
     if base:
         model.update_modules(tree_unflatten(base))
 
 
-def _modules_of(model: nn.Module, kind: type) -> dict[str, nn.Module]:
-    return {p: m for p, m in _modules(model).items() if isinstance(m, kind)}
+def adapters(model: nn.Module) -> dict[str, LoRALinear]:
+    """{path: LoRALinear} of the adapted projections."""
+    return {p: m for p, m in _modules(model).items() if isinstance(m, LoRALinear)}
 
 
 def adapter_arrays(model: nn.Module) -> dict[str, mx.array]:
-    return {f"{p}.{k}": getattr(m, k) for p, m in _modules_of(model, LoRALinear).items()
+    return {f"{p}.{k}": getattr(m, k) for p, m in adapters(model).items()
             for k in ("lora_a", "lora_b")}
+
+
+def set_arrays(model: nn.Module, arrays: dict[str, mx.array]) -> None:
+    """Put `adapter_arrays`-named tensors ({path}.lora_a / .lora_b) into the attached adapters."""
+    mods = adapters(model)
+    for key, value in arrays.items():
+        path, attr = key.rsplit(".", 1)
+        setattr(mods[path], attr, value)
 
 
 def save(model: nn.Module, spec: LoraSpec, out_dir: Path) -> Path:
@@ -217,10 +226,7 @@ def install(model: nn.Module, src: Path, base_sha256: str | None = None,
     spec, arrays = read(src)
     check(spec, arrays, model, Path(src), base_sha256, top_k)
     attach(model, spec)
-    mods = _modules_of(model, LoRALinear)
-    for t in spec.targets:
-        mods[t].lora_a = arrays[f"{t}.lora_a"].astype(mx.float32)
-        mods[t].lora_b = arrays[f"{t}.lora_b"].astype(mx.float32)
+    set_arrays(model, {k: v.astype(mx.float32) for k, v in arrays.items()})
     model.freeze()
     mx.eval(model.parameters())
     nbytes = sum(a.nbytes for a in adapter_arrays(model).values())

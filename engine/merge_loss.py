@@ -20,11 +20,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_unflatten
-from mlx_lm.tuner.lora import LoRALinear
 
-
-def _lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
-    return {p: m for p, m in model.named_modules() if isinstance(m, LoRALinear)}
+from engine.lora import adapters
 
 
 def kind_of(path: str) -> str:
@@ -35,7 +32,7 @@ def kind_of(path: str) -> str:
 
 def quantize_bases(model: nn.Module, bits: int, group_size: int) -> None:
     """Give every adapted float projection an int4 base (the deployed checkpoint's)."""
-    for m in _lora_modules(model).values():
+    for m in adapters(model).values():
         if not isinstance(m.linear, nn.QuantizedLinear):
             m.linear = nn.QuantizedLinear.from_linear(m.linear, group_size, bits)
     mx.eval(model.parameters())
@@ -43,7 +40,7 @@ def quantize_bases(model: nn.Module, bits: int, group_size: int) -> None:
 
 def merge(model: nn.Module) -> None:
     """Merge each adapter into its (quantized) base and re-quantize: mlx-lm's fuse."""
-    model.update_modules(tree_unflatten([(p, m.fuse()) for p, m in _lora_modules(model).items()]))
+    model.update_modules(tree_unflatten([(p, m.fuse()) for p, m in adapters(model).items()]))
     mx.eval(model.parameters())
 
 
@@ -55,8 +52,8 @@ def _dequantized(lin: nn.QuantizedLinear) -> np.ndarray:
 
 def weight_survival(model: nn.Module) -> dict[str, dict]:
     """Per module kind: survival, RMS of the delta, RMS of the base's quantization step."""
-    acc: dict[str, list[float]] = {}
-    for path, m in _lora_modules(model).items():
+    acc: dict[str, dict[str, float]] = {}
+    for path, m in adapters(model).items():
         base = m.linear  # quantized (quantize_bases first)
         b = _dequantized(base)
         delta = m.scale * (np.array(m.lora_a, np.float64) @ np.array(m.lora_b, np.float64)).T
@@ -66,18 +63,20 @@ def weight_survival(model: nn.Module) -> dict[str, dict]:
         merged = np.array(mx.dequantize(wq, s, z, group_size=base.group_size, bits=base.bits),
                           np.float64)
         step = np.array(base.scales, np.float64)
-        a = acc.setdefault(kind_of(path), [0.0, 0.0, 0.0, 0.0, 0])
-        a[0] += float(((u - merged) ** 2).sum())
-        a[1] += float((delta ** 2).sum())
-        a[2] += float((step ** 2).sum())
-        a[3] += step.size
-        a[4] += 1
+        a = acc.setdefault(kind_of(path), dict.fromkeys(("lost", "delta", "step", "steps",
+                                                         "weights", "modules"), 0.0))
+        a["lost"] += float(((u - merged) ** 2).sum())
+        a["delta"] += float((delta ** 2).sum())
+        a["step"] += float((step ** 2).sum())
+        a["steps"] += step.size
+        a["weights"] += delta.size
+        a["modules"] += 1
     out = {}
-    for kind, (lost, d2, s2, steps, n) in sorted(acc.items()):
-        size = sum(m.linear.weight.shape[0] * m.linear.weight.shape[1] * 32 // m.linear.bits
-                   for p, m in _lora_modules(model).items() if kind_of(p) == kind)
-        out[kind] = {"modules": n, "survival": 1.0 - (lost / d2) ** 0.5 if d2 > 0 else None,
-                     "delta_rms": (d2 / size) ** 0.5, "step_rms": (s2 / steps) ** 0.5}
+    for kind, a in sorted(acc.items()):
+        out[kind] = {"modules": int(a["modules"]),
+                     "survival": 1.0 - (a["lost"] / a["delta"]) ** 0.5 if a["delta"] else None,
+                     "delta_rms": (a["delta"] / a["weights"]) ** 0.5,
+                     "step_rms": (a["step"] / a["steps"]) ** 0.5}
     return out
 
 

@@ -247,11 +247,8 @@ class Checkpoint:
             arrays, meta = mx.load(str(f), return_metadata=True)
         except Exception as err:  # noqa: BLE001
             raise BadInput(f"{f}: unreadable checkpoint ({err}); pass --restart") from None
-        mods = dict(model.named_modules())
-        for k, v in arrays.items():
-            if k.startswith("adapter."):
-                path, attr = k[len("adapter."):].rsplit(".", 1)
-                setattr(mods[path], attr, v)
+        lora.set_arrays(model, {k[len("adapter."):]: v for k, v in arrays.items()
+                                if k.startswith("adapter.")})
         opt.state = tree_unflatten([(k[4:], v) for k, v in arrays.items()
                                     if k.startswith("opt.")])
         mx.eval(model.parameters(), opt.state)
@@ -278,10 +275,7 @@ def train(student: nn.Module, pre: Prerouter, spec: lora.LoraSpec, cfg: LoraTrai
     t0 = time.perf_counter()
     spec = lora.attach(student, spec, seed=cfg.seed)
     if init is not None:
-        mods = dict(student.named_modules())
-        for k, v in init.items():
-            path, attr = k.rsplit(".", 1)
-            setattr(mods[path], attr, v)
+        lora.set_arrays(student, init)
     resumed = ckpt.check()
     ckpt.start()
     rows = ckpt.load_data() if resumed else None

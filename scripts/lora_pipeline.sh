@@ -28,3 +28,16 @@ phase distill uv run ssdmoe train distill "$model" --restart "${opt[@]}"
 echo "pipeline $(( $(date +%s) - t0 ))" >> "$log"
 phase eval uv run ssdmoe eval "$model" "${opt[@]}"
 echo "wall seconds per phase:"; cat "$log"
+# the same figures as JSON: reports/quality/pipeline-<model>-k<K>.json
+python3 - "$log" "$model" "${k:-native}" "$*" <<'PY'
+import hashlib, json, sys, time
+from pathlib import Path
+log, model, k, args = sys.argv[1:]
+phases = dict((n, int(s)) for n, s in (line.split() for line in Path(log).read_text().split("\n") if line))
+sha = hashlib.sha256((Path(model) / "manifest.json").read_bytes()).hexdigest()
+out = Path("reports/quality") / f"pipeline-{Path(model).name}-k{k}.json"
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text(json.dumps({"command": f"bash scripts/lora_pipeline.sh {args}", "date": time.strftime("%Y-%m-%d"),
+                           "manifest_sha256": sha, "wall_seconds": phases}, indent=1) + "\n")
+print(f"wrote {out}")
+PY

@@ -67,7 +67,6 @@ class Worker:
     def __init__(self, model, tokenizer, store, recorder=None):
         self.model, self.tokenizer, self.store, self.recorder = model, tokenizer, store, recorder
         self.jobs: queue.Queue[Job | None] = queue.Queue()
-        self.started: list[int] = []  # job numbers in the order they began (FIFO check)
         self.running: Job | None = None
         self.next_step = 0  # trace step numbers continue across requests
         self._numbers = iter(range(1 << 62))
@@ -112,7 +111,6 @@ class Worker:
             if job.cancelled.is_set():
                 continue
             self.running = job
-            self.started.append(job.number)
             try:
                 job.emit("done", self._generate(job))
             except BaseException as err:  # noqa: BLE001 - any failure ends this request only
@@ -125,7 +123,7 @@ class Worker:
 
         p = job.params
         matcher = StopMatcher(p.stops)
-        pending = {"text": "", "tokens": []}
+        out = {"text": "", "tokens": [], "sent": 0.0}  # what the next event carries
         decode = self.tokenizer.decode
         last: list[dict] = []
 
@@ -136,19 +134,16 @@ class Worker:
             # tokens' texts concatenate to the reply
             last[:] = [{"id": token, "text": "", "logprob": logprob,
                         "top": [(decode([i]), lp) for i, lp in top]}]
-            pending["tokens"].append(last[0])
+            out["tokens"].append(last[0])
 
         def on_text(segment: str) -> None:
-            pending["text"] += segment
+            out["text"] += matcher.feed(segment)
             if last:
                 last[0]["text"] += segment
 
-        out = {"text": "", "tokens": [], "sent": 0.0}
-
         def flush(final: bool = False) -> None:
-            out["text"] += matcher.feed(pending["text"]) + (matcher.flush() if final else "")
-            out["tokens"] += pending["tokens"]
-            pending["text"], pending["tokens"] = "", []
+            if final:
+                out["text"] += matcher.flush()
             now = time.perf_counter()
             # Tokens closer together than COALESCE_S go out as one event: each event wakes
             # the event loop, whose Python work takes the interpreter lock from the decode
@@ -174,7 +169,6 @@ class Worker:
             self.next_step = r.steps[-1]["step"] + 1
         if not matcher.stopped and r.finish_reason != "cancelled":
             flush(final=True)  # the detokenizer's last bytes, what stop matching held back
-        return {"finish_reason": r.finish_reason, "prompt_tokens": r.prompt_tokens,
-                "completion_tokens": len(r.tokens), "tokens": r.tokens,
+        return {"finish_reason": r.finish_reason, "completion_tokens": len(r.tokens),
                 "decode_tok_s": r.decode_tok_s, "queued_s": t0 - job.queued_at,
-                "prefill_s": r.prefill_s, "decode_s": r.decode_s}
+                "prefill_s": r.prefill_s}

@@ -22,6 +22,7 @@ What each value is, for a model run by this project's engine on CPU:
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Any
@@ -58,13 +59,16 @@ def safetensors_header(path: Path) -> dict[str, Any]:
     return header
 
 
+def elements(shape: list[int]) -> int:
+    """Number of elements of a tensor of this shape."""
+    return math.prod(int(d) for d in shape)
+
+
 def resident_figures(path: Path, bits: int | None) -> tuple[int, int, int]:
     """(bytes as held on CPU, parameters, embedding parameters) of the resident file."""
     nbytes = params = embed = 0
     for name, t in safetensors_header(path).items():
-        count = 1
-        for d in t["shape"]:
-            count *= int(d)
+        count = elements(t["shape"])
         dtype = t["dtype"]
         nbytes += count * (4 if dtype in _FLOAT else _BYTES.get(dtype, 4))
         if name.endswith((".scales", ".biases")):
@@ -100,10 +104,7 @@ def unembed_bytes(path: Path, tied: bool) -> int:
     for name, t in safetensors_header(path).items():
         if not any(w in name for w in want):
             continue
-        count = 1
-        for d in t["shape"]:
-            count *= int(d)
-        nbytes += count * (4 if t["dtype"] in _FLOAT else _BYTES.get(t["dtype"], 4))
+        nbytes += elements(t["shape"]) * (4 if t["dtype"] in _FLOAT else _BYTES.get(t["dtype"], 4))
     return nbytes
 
 
@@ -207,18 +208,11 @@ def lora_profile(adapter_dir: Path | None) -> dict[str, tuple[Any, str]]:
     path = Path(adapter_dir) / LORA_FILE
     tensors = safetensors_header(path)
     count = sum(1 for name in tensors if name.endswith("lora_a"))
-    params = sum(_count(t["shape"]) for t in tensors.values())
+    params = sum(elements(t["shape"]) for t in tensors.values())
     return {"lora_bytes": (4 * params, f"{path}: {count} adapted projections, {params} "
                            "parameters as float32"),
             "lora_build_ms": (0.0, "not measured per layer (bench arm staged-prerouter-lora "
                               "measures the adapter's decode cost)")}
-
-
-def _count(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def model_toml(values: dict[str, tuple[Any, str]], name: str, header: list[str]) -> str:

@@ -53,6 +53,7 @@ def eval_model(
     fast_blas()
     from engine import quality
     from engine.loader import load_resident, open_manifest, routed_at
+    from engine.lora import read_provenance
     from engine.prerouter import Prerouter
     from engine.train_heads import corpus_tokens
     from engine.train_lora import default_out, load_teacher
@@ -70,10 +71,8 @@ def eval_model(
     rows = [teacher_row, quality.Row("int4, own routers", base),
             quality.Row("int4 prerouted, no LoRA", base, pre)]
     for d in lora or []:
-        m, _ = load_resident(model, top_k=top_k, lora=d)
-        from engine.lora import read
-
-        prov = read(d)[0].provenance
+        m, _ = load_resident(model, top_k=top_k, lora=d)  # reads and checks the adapter
+        prov = read_provenance(d) or {}
         rows.append(quality.Row(f"int4 prerouted + LoRA {prov.get('phase', d.name)}", m, pre,
                                 {"dir": str(d), **prov}))
     _, held = corpus_tokens(tok, None)
