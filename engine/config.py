@@ -3,9 +3,9 @@ cache sizes, readers, I/O mode. Presets name the usual combinations; `to_dict()`
 trace's run.json records. No MLX here.
 
 Paths: "exact" (on-demand, the correctness baseline), "hot" (shared byte-bounded LRU),
-"staged" (fixed sticky slots, filled by reader threads), "whole-layer" (nine large reads per
-layer, read ahead of compute; meant for prefill). The phase of a call is "prefill" when it
-carries more than one token, else "decode" (the StreamingMoE rule). Every path computes the
+"staged" (fixed sticky slots, filled by reader threads), "whole-layer" (one large read per
+tensor per layer, read ahead of compute; meant for prefill). The phase of a call is "prefill"
+when it carries more than one token, else "decode" (the StreamingMoE rule). Every path computes the
 same numbers, so any mix gives the same tokens."""
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class EngineConfig:
     lead: int = 0  # tokens of staged lookahead (1 with a prerouter); 0 = fill on demand
     lead_kind: str = "none"  # LEADS; "token" whenever lead is 1
     top_k: int | None = None  # route at this K instead of the model's own (routing studies)
+    dtype: str = "auto"  # engine.device.DTYPES: float32 on the CPU backend, else the source's
     lookahead: bool = True  # decode loop builds step t+1's graph while step t computes
     # (mlx-lm's generate_step does the same); in effect only when no decode layer syncs at
     # build (exact): see engine.generate
@@ -93,6 +94,9 @@ class EngineConfig:
         if self.lead_kind == "layer" and self.decode != "staged":
             raise BadInput(f"engine config: lead 'layer' runs on the staged decode path "
                            f"(preset staged), not {self.decode!r}")
+        if self.dtype not in ("auto", "float32", "source"):  # engine.device.DTYPES (no MLX here)
+            raise BadInput(f"engine config: dtype {self.dtype!r} unknown (one of: auto, "
+                           "float32, source)")
         if self.top_k is not None and self.top_k < 1:
             raise BadInput(f"engine config: K (--top-k) must be >= 1, got {self.top_k}")
         if self.staged_headroom is not None and self.staged_headroom < 0:

@@ -3,7 +3,8 @@ resident part loaded, and a `StreamingMoE` installed on every MoE layer reading 
 `ExpertStore`. Also `load_resident`: the same numbers with every expert in memory, as a plain
 mlx-lm model (the reference for exactness tests and the resident baseline for benchmarks).
 
-On CPU, float resident tensors are upcast to float32 (bf16 is 6-8x slower there)."""
+On MLX's CPU backend float resident tensors are upcast to float32 (bf16 is 6-8x slower there);
+on Metal and CUDA they keep the checkpoint's dtype (engine.device)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,19 @@ from pathlib import Path
 from contract.errors import BadInput
 from engine.archs import ARCHS, routing_spec
 from engine.config import EngineConfig
-from engine.convert import build_skeleton, moe_layers, quantize_like_source, read_safetensors_header
+from engine.convert import build_skeleton, moe_layers, quantize_like_source, switch_glu_of
 from engine.manifest import (
     CONFIG_FILE,
+    PROJECTIONS,
     RESIDENT_FILE,
-    TENSOR_NAMES,
     Manifest,
+    expert_tensor_names,
     read_manifest,
     verify_files,
 )
 from engine.moe import RoutingCallback, StreamingMoE
 from engine.paths.kernel import ExpertPath
+from engine.safetensors_io import read_safetensors_header
 from engine.store import ExpertStore, LoadCallback
 
 PathFactory = Callable[[ExpertStore, int], ExpertPath]
@@ -40,9 +43,14 @@ def open_manifest(converted_dir: Path, verify: bool | None = None) -> Manifest:
     return manifest
 
 
-def _resident_weights(manifest: Manifest, dtype) -> dict:
+def _resident_weights(manifest: Manifest, upcast: bool | str) -> dict:
+    """resident.safetensors, float tensors as float32 when `upcast` (a bool, or an
+    engine.device dtype policy)."""
     import mlx.core as mx
 
+    from engine.device import upcasts
+
+    dtype = mx.float32 if (upcasts(upcast) if isinstance(upcast, str) else upcast) else None
     path = manifest.path(RESIDENT_FILE)
     read_safetensors_header(path)
     try:
@@ -63,22 +71,28 @@ def _model(manifest: Manifest, weights: dict):
     if sorted(layers) != manifest.moe_layers:
         raise BadInput(f"{manifest.path('manifest.json')}: config does not match tensors: config "
                        f"has MoE layers {sorted(layers)}, manifest {manifest.moe_layers}")
-    attr = ARCHS[manifest.model_type].moe_attr
     q = manifest.quantization
     for i in layers:
-        sm = getattr(model.layers[i], attr).switch_mlp
+        sm = switch_glu_of(model, manifest.model_type, i)
         entry = manifest.layers[i]
-        for name in TENSOR_NAMES:
-            proj, part = name.split(".")
+        names = expert_tensor_names(q.get("mode", "affine") == "affine", "bias" in sm.gate_proj)
+        if entry.names != names:
+            raise BadInput(f"{manifest.path(entry.file)}: config does not match tensors: the "
+                           f"file holds {', '.join(entry.names)}; config gives "
+                           f"{', '.join(names)}")
+        for proj in PROJECTIONS:
             lin = getattr(sm, proj)
-            out_dim, in_dim = lin.output_dims, lin.input_dims
+            e, out_dim, in_dim = lin.num_experts, lin.output_dims, lin.input_dims
             groups = in_dim // q["group_size"]
-            want = {"weight": [lin.num_experts, out_dim, in_dim * q["bits"] // 32],
-                    "scales": [lin.num_experts, out_dim, groups],
-                    "biases": [lin.num_experts, out_dim, groups]}[part]
-            if entry.tensors[name].shape != want:
-                raise BadInput(f"{manifest.path(entry.file)}: config does not match tensors: "
-                               f"{name} is {entry.tensors[name].shape}, config gives {want}")
+            want = {"weight": [e, out_dim, in_dim * q["bits"] // 32],
+                    "scales": [e, out_dim, groups], "biases": [e, out_dim, groups],
+                    "bias": [e, out_dim]}
+            for part, shape in want.items():
+                name = f"{proj}.{part}"
+                if name in entry.tensors and entry.tensors[name].shape != shape:
+                    raise BadInput(f"{manifest.path(entry.file)}: config does not match "
+                                   f"tensors: {name} is {entry.tensors[name].shape}, config "
+                                   f"gives {shape}")
     return model, layers
 
 
@@ -120,7 +134,7 @@ def load_streaming(
     on_routing: RoutingCallback | None = None,
     path_factory: PathFactory | None = None,
     prefill_path_factory: PathFactory | None = None,
-    float32: bool = True,
+    float32: bool | None = None,
     config: EngineConfig | None = None,
 ):
     """-> (model, tokenizer, store). The model is an ordinary mlx-lm model (use it with
@@ -129,9 +143,8 @@ def load_streaming(
     "staged")`) chooses each layer's path per phase and sets o_direct / page_cache_budget
     (the keyword arguments are used when no config is given: preset "on-demand").
     `path_factory(store, layer)` / `prefill_path_factory` override the config's paths.
-    The shared runtime (config, readers, counters, paths) is `store.runtime`."""
-    import mlx.core as mx
-
+    The shared runtime (config, readers, counters, paths) is `store.runtime`. `float32`:
+    upcast float tensors (None: per the config's `dtype`, engine.device)."""
     from engine.runtime import build_runtime
 
     if config is None:
@@ -139,7 +152,7 @@ def load_streaming(
                                           page_cache_budget=page_cache_budget)
     manifest = routed_at(open_manifest(converted_dir, verify), config.top_k)
     config.validate(manifest)
-    weights = _resident_weights(manifest, mx.float32 if float32 else None)
+    weights = _resident_weights(manifest, config.dtype if float32 is None else float32)
     model, layers = _model(manifest, weights)
     store = ExpertStore(manifest, o_direct=config.o_direct,
                         page_cache_budget=config.page_cache_budget, on_load=on_load)
@@ -212,8 +225,9 @@ def streaming_blocks(model) -> dict[int, StreamingMoE]:
     return out
 
 
-def load_resident(converted_dir: Path, *, verify: bool | None = None, float32: bool = True,
-                  top_k: int | None = None, lora: Path | None = None):
+def load_resident(converted_dir: Path, *, verify: bool | None = None,
+                  float32: bool | None = None, top_k: int | None = None,
+                  lora: Path | None = None):
     """-> (model, tokenizer): plain mlx-lm model with all experts in memory, quantized exactly
     as stored (QuantizedSwitchLinear), same resident numbers as `load_streaming` (routing at
     `top_k` experts per token when given), with the adapter `lora` applied when given."""
@@ -221,7 +235,7 @@ def load_resident(converted_dir: Path, *, verify: bool | None = None, float32: b
     import mlx.nn as nn
 
     manifest = routed_at(open_manifest(converted_dir, verify), top_k)
-    weights = _resident_weights(manifest, mx.float32 if float32 else None)
+    weights = _resident_weights(manifest, "auto" if float32 is None else float32)
     model, layers = _model(manifest, weights)
     q = manifest.quantization
     prefixes = tuple(f"{p}." for p in layers.values())

@@ -33,7 +33,8 @@ META_KEY = "ssdmoe_lora"
 RANK, ALPHA = 16, 32.0
 ATTENTION = ("self_attn", "attention", "linear_attn")  # the archs' attention module names
 SHARED = ("shared_expert", "shared_experts")
-NEVER = ("gate", "shared_expert_gate", "switch_mlp")  # routers and the streamed experts
+# routers and the streamed experts (gpt_oss: `router`, `experts`)
+NEVER = ("gate", "shared_expert_gate", "switch_mlp", "router", "experts")
 
 
 @dataclass
@@ -143,7 +144,7 @@ def read(src: Path) -> tuple[LoraSpec, dict[str, mx.array]]:
     if not path.is_file():
         raise BadInput(f"{path}: no such file (an adapter directory holds {ADAPTER_FILE}; make "
                        "one with `ssdmoe train sft`)")
-    from engine.convert import read_safetensors_header
+    from engine.safetensors_io import read_safetensors_header
 
     read_safetensors_header(path)  # truncation named before MLX reads a byte
     try:
@@ -162,7 +163,7 @@ def read(src: Path) -> tuple[LoraSpec, dict[str, mx.array]]:
 def read_provenance(src: Path) -> dict | None:
     """An adapter's provenance from its file header alone (no tensors read), or None when
     `src` holds no readable adapter."""
-    from engine.convert import read_safetensors_header
+    from engine.safetensors_io import read_safetensors_header
 
     path = Path(src) / ADAPTER_FILE
     if not path.is_file():

@@ -5,13 +5,16 @@ A converted directory holds:
   manifest.json              this file's content (written last: its presence means complete)
   config.json                the model config (mlx-lm format, without `quantization`)
   resident.safetensors       every parameter except the routed experts, mlx-lm names
-  experts/layer_XXX.safetensors  per MoE layer, 9 stacked tensors [E, ...]:
-                             {gate,up,down}_proj.{weight,scales,biases}, int4 affine, f32 scales
+  experts/layer_XXX.safetensors  per MoE layer, stacked tensors [E, ...] per projection
+                             {gate,up,down}_proj: weight and scales always, biases in affine
+                             mode (mxfp4/mxfp8/nvfp4 have none), bias where the architecture's
+                             experts have one (gpt_oss); in the checkpoint's own quantization
+                             unless converted with --requantize
   tokenizer files            copied from the source
 
 Expert e's slice of tensor t lives at bytes [offset + e * stride, offset + (e + 1) * stride) of
 the layer file (offsets are absolute file offsets, header included). A "bundle" is one expert's
-9 slices: `bundle_bytes` = sum of the 9 strides.
+slices of every tensor of its layer: `bundle_bytes` = the sum of the strides.
 """
 
 from __future__ import annotations
@@ -30,8 +33,19 @@ CONFIG_FILE = "config.json"
 RESIDENT_FILE = "resident.safetensors"
 EXPERTS_DIR = "experts"
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-PARTS = ("weight", "scales", "biases")
-TENSOR_NAMES = tuple(f"{p}.{q}" for p in PROJECTIONS for q in PARTS)  # file order, 9 names
+PARTS = ("weight", "scales", "biases", "bias")  # file order within a projection
+
+
+def expert_tensor_names(affine: bool = True, linear_bias: bool = False) -> tuple[str, ...]:
+    """A layer file's tensor names in file order: per projection its packed weight and scales,
+    `biases` (the affine offsets) in affine mode, `bias` (added after the matmul) when the
+    architecture's experts have one."""
+    parts = ("weight", "scales") + (("biases",) if affine else ()) + \
+        (("bias",) if linear_bias else ())
+    return tuple(f"{p}.{q}" for p in PROJECTIONS for q in parts)
+
+
+TENSOR_NAMES = expert_tensor_names()  # int4 affine, no expert bias: 9 names (the default)
 
 # Files above this size are only hashed on an explicit full verify (sizes are always checked).
 AUTO_HASH_LIMIT = 256 * 1024 * 1024
@@ -42,7 +56,7 @@ class TensorEntry:
     offset: int  # absolute byte offset of expert 0's slice in the layer file
     stride: int  # bytes per expert (one contiguous range)
     shape: list[int]  # full stacked shape [E, ...]
-    dtype: str  # numpy dtype name: "uint32", "float32"
+    dtype: str  # dtype name: "uint32", "float32", "bfloat16", "float16", "uint8"
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,11 @@ class LayerEntry:
     file: str  # relative path
     tensors: dict[str, TensorEntry]
     bundle_bytes: int
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The layer's tensor names in file order (the order a bundle's ranges are read in)."""
+        return tuple(self.tensors)
 
     def expert_range(self, name: str, expert: int) -> tuple[int, int]:
         """(offset, length) of `expert`'s slice of tensor `name`."""
@@ -69,7 +88,9 @@ class FileEntry:
 class Manifest:
     model_type: str
     config: dict
-    quantization: dict  # {"bits", "group_size", "mode", "scales_dtype"} of the routed experts
+    # the routed experts': {"bits", "group_size", "mode", "scales_dtype", "requantized"}
+    # (requantized: False when the checkpoint's own quantized experts were kept as they are)
+    quantization: dict
     num_experts: int
     top_k: int
     layers: dict[int, LayerEntry]
@@ -121,7 +142,9 @@ def _parse(d: dict, root: Path) -> Manifest:
     layers = {}
     for e in d["layers"]:
         tensors = {n: TensorEntry(**t) for n, t in e["tensors"].items()}
-        missing = set(TENSOR_NAMES) - set(tensors)
+        missing = {f"{p}.{q}" for p in PROJECTIONS for q in ("weight", "scales")} - set(tensors)
+        if d["quantization"].get("mode", "affine") == "affine":
+            missing |= {f"{p}.biases" for p in PROJECTIONS} - set(tensors)
         if missing:
             raise KeyError(f"layer {e['layer']} lacks tensors {sorted(missing)}")
         layers[int(e["layer"])] = LayerEntry(

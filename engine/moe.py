@@ -1,7 +1,8 @@
 """The streaming MoE block: replaces a decoder layer's MoE block after loading
 (`layer.mlp = StreamingMoE(...)`, `layer.block_sparse_moe` for mixtral). It keeps the original
-block's resident parts under their original names (router `gate`, shared experts) so resident
-weights load by their mlx-lm names, and hands the routed experts to an execution path.
+block's resident parts under their original names (router `gate` or `router`, shared experts)
+so resident weights load by their mlx-lm names, and hands the routed experts to an execution
+path.
 
 Per call: router logits (resident) -> engine.routing (or, with a prerouter, the routing its
 head predicted for this layer one token earlier) -> optional `on_routing(layer, inds,
@@ -36,7 +37,8 @@ class StreamingMoE(nn.Module):
         on_routing: RoutingCallback | None = None,
     ):
         super().__init__()
-        self.gate = block.gate  # nn.Linear, or bailing's BailingMoeGate (gate_proj + expert_bias)
+        # the router under its mlx-lm name (engine.archs: router kinds)
+        setattr(self, arch.router_attr, getattr(block, arch.router_attr))
         if arch.shared == "gated":
             self.shared_expert = block.shared_expert
             self.shared_expert_gate = block.shared_expert_gate
@@ -53,16 +55,26 @@ class StreamingMoE(nn.Module):
         # (this token, a layer ahead): predicted routing, when one is installed
         self.preroute = None
 
+    @property
+    def router(self) -> nn.Module:
+        return self[self.arch.router_attr]
+
     def router_logits(self, x: mx.array) -> tuple[mx.array, mx.array | None]:
         """(logits [..., E], expert bias or None) from the resident router."""
-        if self.spec.rule == "sigmoid_group":
-            return self.gate.gate_proj(x), self.expert_bias()
-        return self.gate(x), None
+        kind, gate = self.arch.router, self.router
+        if kind == "bailing":
+            return gate.gate_proj(x), self.expert_bias()
+        if kind == "deepseek":
+            return x @ gate.weight.T, self.expert_bias()
+        return gate(x), None
 
     def expert_bias(self) -> mx.array | None:
         """The expert bias routing adds to the scores (sigmoid-group routers), else None."""
-        if self.spec.rule == "sigmoid_group":
-            return getattr(self.gate, "expert_bias", None)
+        kind = self.arch.router
+        if kind == "bailing":
+            return getattr(self.router, "expert_bias", None)
+        if kind == "deepseek":
+            return self.router.e_score_correction_bias
         return None
 
     def __call__(self, x: mx.array) -> mx.array:

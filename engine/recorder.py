@@ -54,6 +54,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine import memory
+from engine.device import device_info
 from engine.manifest import MANIFEST_FILE, Manifest, sha256_file
 from traces.run_info import RunInfo, machine_info
 from traces.writer import TraceWriter
@@ -118,6 +119,7 @@ def engine_info(model, store, config: Any = None) -> dict[str, Any]:
         base["buffer_bytes"] = runtime.buffer_bytes()  # resolved cache sizes (hot, staged, ...)
     base["paths_in_use"] = paths_in_use(model)
     base["platform"] = store.platform.features()  # what the OS provided (engine.platform)
+    base["device"] = device_info(base.get("dtype", "auto"))
     base["o_direct_effective"] = store.direct
     base["o_direct_fallback"] = store.direct_fallback
     return base

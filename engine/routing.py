@@ -5,13 +5,15 @@ Two rules (edge0 paper digest, "Routing math"):
   sigmoid-group: s = sigmoid(logits); group score = sum of each group's top-2 (of s + bias);
                  keep the top `topk_group` groups (the others are set to 0, as mlx-lm does);
                  inds = top-k of the kept (biased) scores;
-                 w = scale * s[inds] / (sum(s[inds]) + 1e-20)   (unbiased s: the bias only selects)
+                 w = scale * s[inds] / (sum(s[inds]) + eps)   (unbiased s: the bias only selects)
+                 (bailing: eps 1e-20, weights cast back to the logits dtype; the deepseek
+                 family: eps 0, weights stay float32)
 
 The op sequences copy mlx-lm's MoE blocks so that the same logits give the same indices in the
 same order and the same weights, bit for bit. Index ORDER matters for exact agreement: the
 weighted sum over the k axis is a float reduction. mlx-lm has two orders:
-  "last":  argpartition(g, kth=-k)[..., -k:]     (qwen3_moe, qwen3_next, bailing_moe)
-  "first": argpartition(-g, kth=k-1)[..., :k]     (mixtral, olmoe)
+  "last":  argpartition(g, kth=-k)[..., -k:]     (qwen3_moe, qwen3_next, bailing_moe, gpt_oss)
+  "first": argpartition(-g, kth=k-1)[..., :k]     (mixtral, olmoe, the deepseek family)
 Mixtral takes the top-k of the raw logits and softmaxes those k values; that equals the
 renormalised softmax-topk mathematically (`softmax_topk(..., on_logits=True)`).
 """
@@ -36,6 +38,8 @@ class RoutingSpec:
     topk_group: int = 1
     scale: float = 1.0
     score_function: str = "sigmoid"  # sigmoid_group: "sigmoid" | "softmax" (mlx-lm allows both)
+    eps: float = 1e-20  # sigmoid_group: added to the normalising sum (0: none)
+    cast_weights: bool = True  # sigmoid_group: weights back to the logits dtype
 
 
 def _topk_indices(scores: mx.array, k: int, order: str) -> mx.array:
@@ -75,9 +79,13 @@ def sigmoid_group(
     normalize: bool = True,
     bias: mx.array | None = None,
     score_function: str = "sigmoid",
+    order: str = "last",
+    eps: float = 1e-20,
+    cast_weights: bool = True,
 ) -> tuple[mx.array, mx.array]:
-    """mlx-lm bailing_moe `group_expert_select`, uncompiled. Scores are computed in float32;
-    weights are cast back to the logits dtype. Returns (inds [..., k], weights [..., k])."""
+    """mlx-lm's `group_expert_select` (bailing_moe; with order "first", eps 0 and no cast, the
+    deepseek family's), uncompiled. Scores are computed in float32. Returns (inds [..., k],
+    weights [..., k])."""
     in_type = logits.dtype
     if score_function == "sigmoid":
         scores = mx.sigmoid(logits.astype(mx.float32))
@@ -97,12 +105,13 @@ def sigmoid_group(
             scores, mx.stop_gradient(group_idx), mx.array(0.0, scores.dtype), axis=-2
         )
         scores = mx.flatten(scores, -2, -1)
-    inds = mx.stop_gradient(mx.argpartition(scores, kth=-k, axis=-1)[..., -k:])
+    inds = mx.stop_gradient(_topk_indices(scores, k, order))
     weights = mx.take_along_axis(orig_scores, inds, axis=-1)
     if k > 1 and normalize:
-        weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
+        total = weights.sum(axis=-1, keepdims=True)
+        weights = weights / (total + eps if eps else total)
     weights = weights * scale
-    return inds, weights.astype(in_type)
+    return inds, weights.astype(in_type) if cast_weights else weights
 
 
 def route(
@@ -114,6 +123,6 @@ def route(
     if spec.rule == "sigmoid_group":
         return sigmoid_group(
             logits, spec.top_k, spec.n_group, spec.topk_group, spec.scale, spec.normalize,
-            bias, spec.score_function,
+            bias, spec.score_function, spec.order, spec.eps, spec.cast_weights,
         )
     raise ValueError(f"unknown routing rule {spec.rule!r}")

@@ -53,7 +53,7 @@ import numpy as np
 
 from contract.errors import BadInput, IOFault
 from engine import platform
-from engine.manifest import TENSOR_NAMES, LayerEntry, Manifest
+from engine.manifest import LayerEntry, Manifest
 
 PAGE = mmap.PAGESIZE
 ALIGN = 4096  # O_DIRECT alignment of offset, length and buffer address
@@ -194,9 +194,9 @@ class ExpertStore:
         return self.manifest.layers[layer]
 
     def expert_shapes(self, layer: int) -> dict[str, tuple[tuple[int, ...], str]]:
-        """{tensor name: (per-expert shape, numpy dtype name)} for the layer's 9 tensors."""
-        t = self.manifest.layers[layer].tensors
-        return {n: (tuple(t[n].shape[1:]), t[n].dtype) for n in TENSOR_NAMES}
+        """{tensor name: (per-expert shape, dtype name)} for the layer's tensors, in file order."""
+        return {n: (tuple(t.shape[1:]), t.dtype)
+                for n, t in self.manifest.layers[layer].tensors.items()}
 
     def bundle_ranges(self, layer: int, expert: int) -> list[tuple[int, int]]:
         return list(self._bundle_ranges(layer, expert))
@@ -206,13 +206,13 @@ class ExpertStore:
         ranges = self._ranges.get((layer, expert))
         if ranges is None:
             entry = self.manifest.layers[layer]
-            ranges = [entry.expert_range(n, expert) for n in TENSOR_NAMES]
+            ranges = [entry.expert_range(n, expert) for n in entry.tensors]
             self._ranges[(layer, expert)] = ranges
         return ranges
 
     def layer_ranges(self, layer: int) -> list[tuple[int, int]]:
-        t = self.manifest.layers[layer].tensors
-        return [(t[n].offset, t[n].stride * t[n].shape[0]) for n in TENSOR_NAMES]
+        return [(t.offset, t.stride * t.shape[0])
+                for t in self.manifest.layers[layer].tensors.values()]
 
     # ------------------------------------------------------------ residency
 
@@ -305,7 +305,7 @@ class ExpertStore:
         `on_load` when `emit`). `known_cold`: a `read_bundle_if_warm` found it not cached
         (the kernel may have started reading it since), so the row says cold."""
         ranges = self._bundle_ranges(layer, expert)
-        views = [into[n] for n in TENSOR_NAMES]
+        views = self._views(layer, into)
         return self._load(layer, expert, ranges, views, source, thread, issued_ns, waited, emit,
                           cold=True if known_cold else None)
 
@@ -320,7 +320,7 @@ class ExpertStore:
         ranges = self._bundle_ranges(layer, expert)
         if self.residency_method == "rwf_nowait":
             started = time.perf_counter_ns()
-            views = [into[n] for n in TENSOR_NAMES]
+            views = self._views(layer, into)
             for (off, length), view in zip(ranges, views, strict=True):
                 if view.nbytes != length:
                     raise ValueError(f"layer {layer} expert {expert}: buffer of {view.nbytes} "
@@ -332,8 +332,12 @@ class ExpertStore:
         r, t = self._resident_pages(self._files[layer], ranges)
         if r < t:
             return None
-        return self._load(layer, expert, ranges, [into[n] for n in TENSOR_NAMES], source, thread,
+        return self._load(layer, expert, ranges, self._views(layer, into), source, thread,
                           issued_ns, False, False, cold=False)
+
+    def _views(self, layer: int, into: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """`into`'s buffers in the layer file's tensor order (the order of its ranges)."""
+        return [into[n] for n in self.manifest.layers[layer].tensors]
 
     def read_layer(
         self,
@@ -346,8 +350,8 @@ class ExpertStore:
         waited: bool = True,
         emit: bool = True,
     ) -> dict:
-        """Read a layer's 9 stacked tensors whole (9 reads) into `into` (name -> [E, ...])."""
-        views = [into[n] for n in TENSOR_NAMES]
+        """Read a layer's stacked tensors whole (one read each) into `into` (name -> [E, ...])."""
+        views = self._views(layer, into)
         return self._load(layer, WHOLE_LAYER, self.layer_ranges(layer), views, source, thread,
                           issued_ns, waited, emit)
 

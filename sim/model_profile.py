@@ -128,6 +128,7 @@ def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | Non
     src = f"{model_dir / MANIFEST}"
     layers = int(cfg.get("num_hidden_layers") or len(m["layers"]))
     moe = len(m["layers"])
+    reads = len(m["layers"][0]["tensors"])
     resident_path = model_dir / RESIDENT
     if not resident_path.is_file():
         raise BadInput(f"{resident_path}: missing")
@@ -150,15 +151,15 @@ def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | Non
         "layers": (layers, f"{src}: config num_hidden_layers{note_layers}"),
         "experts": (int(m["num_experts"]), f"{src}: num_experts"),
         "k": (k, f"{src}: top_k"),
-        "bundle_bytes": (int(m["bundle_bytes"]), f"{src}: bundle_bytes (9 tensor slices)"),
+        "bundle_bytes": (int(m["bundle_bytes"]), f"{src}: bundle_bytes ({reads} tensor slices)"),
         "resident_bytes": (res_bytes, f"{resident_path.name} tensors as held on CPU (floats "
                            "upcast to float32)"),
         "active_params": (float(active), (
             f"resident params {res_params}{'' if tied else f' - embedding {embed}'} + {moe} "
             f"MoE layers x K={k} x {per_expert} params per expert")),
         "device_bundle_bytes": (int(round(paged_bundle_bytes(m))), (
-            f"{src}: the 9 ranges of a bundle rounded out to {PAGE}-byte pages, mean over the "
-            "first MoE layer: what a cold read moves from the device")),
+            f"{src}: the {reads} ranges of a bundle rounded out to {PAGE}-byte pages, mean over "
+            "the first MoE layer: what a cold read moves from the device")),
         "unembed_bytes": (unembed_bytes(resident_path, tied), (
             f"{resident_path.name}: {'the tied token embedding' if tied else 'lm_head'} as held "
             "on CPU (read once per step, after the last layer)")),
@@ -169,7 +170,7 @@ def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | Non
                                          for phase in ("distill", "sft"))
                              if (d / LORA_FILE).is_file()), None)),
         "build_ms_per_layer": (round(float(build_ms_per_layer), 4), build_how or "given"),
-        "whole_layer_reads": (9, "9 tensors per MoE layer file"),
+        "whole_layer_reads": (reads, f"{src}: {reads} tensors in the first MoE layer file"),
     }
 
 

@@ -61,7 +61,7 @@ class ModelProfile:
     layers: int
     experts: int
     k: int  # the model's native top-K (a scenario may run another K)
-    bundle_bytes: int  # one expert's slice of the layer's 9 tensors
+    bundle_bytes: int  # one expert's slices of its layer's tensors
     resident_bytes: int  # non-expert weights, always in memory and read every token
     active_params: float  # parameters touched per token (prefill FLOPs = 2 x this per token)
     kv_bytes_per_token: int

@@ -33,6 +33,20 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
+
+
+@app.callback()
+def root(device: str | None = typer.Option(
+        None, "--device", envvar="SSDMOE_DEVICE",
+        help="MLX backend for engine commands: cpu or gpu (Metal, CUDA) [default: MLX's].")
+         ) -> None:
+    """Serve MoE models from SSD, record traces, and simulate other hardware."""
+    if device is not None:  # imports MLX only when asked: sim and trace run without it
+        from engine.device import select
+
+        select(device)
+
+
 for module in (demo_cmd, fixture_cmd, model_cmds, capture_cmd, bench_cmd, calibrate_cmd,
                validate_cmd, eval_cmd, serve_cmd):
     module.register(app)

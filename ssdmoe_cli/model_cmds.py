@@ -23,13 +23,26 @@ def register(app: typer.Typer) -> None:
 def convert(
     src: Annotated[Path, typer.Argument(help="mlx-lm MoE model directory (float or quantized).")],
     dst: Annotated[Path, typer.Argument(help="Output directory for the streaming layout.")],
-    bits: Annotated[int, typer.Option(help="Expert quantization bits (affine).")] = 4,
-    group_size: Annotated[int, typer.Option(help="Expert quantization group size.")] = 64,
+    bits: Annotated[int | None, typer.Option(
+        help="Expert bits (affine) for a float checkpoint [default: 4], or with --requantize."
+    )] = None,
+    group_size: Annotated[int | None, typer.Option(
+        help="Expert group size for a float checkpoint [default: 64], or with --requantize."
+    )] = None,
+    requantize: Annotated[bool, typer.Option(
+        "--requantize", help="Dequantize a quantized checkpoint's experts and quantize them "
+        "again, affine at --bits/--group-size (changes the model; recorded in the manifest)."
+    )] = False,
+    dtype: Annotated[str, typer.Option(
+        "--dtype", help="Float scales and biases: auto (float32 when MLX runs on the CPU, else "
+        "the checkpoint's), float32, or source.")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace an existing conversion.")] = False,
 ) -> None:
-    """Convert an mlx-lm MoE checkpoint to the streaming layout (resident part + per-layer
-    stacked int4 expert files + manifest.json)."""
+    """Convert an mlx-lm MoE checkpoint (one file, or shards with their index) to the streaming
+    layout: resident part + per-layer stacked expert files + manifest.json. Quantized experts
+    keep the checkpoint's own quantization (affine, mxfp4, ...) unless --requantize."""
     from engine.convert import convert as run_convert
+    from engine.device import upcasts
     from engine.manifest import MANIFEST_FILE
 
     src, dst = Path(src), Path(dst)
@@ -43,12 +56,18 @@ def convert(
                 raise BadInput(f"{dst}: already holds a conversion (use --force to replace it)")
     if src.resolve() == dst.resolve():
         raise BadInput(f"{dst}: must differ from SRC")
+    float32 = upcasts(dtype)
     manifest = build_into(dst, dst.with_name(dst.name + ".partial"), lambda tmp: run_convert(
-        src, tmp, bits=bits, group_size=group_size, progress=lambda msg: typer.echo(msg, err=True)))
+        src, tmp, bits=bits, group_size=group_size, requantize=requantize, float32=float32,
+        progress=lambda msg: typer.echo(msg, err=True)))
     total = sum(e.size for e in manifest.files.values())
+    q = manifest.quantization
+    how = "requantized" if q["requantized"] else "as the checkpoint has them" \
+        if manifest.resident_quantization else "quantized here"
     typer.echo(f"converted {src} -> {dst}: {manifest.model_type}, {len(manifest.layers)} MoE "
-               f"layers x {manifest.num_experts} experts, {manifest.bundle_bytes} bytes/bundle, "
-               f"{total / 2**20:.1f} MiB")
+               f"layers x {manifest.num_experts} experts ({q['mode']} {q['bits']}-bit group "
+               f"{q['group_size']}, {how}; {q['scales_dtype']} scales), "
+               f"{manifest.bundle_bytes} bytes/bundle, {total / 2**20:.1f} MiB")
 
 
 def generate(

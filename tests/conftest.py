@@ -22,8 +22,6 @@ import pytest
 # subprocesses of its own.
 os.environ.setdefault("SSDMOE_NO_FAST_BLAS", "1")
 
-ARCHS = ("qwen3_moe", "mixtral", "olmoe", "qwen3_next", "bailing_moe")
-
 
 @pytest.fixture(scope="session")
 def tiny_random_dir(tmp_path_factory) -> Path:

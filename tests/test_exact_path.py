@@ -15,6 +15,8 @@ from engine.manifest import read_manifest
 from engine.paths.exact import ExactPath
 from engine.store import ExpertStore
 
+ACTIVATION = {"gpt_oss": "swiglu_oai"}  # the reference's own table (mlx-lm's SwigluOAI)
+
 
 @pytest.mark.parametrize("arch", tuple(ARCHS))
 @pytest.mark.parametrize("tokens", [1, 40])
@@ -31,7 +33,10 @@ def test_math_contract(arch, tokens, arch_model):
                              for _ in range(tokens)]).astype(np.uint32)
             loads.clear()
             y = np.array(ExactPath(store, layer)(mx.array(x), mx.array(inds)), dtype=np.float64)
-            ref = swiglu_reference(x, inds, load_file(str(dst / m.layers[layer].file)))
+            q = m.quantization
+            ref = swiglu_reference(x, inds, load_file(str(dst / m.layers[layer].file)),
+                                   q["group_size"], q["bits"], q["mode"], ACTIVATION.get(arch,
+                                                                                "swiglu"))
             rel = np.linalg.norm(y - ref) / np.linalg.norm(ref)
             assert y.shape == (tokens, m.top_k, d)
             assert rel < 0.01, (arch, layer, rel)

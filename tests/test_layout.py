@@ -14,8 +14,14 @@ from safetensors.numpy import load_file
 
 from contract.errors import BadInput
 from engine.archs import ARCHS
-from engine.convert import convert, export_mlx, read_safetensors_header
-from engine.manifest import TENSOR_NAMES, read_manifest, sha256_file, verify_files
+from engine.convert import convert, export_mlx
+from engine.manifest import (
+    expert_tensor_names,
+    read_manifest,
+    sha256_file,
+    verify_files,
+)
+from engine.safetensors_io import read_safetensors_header
 
 ARCH_NAMES = tuple(ARCHS)
 
@@ -38,18 +44,19 @@ def test_convert_each_arch(arch, arch_model):
     cfg = json.loads((src / "config.json").read_text())
     assert m.model_type == arch and m.num_experts == cfg[ARCHS[arch].experts_key]
     assert m.quantization == {"bits": 4, "group_size": 64, "mode": "affine",
-                              "scales_dtype": "float32"}
+                              "scales_dtype": "float32", "requantized": False}
     verify_files(m, full_hash=True)
     for rel, entry in m.files.items():
         assert (dst / rel).stat().st_size == entry.size
         assert sha256_file(dst / rel) == entry.sha256
     source = _source_weights(src)
-    moe_prefixes = {k.rsplit(".switch_mlp.", 1)[0] for k in source if ".switch_mlp." in k}
+    experts = f".{ARCHS[arch].moe_attr}.{ARCHS[arch].experts_attr}."
+    moe_prefixes = {k.rsplit(experts, 1)[0] for k in source if experts in k}
     assert sorted(int(p.split(".")[2]) for p in moe_prefixes) == m.moe_layers
 
     # Resident: every non-expert tensor, bit-identical; no routed expert tensor.
     resident = mx.load(str(dst / "resident.safetensors"))
-    assert set(resident) == {k for k in source if ".switch_mlp." not in k}
+    assert set(resident) == {k for k in source if experts not in k}
     for k, v in resident.items():
         assert np.array_equal(np.array(v), np.array(source[k])), k
     if arch == "qwen3_next":
@@ -57,7 +64,11 @@ def test_convert_each_arch(arch, arch_model):
         assert any(".shared_expert.down_proj." in k for k in resident)
     if arch == "bailing_moe":
         assert any(k.endswith("gate.expert_bias") for k in resident)
+    if arch in ("bailing_moe", "deepseek_v3", "glm4_moe", "glm_moe_dsa"):
         assert any(".shared_experts." in k for k in resident)
+    if arch in ("deepseek_v3", "glm4_moe", "glm_moe_dsa"):
+        assert any(k.endswith("gate.e_score_correction_bias") for k in resident)
+    linear_bias = arch == "gpt_oss"  # its experts add a bias after each projection
 
     # Experts: expert e's slice of each tensor, read from its byte range, equals mx.quantize of
     # the source float expert; tensors start 4096-aligned in the file's data section.
@@ -65,14 +76,19 @@ def test_convert_each_arch(arch, arch_model):
         path = dst / entry.file
         data_start, header = read_safetensors_header(path)
         assert data_start % 4096 == 0
-        assert [k for k in header if k != "__metadata__"] == list(TENSOR_NAMES)
+        want = list(expert_tensor_names(True, linear_bias))
+        assert [k for k in header if k != "__metadata__"] == want == list(entry.names)
+        assert len(want) == (12 if linear_bias else 9)
         assert entry.bundle_bytes == sum(t.stride for t in entry.tensors.values())
-        prefix = f"model.layers.{layer}.{entry.module}.switch_mlp"
+        prefix = f"model.layers.{layer}{experts}"
         for proj in ("gate_proj", "up_proj", "down_proj"):
-            w = source[f"{prefix}.{proj}.weight"]
+            w = source[f"{prefix}{proj}.weight"]
             for e in (0, m.num_experts - 1):
                 q, s, b = mx.quantize(w[e], 64, 4)
-                for part, ref in (("weight", q), ("scales", s), ("biases", b)):
+                parts = [("weight", q), ("scales", s), ("biases", b)]
+                if linear_bias:
+                    parts.append(("bias", source[f"{prefix}{proj}.bias"][e]))
+                for part, ref in parts:
                     t = entry.tensors[f"{proj}.{part}"]
                     got = _expert_slice(path, t.offset + e * t.stride, t.stride, t.shape[1:],
                                         t.dtype)
@@ -84,10 +100,15 @@ def test_quantized_source_is_copied_or_requantized(tiny_random_converted, tmp_pa
     exported = export_mlx(tiny_random_converted, tmp_path / "q")
     again = convert(exported, tmp_path / "again")
     first = read_manifest(tiny_random_converted)
+    assert again.quantization["requantized"] is False
     for layer, entry in first.layers.items():
         assert again.files[entry.file].sha256 == first.files[entry.file].sha256, layer
-    # With another group size it is dequantized and requantized.
-    g32 = convert(exported, tmp_path / "g32", group_size=32)
+    # Another group size changes the model: refused unless asked for.
+    with pytest.raises(BadInput, match="already quantized .affine, 4-bit, group 64.*--requantize"):
+        convert(exported, tmp_path / "g32-refused", group_size=32)
+    # Asked for, it is dequantized and requantized, and the manifest says so.
+    g32 = convert(exported, tmp_path / "g32", group_size=32, requantize=True)
+    assert g32.quantization["requantized"] is True and g32.quantization["group_size"] == 32
     layer = g32.moe_layers[0]
     src = load_file(str(exported / "model.safetensors"))
     out = load_file(str(tmp_path / "g32" / g32.layers[layer].file))

@@ -16,13 +16,14 @@ import pytest
 from mlx_lm.tuner.lora import LoRALinear
 
 from engine import lora
+from engine.archs import ARCHS as ARCH_SPECS
 from engine.config import EngineConfig
 from engine.generate import generate
 from engine.loader import load_resident, load_streaming
 from engine.manifest import MANIFEST_FILE, sha256_file
 
 PROMPT = "Adapters stay unmerged: def f(x): return x + 1"
-ARCHS = ("qwen3_moe", "mixtral", "olmoe", "qwen3_next", "bailing_moe")
+ARCHS = tuple(ARCH_SPECS)  # every supported architecture
 
 
 def make_adapter(root: Path, out: Path, seed: int = 0, top_k: int | None = None,

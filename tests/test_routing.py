@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from engine.archs import routing_spec
+from engine.archs import ARCHS, routing_spec
 from engine.fixtures.random_models import small_config
 from engine.routing import RoutingSpec, route, sigmoid_group, softmax_topk
 
@@ -169,9 +169,43 @@ def test_matches_mlx_lm_group_expert_select_bitwise():
     assert np.array_equal(np.array(w), np.array(ref_w))
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "olmoe", "qwen3_next", "bailing_moe"])
+@pytest.mark.parametrize("arch", tuple(ARCHS))
 def test_routing_spec_per_arch(arch):
     spec = routing_spec(small_config(arch))
     assert spec.top_k == small_config(arch)["num_experts_per_tok"]
-    assert spec.rule == ("sigmoid_group" if arch == "bailing_moe" else "softmax_topk")
+    grouped = ("bailing_moe", "deepseek_v3", "glm4_moe", "glm_moe_dsa")
+    assert spec.rule == ("sigmoid_group" if arch in grouped else "softmax_topk")
     assert isinstance(spec, RoutingSpec)
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "glm4_moe", "glm_moe_dsa"])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_matches_the_deepseek_family_gate_bitwise(arch, dtype):
+    """mlx-lm's own (compiled) group_expert_select of each architecture: ids in the same order
+    and weights bit for bit, float32 weights from bf16 logits included."""
+    from importlib import import_module
+
+    module = import_module(f"mlx_lm.models.{'deepseek_v32' if arch == 'glm_moe_dsa' else arch}")
+    cfg = small_config(arch)
+    spec = routing_spec(cfg)
+    e = cfg["n_routed_experts"]
+    logits = mx.random.normal((2, 7, e), key=mx.random.key(3)).astype(dtype)
+    bias = 0.05 * mx.random.normal((e,), key=mx.random.key(4))
+    inds, w = route(spec, logits, bias)
+    ref_inds, ref_w = module.group_expert_select(logits, bias, spec.top_k, spec.n_group,
+                                                 spec.topk_group, spec.scale, spec.normalize)
+    assert w.dtype == ref_w.dtype == mx.float32
+    assert np.array_equal(np.array(inds), np.array(ref_inds))
+    assert np.array_equal(np.array(w), np.array(ref_w))
+
+
+def test_matches_gpt_oss_router_bitwise():
+    """gpt_oss: softmax over the top-k logits, in mlx_topk's order."""
+    from mlx_lm.models.gpt_oss import mlx_topk
+
+    spec = routing_spec(small_config("gpt_oss"))
+    logits = mx.random.normal((2, 7, 8), key=mx.random.key(5))
+    inds, w = route(spec, logits)
+    values, ref_inds = mlx_topk(logits, k=spec.top_k, axis=-1)
+    assert np.array_equal(np.array(inds), np.array(ref_inds))
+    assert np.array_equal(np.array(w), np.array(mx.softmax(values, axis=-1, precise=True)))

@@ -20,8 +20,7 @@ class ExactPath:
         self.store = store
         self.layer = layer
         self.source = source
-        q = store.manifest.quantization
-        self.quant = Quant(q["group_size"], q["bits"], q.get("mode", "affine"))
+        self.quant = Quant.of(store.manifest)
         self.shapes = store.expert_shapes(layer)
 
     def fetch(self, experts: np.ndarray) -> dict[str, mx.array]:

@@ -120,8 +120,7 @@ class HotPath:
                  points: FillPoints | None = None):
         self.store, self.layer, self.pool, self.stats = store, layer, pool, pool.stats
         self.points = points
-        q = store.manifest.quantization
-        self.quant = Quant(q["group_size"], q["bits"], q.get("mode", "affine"))
+        self.quant = Quant.of(store.manifest)
         self.exact = ExactPath(store, layer)
 
     def __call__(self, x: mx.array, inds: mx.array) -> mx.array:

@@ -66,8 +66,7 @@ class StagedPath:
         if self.headroom < 0:
             raise ValueError(f"staged headroom must be >= 0, got {self.headroom}")
         self.slots = self.k + self.headroom
-        q = m.quantization
-        self.quant = Quant(q["group_size"], q["bits"], q.get("mode", "affine"))
+        self.quant = Quant.of(store.manifest)
         # Slot rows 0..S-1 plus the zero row S that absent experts map to.
         self.arrays, self.views = alloc_stack(store.expert_shapes(layer), self.slots + 1)
         self.sentinel = self.slots

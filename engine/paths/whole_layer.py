@@ -1,4 +1,4 @@
-"""The whole-layer path (prefill): a layer's nine stacked tensors are read with nine large reads
+"""The whole-layer path (prefill): a layer's stacked tensors are read with one large read each
 into one of two preallocated full-layer stacks, and the routed ids index them directly (no
 host sync, the same gather over [E] rows as the resident model). A reader thread reads the
 next whole-layer layer into the other stack while this layer computes:
@@ -86,8 +86,7 @@ class WholeLayerPath:
     def __init__(self, store: ExpertStore, layer: int, loader: WholeLayerLoader,
                  next_layer: int | None = None):
         self.store, self.layer, self.loader, self.next_layer = store, layer, loader, next_layer
-        q = store.manifest.quantization
-        self.quant = Quant(q["group_size"], q["bits"], q.get("mode", "affine"))
+        self.quant = Quant.of(store.manifest)
 
     def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
         stack = self.loader.get(self.layer, x, self.next_layer)

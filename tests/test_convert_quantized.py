@@ -1,0 +1,193 @@
+"""Checkpoints as users stream them: already quantized by mlx-lm (affine at other bits and group
+sizes, mxfp4), in bfloat16, and sharded with an index. Each converts as it is, and the engine's
+tokens equal mlx-lm's own model loaded from the same source directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from dequant_reference import swiglu_reference
+from safetensors.numpy import load_file
+
+from contract.errors import BadInput
+from engine.config import EngineConfig
+from engine.convert import convert
+from engine.fixtures.random_models import build_random
+from engine.generate import generate
+from engine.loader import load_streaming
+from engine.paths.exact import ExactPath
+from engine.store import ExpertStore
+
+PROMPT = "Stream the checkpoint you chose: def f(x):"
+
+
+@pytest.fixture(scope="module")
+def mlx_lm_checkpoint(tmp_path_factory):
+    """mlx_lm_checkpoint(arch, **mlx_lm.convert options) -> an mlx-lm directory made by
+    mlx-lm's own converter from a random float32 model (cached per module)."""
+    from mlx_lm.convert import convert as mlx_convert
+
+    made: dict = {}
+
+    def get(arch: str, **options) -> Path:
+        key = (arch, tuple(sorted(options.items())))
+        if key not in made:
+            root = tmp_path_factory.mktemp(arch)
+            src = build_random(arch, root / "float", seed=1)
+            mlx_convert(str(src), str(root / "mlx"), **options)
+            made[key] = root / "mlx"
+        return made[key]
+
+    return get
+
+
+def _mlx_lm_tokens(src: Path, n: int = 16) -> list[int]:
+    """Sampled decode of mlx-lm's own model loaded from `src` (temperature 1, seed 11)."""
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tok = load(str(src))
+    mx.random.seed(11)
+    out = [int(t) for t, _ in generate_step(mx.array(tok.encode(PROMPT)), model, max_tokens=n,
+                                             sampler=make_sampler(1.0))]
+    assert len(set(out)) > 3, f"the reference collapsed ({out})"
+    return out
+
+
+def _engine_tokens(dst: Path, preset: str, n: int = 16, **config) -> list[int]:
+    model, tok, store = load_streaming(dst, config=EngineConfig.from_preset(preset, **config))
+    try:
+        return generate(model, tok, PROMPT, n, temp=1.0, seed=11, stop_at_eos=False,
+                        store=store).tokens
+    finally:
+        store.close()
+
+
+def _expert_source(src: Path, layer: int, attr: str = "switch_mlp") -> dict[str, np.ndarray]:
+    """The stacked expert tensors of `layer` in an mlx-lm directory, by stored name."""
+    out = {}
+    for f in sorted(src.glob("model*.safetensors")):
+        prefix = f"model.layers.{layer}.mlp.{attr}."
+        out.update({k[len(prefix):]: v for k, v in load_file(str(f)).items()
+                    if k.startswith(prefix)})
+    return out
+
+
+@pytest.mark.parametrize("arch,options,attr", [
+    ("gpt_oss", {"q_mode": "mxfp4", "q_group_size": 32, "q_bits": 4}, "experts"),
+    ("qwen3_moe", {"q_bits": 8, "q_group_size": 32}, "switch_mlp"),
+])
+def test_quantized_checkpoint_keeps_its_quantization(arch, options, attr, mlx_lm_checkpoint,
+                                                     tmp_path):
+    src = mlx_lm_checkpoint(arch, quantize=True, **options)
+    m = convert(src, tmp_path / "stream")
+    mode = options.get("q_mode", "affine")
+    assert m.quantization["mode"] == mode and m.quantization["bits"] == options["q_bits"]
+    assert m.quantization["group_size"] == options["q_group_size"]
+    assert m.quantization["requantized"] is False
+    layer = m.moe_layers[0]
+    stored = load_file(str(tmp_path / "stream" / m.layers[layer].file))
+    source = _expert_source(src, layer, attr)
+    assert set(stored) == set(source)
+    for name, v in source.items():  # bytes as the checkpoint has them (f32 scales here)
+        assert np.array_equal(stored[name], v.astype(stored[name].dtype)), name
+    if mode == "mxfp4":
+        assert stored["gate_proj.scales"].dtype == np.uint8 and "gate_proj.biases" not in stored
+
+    # The float64 reference of the checkpoint's own mode, on the exact path.
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, m.config["hidden_size"])).astype(np.float32)
+    inds = np.stack([rng.choice(m.num_experts, m.top_k, replace=False) for _ in range(3)])
+    with ExpertStore(m) as store:
+        y = np.array(ExactPath(store, layer)(mx.array(x), mx.array(inds.astype(np.uint32))),
+                     dtype=np.float64)
+    ref = swiglu_reference(x, inds, stored, options["q_group_size"], options["q_bits"], mode,
+                           "swiglu_oai" if arch == "gpt_oss" else "swiglu")
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.01
+
+    want = _mlx_lm_tokens(src)
+    for preset in ("on-demand", "staged"):
+        assert _engine_tokens(tmp_path / "stream", preset) == want, preset
+
+
+def test_requantize_is_asked_for_and_recorded(mlx_lm_checkpoint, tmp_path):
+    src = mlx_lm_checkpoint("gpt_oss", quantize=True, q_mode="mxfp4", q_group_size=32,
+                            q_bits=4)
+    with pytest.raises(BadInput, match=r"already quantized \(mxfp4, 4-bit, group 32\)"):
+        convert(src, tmp_path / "refused", group_size=64)
+    m = convert(src, tmp_path / "affine", requantize=True)
+    assert m.quantization == {"bits": 4, "group_size": 64, "mode": "affine",
+                              "scales_dtype": "float32", "requantized": True}
+    assert "gate_proj.biases" in m.layers[m.moe_layers[0]].tensors
+
+
+def test_a_mode_the_kernels_cannot_run_is_one_line(tmp_path):
+    src = build_random("qwen3_moe", tmp_path / "float", seed=1)
+    with pytest.raises(BadInput, match=r"affine 7-bit group 64: MLX's kernels cannot run"):
+        convert(src, tmp_path / "out", bits=7)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_bfloat16_checkpoint_in_its_own_dtype_equals_mlx_lm(arch, mlx_lm_checkpoint, tmp_path):
+    """What Metal and CUDA run (engine.device): a bf16 checkpoint's scales kept bf16 and
+    activations computed in bf16, here on the CPU: tokens equal mlx-lm's own bf16 model."""
+    src = mlx_lm_checkpoint(arch, quantize=True, dtype="bfloat16", q_bits=4, q_group_size=64)
+    m = convert(src, tmp_path / "bf16", float32=False)
+    assert m.quantization["scales_dtype"] == "bfloat16"
+    assert _engine_tokens(tmp_path / "bf16", "staged", dtype="source") == _mlx_lm_tokens(src)
+    # the CPU default stores and computes float32
+    assert convert(src, tmp_path / "f32").quantization["scales_dtype"] == "float32"
+
+
+def _shard(src: Path, out: Path, parts: int = 3) -> dict:
+    """Rewrite `src`'s model.safetensors as `parts` shards and an index, the way mlx-community
+    checkpoints ship (model-0000x-of-0000y.safetensors + model.safetensors.index.json)."""
+    out.mkdir()
+    weights = mx.load(str(src / "model.safetensors"))
+    names = sorted(weights)
+    weight_map = {}
+    for i in range(parts):
+        shard = f"model-{i + 1:05d}-of-{parts:05d}.safetensors"
+        part = {k: weights[k] for k in names[i::parts]}
+        mx.save_safetensors(str(out / shard), part, metadata={"format": "mlx"})
+        weight_map.update({k: shard for k in part})
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            (out / f.name).write_bytes(f.read_bytes())
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    return index
+
+
+def test_sharded_checkpoint_converts_like_one_file(mlx_lm_checkpoint, tmp_path):
+    src = mlx_lm_checkpoint("qwen3_moe", quantize=True, q_bits=4, q_group_size=64)
+    one = convert(src, tmp_path / "one")
+    index = _shard(src, tmp_path / "sharded")
+    many = convert(tmp_path / "sharded", tmp_path / "many")
+    for rel in (*(e.file for e in one.layers.values()), "resident.safetensors"):
+        assert many.files[rel].sha256 == one.files[rel].sha256, rel
+    assert "model.safetensors.index.json" not in many.files
+
+    # An index that disagrees with its shards: one line naming the index and the tensor.
+    name = sorted(index["weight_map"])[0]
+    assert index["weight_map"][name] == "model-00001-of-00003.safetensors"
+    bad = tmp_path / "sharded" / "model.safetensors.index.json"
+    for change, match in [
+        (lambda wm: wm.update({name: "model-00002-of-00003.safetensors"}),
+         rf"{name} is in model-00001-of-00003.safetensors, the index says"),
+        (lambda wm: wm.update({name: "model-00009-of-00009.safetensors"}),
+         "shard model-00009-of-00009.safetensors .* is missing"),
+        (lambda wm: wm.pop(name), rf"{name} is not in model.safetensors.index.json"),
+        (lambda wm: wm.update({"model.extra.weight": wm[name]}),
+         "model.extra.weight is not in its shard"),
+    ]:
+        wm = dict(index["weight_map"])
+        change(wm)
+        bad.write_text(json.dumps({"weight_map": wm}))
+        with pytest.raises(BadInput, match=match):
+            convert(tmp_path / "sharded", tmp_path / "bad")
