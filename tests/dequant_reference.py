@@ -82,3 +82,26 @@ def swiglu_reference(x: np.ndarray, inds: np.ndarray, tensors: dict, group: int 
             out[t, j] = lin("down_proj", e, _activation(lin("gate_proj", e, x[t]),
                                                        lin("up_proj", e, x[t]), activation))
     return out
+
+
+_NP_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U32": np.uint32,
+              "U8": np.uint8, "U16": np.uint16}
+
+
+def read_tensors(path) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file from its bytes (bfloat16 as its uint16 bit patterns,
+    which `_float` decodes), with nothing but json and NumPy."""
+    import json
+    import struct
+
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = t["data_offsets"]
+        out[name] = np.frombuffer(raw[8 + n + lo:8 + n + hi],
+                                  dtype=_NP_DTYPES[t["dtype"]]).reshape(t["shape"])
+    return out

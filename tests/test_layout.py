@@ -208,9 +208,11 @@ def test_cli_convert(tiny_random_dir, tmp_path, ssdmoe, ssdmoe_subprocess):
     assert not (tmp_path / "c2").exists() and not (tmp_path / "c2.partial").exists()
 
 
-def test_convert_streams_tensor_by_tensor(tmp_path):
+@pytest.mark.parametrize("shards", [1, 4])
+def test_convert_streams_tensor_by_tensor(tmp_path, shards):
     """Peak RSS of a conversion grows by far less than the checkpoint: one stacked tensor at a
-    time, never the model (a 300 MB float32 checkpoint here)."""
+    time, never the model (a 300 MB float32 checkpoint here, in one file or in shards with
+    their index, as mlx-community checkpoints ship)."""
     from engine.fixtures.random_models import build_random, small_config
 
     cfg = small_config("qwen3_moe")
@@ -219,6 +221,17 @@ def test_convert_streams_tensor_by_tensor(tmp_path):
     src = build_random("qwen3_moe", tmp_path / "src", 0, cfg)
     size = (src / "model.safetensors").stat().st_size
     assert size > 250e6
+    if shards > 1:
+        weights = mx.load(str(src / "model.safetensors"))
+        names = sorted(weights)
+        weight_map = {}
+        for i in range(shards):
+            shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            mx.save_safetensors(str(src / shard), {k: weights[k] for k in names[i::shards]})
+            weight_map.update({k: shard for k in names[i::shards]})
+        del weights
+        (src / "model.safetensors").unlink()
+        (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     code = (  # VmHWM (not ru_maxrss, which a child inherits across exec from its parent)
         "import sys\n"
         "import mlx.core, mlx_lm.models.qwen3_moe\n"

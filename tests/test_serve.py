@@ -349,3 +349,19 @@ def test_a_non_streamed_client_gone_frees_the_engine_too(model, tmp_path):
     assert full["usage"]["completion_tokens"] == 380  # uncancelled, this request runs long
     steps = _trace_requests(trace)
     assert steps[0] < 300 and freed_s < 2.0  # the abandoned one stopped soon after
+
+
+@pytest.mark.parametrize("arch", ["gpt_oss", "glm_moe_dsa"])
+def test_the_streamed_architectures_serve(arch, arch_model, ssdmoe):
+    """gpt_oss (sliding-window cache, sinks, expert biases) and GLM-5.x (MLA with the DSA
+    indexer) through the real server: a seeded completion equals `ssdmoe generate`."""
+    _, converted = arch_model(arch)
+    srv = Server(converted, "--preset", "staged", "--model-id", arch)
+    try:
+        got = srv.client().completions.create(model=arch, prompt=PROMPT, max_tokens=12,
+                                              temperature=1.0, seed=3)
+    finally:
+        code, err = srv.stop()
+    assert code == 0, err
+    ref = _generate(ssdmoe, converted, PROMPT, 12, 1.0, 3)
+    assert got.choices[0].text == ref["text"] and got.usage.completion_tokens == len(ref["tokens"])
