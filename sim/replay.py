@@ -31,9 +31,9 @@ from sim.swap import Swap
 from sim.throttle import TokenBucket
 from traces.reader import Trace
 from traces.run_info import RunInfo
-from traces.schema import LOADS_FILE, ROUTING_FILE, RUN_FILE, STEPS_FILE
+from traces.schema import LOADS, ROUTING, SCHEMA_VERSION, STEPS
 from traces.summary import summarize
-from traces.writer import write_atomic, write_json_atomic
+from traces.writer import write_tables
 
 
 @dataclass
@@ -205,8 +205,5 @@ def _mean_ms(steps: Any, col: str) -> float | None:
 
 
 def write_trace(trace: Trace, directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, frame in ((STEPS_FILE, trace.steps), (ROUTING_FILE, trace.routing),
-                        (LOADS_FILE, trace.loads)):
-        write_atomic(directory / name, frame.write_parquet)
-    write_json_atomic(directory / RUN_FILE, trace.run)
+    write_tables(directory, {STEPS: trace.steps, ROUTING: trace.routing, LOADS: trace.loads},
+                 {**trace.run, "schema_version": SCHEMA_VERSION})

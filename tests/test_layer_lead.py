@@ -144,9 +144,10 @@ def test_trace_records_lead_and_k(tiny_random_converted, tmp_path, ssdmoe):
     assert run["engine"]["lead_kind"] == "layer"
     assert run["engine"]["k"] == 2 and run["engine"]["top_k"] == 2
     assert run["model"]["k"] == read_manifest(tiny_random_converted).top_k
-    import polars as pl
 
-    routing = pl.read_parquet(out / "routing.parquet")
+    from traces.reader import read_trace
+
+    routing = read_trace(out).routing
     assert set(len(e) for e in routing["experts"].to_list()) == {2}
 
 

@@ -121,7 +121,9 @@ def test_capture_records_what_the_platform_provided(tiny_random_converted, tmp_p
     assert p["residency"] == "mincore" and p["uncached_reads"] == "F_NOCACHE"
     import polars as pl
 
-    loads = pl.read_parquet(out / "loads.parquet")
+    from traces.reader import read_trace
+
+    loads = read_trace(out).loads
     assert loads.height > 0 and loads["cold"].dtype == pl.Boolean
 
 

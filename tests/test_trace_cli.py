@@ -8,9 +8,9 @@ import sys
 
 import pytest
 from cli_runner import run_cli
-from trace_handmade import write_handmade
+from trace_handmade import table_file, write_handmade
 
-from traces.schema import STEPS_FILE, SUMMARY_KEYS
+from traces.schema import STEPS, SUMMARY_KEYS
 from traces.writer import TraceWriter
 
 
@@ -83,7 +83,7 @@ def test_export_writes_chrome_json(monkeypatch, capsys, trace_dir, tmp_path):
 def test_bad_input_is_one_line_exit_2(monkeypatch, capsys, tmp_path, args):
     ok = write_handmade(tmp_path / "ok")
     broken = write_handmade(tmp_path / "broken")
-    (broken / STEPS_FILE).write_bytes(b"PAR1 truncated")
+    table_file(broken, STEPS).write_bytes(b"PAR1 truncated")
     paths = {"ok": ok, "broken": broken, "missing": tmp_path / "missing"}
     code, out, err = _run(monkeypatch, capsys, *(a.format(**paths) for a in args))
     assert code == 2

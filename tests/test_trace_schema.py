@@ -6,20 +6,27 @@ import json
 
 import polars as pl
 import pytest
-from trace_handmade import load_rows, routing_rows, run_info, step_rows, write_handmade
+from trace_handmade import (
+    load_rows,
+    routing_rows,
+    run_info,
+    step_rows,
+    table_file,
+    write_handmade,
+)
 
 from contract.errors import BadInput
 from traces.reader import read_trace
 from traces.run_info import RunInfo
 from traces.schema import (
     LOAD_COLUMNS,
-    LOADS_FILE,
+    LOADS,
+    ROUTING,
     ROUTING_COLUMNS,
-    ROUTING_FILE,
     RUN_FILE,
     SCHEMA_VERSION,
     STEP_COLUMNS,
-    STEPS_FILE,
+    STEPS,
 )
 from traces.writer import TraceWriter
 
@@ -61,7 +68,7 @@ def test_killed_run_opens_with_what_was_flushed(tmp_path):
     assert trace.steps["step"].to_list() == [0, 1, 2, 3]
     assert trace.routing["step"].to_list() == [0, 1, 2, 3]
     assert trace.loads["step"].to_list() == [0, 1, 2, 3]
-    assert not list(tmp_path.glob("t/.*.tmp"))  # no temporary files left behind
+    assert not list(tmp_path.glob("t/**/.*.tmp"))  # no temporary files left behind
     writer.close()
     trace = read_trace(tmp_path / "t")
     assert trace.complete and trace.steps.height == 5 and trace.routing.height == 5
@@ -98,20 +105,24 @@ def test_newer_schema_version_is_bad_input(tmp_path):
     _one_line(err.value, RUN_FILE)
 
 
-@pytest.mark.parametrize("name", [STEPS_FILE, ROUTING_FILE, LOADS_FILE])
+@pytest.mark.parametrize("name", [STEPS, ROUTING, LOADS])
 def test_truncated_parquet_is_bad_input_naming_the_file(tmp_path, name):
     path = write_handmade(tmp_path / "t")
-    data = (path / name).read_bytes()
-    (path / name).write_bytes(data[: len(data) // 2])
+    part = table_file(path, name)
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) // 2])
     with pytest.raises(BadInput, match="unreadable parquet") as err:
         read_trace(path)
-    _one_line(err.value, str(path / name))
+    _one_line(err.value, str(part))
 
 
-@pytest.mark.parametrize("name", [RUN_FILE, STEPS_FILE, LOADS_FILE])
+@pytest.mark.parametrize("name", [RUN_FILE, STEPS, LOADS])
 def test_missing_file_is_bad_input(tmp_path, name):
     path = write_handmade(tmp_path / "t")
-    (path / name).unlink()
+    if name == RUN_FILE:
+        (path / name).unlink()
+    else:
+        table_file(path, name).unlink()
     with pytest.raises(BadInput, match="missing") as err:
         read_trace(path)
     _one_line(err.value, str(path / name))
@@ -121,7 +132,8 @@ def test_missing_directory_and_bad_json_and_missing_column(tmp_path):
     with pytest.raises(BadInput, match="does not exist"):
         read_trace(tmp_path / "nope")
     path = write_handmade(tmp_path / "t")
-    pl.read_parquet(path / STEPS_FILE).drop("blocked_ns").write_parquet(path / STEPS_FILE)
+    part = table_file(path, STEPS)
+    pl.read_parquet(part).drop("blocked_ns").write_parquet(part)
     with pytest.raises(BadInput, match="missing columns blocked_ns"):
         read_trace(path)
     (path / RUN_FILE).write_text("{not json")
@@ -130,12 +142,11 @@ def test_missing_directory_and_bad_json_and_missing_column(tmp_path):
     _one_line(err.value, RUN_FILE)
 
 
-@pytest.mark.parametrize("failing", ["loads.parquet", "routing.parquet", "steps.parquet",
-                                     "run.json"])
+@pytest.mark.parametrize("failing", [LOADS, ROUTING, STEPS, "run.json"])
 def test_flush_cut_short_leaves_a_consistent_trace(tmp_path, monkeypatch, failing):
-    """A failure injected inside a flush, while one file is half written: every table still
-    opens, each step in steps.parquet has its routing and load rows on disk, and no
-    half-written file is left beside the trace."""
+    """A failure injected inside a flush, while one part is half written: every table still
+    opens, each step in steps/ has its routing and load rows on disk, and no half-written file
+    is left beside the trace. The next flush writes what the failed one did not, once."""
     import traces.writer as writer_mod
 
     d = tmp_path / "t"
@@ -156,7 +167,7 @@ def test_flush_cut_short_leaves_a_consistent_trace(tmp_path, monkeypatch, failin
     real = writer_mod.write_atomic
 
     def broken(path, write, durable=True):
-        if path.name == failing:
+        if failing in (path.name, path.parent.name):
             def half(tmp):
                 tmp.write_bytes(b"PAR1 half a file")
                 raise OSError(28, "No space left on device")
@@ -173,4 +184,58 @@ def test_flush_cut_short_leaves_a_consistent_trace(tmp_path, monkeypatch, failin
     assert steps in ({0, 1, 2, 3}, set(range(7)))
     assert steps <= set(t.routing["step"].to_list())
     assert steps <= set(t.loads["step"].to_list())
-    assert not [p.name for p in d.iterdir() if p.name.startswith(".")], "half-written file left"
+    assert not [p.name for p in d.rglob(".*")], "half-written file left"
+    monkeypatch.setattr(writer_mod, "write_atomic", real)
+    add(7)
+    w.close()
+    t = read_trace(d)
+    for table in (t.steps, t.routing, t.loads):  # every row once, none lost
+        assert sorted(table["step"].to_list()) == list(range(8))
+
+
+def test_parts_hold_only_new_rows_and_merge_at_close(tmp_path, monkeypatch):
+    """Each flush writes one part per table with the rows added since the last (O(new rows)),
+    close() merges them, and a close killed between the merged part and the removal of the
+    parts it covers reads every row once."""
+    import traces.writer as writer_mod
+
+    d = tmp_path / "t"
+    w = TraceWriter(d, run_info(), flush_every=2)
+    _write_steps(w, 7)  # flushes as steps 2, 4, 6 begin
+    parts = sorted(p.name for p in (d / STEPS).iterdir())
+    assert parts == ["000000.parquet", "000001.parquet", "000002.parquet", "000003.parquet"]
+    assert [pl.read_parquet(d / STEPS / n)["step"].to_list() for n in parts] == \
+        [[], [0, 1], [2, 3], [4, 5]]
+    real_unlink = writer_mod.Path.unlink
+    calls = []
+
+    def dies(self, *a, **k):  # the process dies after removing one covered part
+        calls.append(self)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real_unlink(self, *a, **k)
+
+    monkeypatch.setattr(writer_mod.Path, "unlink", dies)
+    with pytest.raises(KeyboardInterrupt):
+        w.close()
+    monkeypatch.undo()
+    names = sorted(p.name for p in (d / LOADS).iterdir())
+    assert "000000-000004.parquet" in names and len(names) > 1  # merged, parts still there
+    t = read_trace(d)
+    for table in (t.steps, t.routing, t.loads):
+        assert sorted(table["step"].to_list()) == list(range(7))
+
+
+def test_schema_version_1_traces_still_read(tmp_path):
+    """A version-1 trace (one parquet file per table) reads as it did."""
+    from traces.schema import V1_FILES
+
+    new = read_trace(write_handmade(tmp_path / "v2"))
+    old = tmp_path / "v1"
+    old.mkdir()
+    for name, frame in ((STEPS, new.steps), (ROUTING, new.routing), (LOADS, new.loads)):
+        frame.write_parquet(old / V1_FILES[name])
+    (old / RUN_FILE).write_text(json.dumps({**new.run, "schema_version": 1}))
+    back = read_trace(old)
+    assert back.steps.equals(new.steps) and back.loads.equals(new.loads)
+    assert back.routing.equals(new.routing)

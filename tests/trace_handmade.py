@@ -113,3 +113,12 @@ def write_handmade(directory: Path, kind: str = "measured") -> Path:
         for row in load_rows():
             writer.add_load(row)
     return directory
+
+
+def table_file(trace_dir: Path, table: str) -> Path:
+    """The one part file of a closed trace's table (close() merges the parts)."""
+    from traces.schema import live_parts
+
+    parts = live_parts([p.name for p in (trace_dir / table).iterdir()])
+    assert len(parts) == 1, parts
+    return trace_dir / table / parts[0]

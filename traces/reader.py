@@ -9,7 +9,7 @@ from typing import Any
 import polars as pl
 
 from contract.errors import BadInput, read_json_object
-from traces.schema import RUN_FILE, SCHEMA_VERSION, TABLES
+from traces.schema import RUN_FILE, SCHEMA_VERSION, TABLES, V1_FILES, live_parts
 
 
 @dataclass
@@ -46,6 +46,16 @@ def read_run(directory: Path) -> dict[str, Any]:
 
 
 def read_table(path: Path, columns: dict[str, pl.DataType]) -> pl.DataFrame:
+    """One parquet file, or a table directory of parts joined in order (traces.schema)."""
+    if path.is_dir():
+        parts = live_parts([p.name for p in path.iterdir()])
+        if not parts:
+            raise BadInput(f"{path}: no parts (missing)")
+        frames = [read_table(path / name, columns) for name in parts]
+        try:
+            return pl.concat([f.select(list(columns)) for f in frames], how="vertical_relaxed")
+        except Exception as err:  # noqa: BLE001 - parts whose column types disagree
+            raise BadInput(f"{path}: parts do not agree ({str(err).splitlines()[0]})") from None
     if not path.is_file():
         raise BadInput(f"{path}: missing")
     try:
@@ -60,7 +70,10 @@ def read_table(path: Path, columns: dict[str, pl.DataType]) -> pl.DataFrame:
 
 
 def read_trace(directory: str | Path) -> Trace:
+    """A trace of schema version 2 (table directories of parts) or 1 (one file per table)."""
     directory = Path(directory)
     run = read_run(directory)
-    frames = {name: read_table(directory / name, cols) for name, cols in TABLES.items()}
+    v1 = int(run["schema_version"]) < 2
+    frames = {name: read_table(directory / (V1_FILES[name] if v1 else name), cols)
+              for name, cols in TABLES.items()}
     return Trace(directory, run, *frames.values())

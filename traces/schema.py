@@ -3,20 +3,29 @@ run is a trace), and `trace summary`, `trace export` and `sim compare` read it. 
 
 A trace is a directory:
   run.json          RunInfo: model, engine config, machine, packages, command, completeness
-  steps.parquet     one row per forward step
-  routing.parquet   one row per (step, layer, token)
-  loads.parquet     one row per expert load (or whole-layer read)
+  steps/            one row per forward step
+  routing/          one row per (step, layer, token)
+  loads/            one row per expert load (or whole-layer read)
 Times are monotonic nanoseconds (time.perf_counter_ns) from one clock per trace.
+
+Each table is a directory of parquet parts (schema version 2): `NNNNNN.parquet` holds the rows
+one flush added, and `NNNNNN-MMMMMM.parquet` the parts N..M merged when the capture closed.
+A part is written whole under a dot-name and renamed, so a reader sees whole parts only; a
+merged part stands for the parts it covers (a capture killed while merging leaves both). The
+table is its parts in order: any parquet reader opens the directory (`pl.read_parquet(
+"steps/*.parquet")`). Version 1 (one file per table, `steps.parquet`, rewritten at each flush)
+is still read.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 RUN_FILE = "run.json"
-STEPS_FILE = "steps.parquet"
+STEPS, ROUTING, LOADS = "steps", "routing", "loads"  # table directories (version 2)
+STEPS_FILE = "steps.parquet"  # version 1: one file per table
 ROUTING_FILE = "routing.parquet"
 LOADS_FILE = "loads.parquet"
 
@@ -74,10 +83,41 @@ LOAD_COLUMNS: dict[str, pl.DataType] = {
 }
 
 TABLES: dict[str, dict[str, pl.DataType]] = {
-    STEPS_FILE: STEP_COLUMNS,
-    ROUTING_FILE: ROUTING_COLUMNS,
-    LOADS_FILE: LOAD_COLUMNS,
+    STEPS: STEP_COLUMNS,
+    ROUTING: ROUTING_COLUMNS,
+    LOADS: LOAD_COLUMNS,
 }
+V1_FILES = {STEPS: STEPS_FILE, ROUTING: ROUTING_FILE, LOADS: LOADS_FILE}
+
+
+def part_name(first: int, last: int | None = None) -> str:
+    """`NNNNNN.parquet` (one flush's rows), or `NNNNNN-MMMMMM.parquet` (parts first..last
+    merged)."""
+    return f"{first:06d}.parquet" if last is None else f"{first:06d}-{last:06d}.parquet"
+
+
+def parse_part(name: str) -> tuple[int, int] | None:
+    """(first, last) part numbers of a part file name; None for anything else (temp files)."""
+    if name.startswith(".") or not name.endswith(".parquet"):
+        return None
+    stem = name[: -len(".parquet")].split("-")
+    try:
+        nums = [int(x) for x in stem]
+    except ValueError:
+        return None
+    if len(nums) == 1:
+        return nums[0], nums[0]
+    return (nums[0], nums[1]) if len(nums) == 2 and nums[0] <= nums[1] else None
+
+
+def live_parts(names: list[str]) -> list[str]:
+    """The part files that make up a table, in order: every merged part, and every single part
+    that no merged part covers."""
+    parts = [(r, n) for n in names if (r := parse_part(n)) is not None]
+    merged = [r for r, _ in parts if r[0] != r[1]]
+    keep = [(r, n) for r, n in parts
+            if r[0] != r[1] or not any(a <= r[0] <= b for a, b in merged)]
+    return [n for _, n in sorted(keep)]
 
 # Metric names shared by `trace summary --json` and `sim run --json` (same names, same units).
 SUMMARY_KEYS: tuple[str, ...] = (

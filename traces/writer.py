@@ -1,11 +1,13 @@
-"""TraceWriter: buffers rows column-wise (cheap appends on the hot path) and flushes every
-`flush_every` steps by rewriting each table under a temporary name and renaming it, so a
-crash or Ctrl-C leaves a trace that opens with everything up to the last flush.
+"""TraceWriter: buffers rows (cheap appends on the hot path) and flushes every `flush_every`
+steps by writing the rows added since the last flush as one new part per table (traces.schema:
+a table is a directory of parquet parts), under a temporary name renamed into place, so a crash
+or Ctrl-C leaves a trace that opens with everything up to the last flush. A flush costs what is
+new, not what the trace holds. `close()` merges each table's parts into one.
 
-Each flush rewrites whole tables, so its cost grows with the trace. `min_interval_s` and
-`max_flush_fraction` bound the time spent flushing: a flush that is due by step count waits
-until at least max(min_interval_s, last flush cost / max_flush_fraction) has passed since the
-previous one ended (defaults 0 / None: flush strictly every `flush_every` steps)."""
+`min_interval_s` and `max_flush_fraction` bound the time spent flushing: a flush that is due by
+step count waits until at least max(min_interval_s, last flush cost / max_flush_fraction) has
+passed since the previous one ended (defaults 0 / None: flush strictly every `flush_every`
+steps)."""
 
 from __future__ import annotations
 
@@ -20,13 +22,14 @@ import polars as pl
 
 from traces.run_info import RunInfo
 from traces.schema import (
-    LOAD_COLUMNS,
-    LOADS_FILE,
-    ROUTING_COLUMNS,
-    ROUTING_FILE,
+    LOADS,
+    ROUTING,
     RUN_FILE,
-    STEP_COLUMNS,
-    STEPS_FILE,
+    STEPS,
+    TABLES,
+    live_parts,
+    parse_part,
+    part_name,
 )
 
 
@@ -71,14 +74,18 @@ def _series(name: str, values: list[Any], dtype: pl.DataType) -> pl.Series:
 
 class _Table:
     """Rows kept as they come (dicts from `add`, by reference: do not mutate a row after adding
-    it; column lists from `extend`) and frozen into DataFrame chunks at each flush, where polars
-    converts them in bulk. Row order within one flush is not significant."""
+    it; column lists from `extend`) and frozen into one DataFrame per flush, where polars
+    converts them in bulk. `take()` hands over what is not on disk yet, and the rows stay taken
+    until `written()`: a flush that fails writes them again next time. Row order within one
+    flush is not significant."""
 
-    def __init__(self, columns: dict[str, pl.DataType]) -> None:
+    def __init__(self, directory: Path, columns: dict[str, pl.DataType]) -> None:
+        self.dir = directory
         self.columns = columns
         self.rows: list[dict[str, Any]] = []
         self.pending: dict[str, list[Any]] = {name: [] for name in columns}
-        self.chunks: list[pl.DataFrame] = []
+        self.unwritten: list[pl.DataFrame] = []
+        self.next_part = 0
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)  # ~0.05 us; the per-column split happens at flush time
@@ -94,20 +101,43 @@ class _Table:
             values = columns.get(name)
             pending[name].extend([None] * n if values is None else values)
 
-    def frame(self) -> pl.DataFrame:
+    def take(self) -> pl.DataFrame:
+        """Every row not yet written, as one frame."""
         if self.rows:
-            self.chunks.append(pl.from_dicts(self.rows, schema=self.columns, strict=False))
+            self.unwritten.append(pl.from_dicts(self.rows, schema=self.columns, strict=False))
             self.rows = []
         if self.pending[next(iter(self.columns))]:
-            self.chunks.append(pl.DataFrame(
+            self.unwritten.append(pl.DataFrame(
                 [_series(name, self.pending[name], dtype) for name, dtype in self.columns.items()]
             ))
             self.pending = {name: [] for name in self.columns}
-        if not self.chunks:
+        if not self.unwritten:
             return pl.DataFrame(schema=self.columns)
-        if len(self.chunks) > 1:
-            self.chunks = [pl.concat(self.chunks, how="vertical")]
-        return self.chunks[0]
+        if len(self.unwritten) > 1:
+            self.unwritten = [pl.concat(self.unwritten, how="vertical")]
+        return self.unwritten[0]
+
+    def write_part(self, durable: bool, always: bool = False) -> None:
+        """Write the untaken and taken rows as the next part (skipped when there are none,
+        unless `always`)."""
+        frame = self.take()
+        if frame.height or always:
+            write_atomic(self.dir / part_name(self.next_part), frame.write_parquet, durable)
+            self.next_part += 1
+        self.unwritten = []
+
+    def merge_parts(self, durable: bool) -> None:
+        """Replace the parts by one merged part (written first, then the parts removed: a
+        reader skips single parts a merged one covers)."""
+        names = live_parts([p.name for p in self.dir.iterdir()])
+        if len(names) < 2:
+            return
+        ranges = [parse_part(n) for n in names]
+        first, last = ranges[0][0], ranges[-1][1]
+        frame = pl.concat([pl.read_parquet(self.dir / n) for n in names], how="vertical")
+        write_atomic(self.dir / part_name(first, last), frame.write_parquet, durable)
+        for n in names:
+            (self.dir / n).unlink()
 
 
 class TraceWriter:
@@ -123,12 +153,14 @@ class TraceWriter:
         self.flush_s = 0.0  # total time spent in flush()
         self._last_flush_cost = 0.0
         self._last_flush_end = 0.0
-        self.steps = _Table(STEP_COLUMNS)
-        self.routing = _Table(ROUTING_COLUMNS)
-        self.loads = _Table(LOAD_COLUMNS)
+        tables = {}
+        for name, columns in TABLES.items():
+            (self.dir / name).mkdir(exist_ok=True)
+            tables[name] = _Table(self.dir / name, columns)
+        self.steps, self.routing, self.loads = tables[STEPS], tables[ROUTING], tables[LOADS]
         self._steps_since_flush = 0
         self.closed = False
-        self.flush()  # an empty but valid trace exists from the start
+        self.flush(always=True)  # an empty but valid trace exists from the start
 
     def add_step(self, row: dict[str, Any]) -> None:
         # Flush when the NEXT step arrives, not right after this one: routing and load rows a
@@ -156,17 +188,16 @@ class TraceWriter:
             gap = max(gap, self._last_flush_cost / self.max_flush_fraction)
         return time.perf_counter() - self._last_flush_end >= gap
 
-    def flush(self, durable: bool = False) -> None:
-        """Rewrite the tables and run.json atomically. Periodic flushes skip fsync (they guard
-        against a killed process, and fsync costs milliseconds per file); close() fsyncs.
-        The steps table goes last: a flush cut short anywhere leaves every step in
-        steps.parquet with its routing and load rows on disk (the other tables may hold rows of
-        steps not yet in it, which a later flush completes)."""
+    def flush(self, durable: bool = False, always: bool = False) -> None:
+        """Write each table's new rows as a part, then run.json, each atomically. Periodic
+        flushes skip fsync (they guard against a killed process, and fsync costs milliseconds
+        per file); close() fsyncs. The steps table goes last: a flush cut short anywhere leaves
+        every step in steps/ with its routing and load rows on disk (the other tables may hold
+        rows of steps not yet in it, which a later flush completes: rows a failed write did not
+        put on disk are written again)."""
         t0 = time.perf_counter()
-        for name, table in ((LOADS_FILE, self.loads), (ROUTING_FILE, self.routing),
-                            (STEPS_FILE, self.steps)):
-            frame = table.frame()
-            write_atomic(self.dir / name, frame.write_parquet, durable)
+        for table in (self.loads, self.routing, self.steps):
+            table.write_part(durable, always)
         write_json_atomic(self.dir / RUN_FILE, self.run.to_dict(), durable)
         self._steps_since_flush = 0
         self._last_flush_end = time.perf_counter()
@@ -179,6 +210,8 @@ class TraceWriter:
             return
         self.run.complete = True
         self.flush(durable=True)
+        for table in (self.loads, self.routing, self.steps):
+            table.merge_parts(durable=True)
         self.closed = True
 
     def __enter__(self) -> TraceWriter:
@@ -189,3 +222,13 @@ class TraceWriter:
             self.close()
         else:
             self.flush()  # keep what was captured; run.json says complete=false
+
+
+def write_tables(directory: Path, frames: dict[str, pl.DataFrame], run: dict[str, Any]) -> None:
+    """A whole trace at once (a simulated run): each table as one part, steps last, then
+    run.json."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in (LOADS, ROUTING, STEPS):
+        (directory / name).mkdir(exist_ok=True)
+        write_atomic(directory / name / part_name(0), frames[name].write_parquet)
+    write_json_atomic(directory / RUN_FILE, run)
