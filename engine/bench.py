@@ -253,7 +253,7 @@ def run_arm(spec: dict) -> dict:
     """Worker body: load the arm's model, warm up, run the prompts, return measurements."""
     import mlx.core as mx
 
-    from engine.config import EngineConfig
+    from contract.engine_config import EngineConfig
     from engine.generate import generate
     from engine.loader import load_resident, load_streaming, streaming_blocks
     from engine.oracle import RoutingReplay

@@ -82,9 +82,9 @@ def load_engine(
     lora: str | Path | None = None,
 ):
     """-> (model, tokenizer, store, config): the streaming model for `preset`
-    (engine.config.PRESETS) with the page-cache budget given in MiB or as a fraction of the
+    (contract.engine_config.PRESETS) with the page-cache budget given in MiB or as a fraction of the
     model's expert bytes."""
-    from engine.config import EngineConfig
+    from contract.engine_config import EngineConfig
     from engine.loader import load_streaming, open_manifest
 
     budget = None

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from contract.engine_config import EngineConfig
 from contract.errors import BadInput
 from engine.archs import ARCHS, routing_spec
-from engine.config import EngineConfig
 from engine.convert import build_skeleton, moe_layers, quantize_like_source, switch_glu_of
 from engine.manifest import (
     CONFIG_FILE,

@@ -26,6 +26,7 @@ import numpy as np
 from contract.thresholds import INLINE_WARM_BYTES  # the policy, shared with the simulator
 from engine.paths.stats import PathStats
 from engine.store import ExpertStore
+from traces.schema import DEMAND, WHOLE_LAYER
 
 
 class Ticket:
@@ -95,11 +96,11 @@ class ReaderPool:
         self._q.put(t)
 
     def submit_bundle(self, layer: int, expert: int, into: Mapping[str, np.ndarray],
-                      source: str = "demand", now: bool = False) -> Ticket:
+                      source: str = DEMAND, now: bool = False) -> Ticket:
         return self._submit(Ticket(layer, expert, source, into, False), now)
 
     def submit_layer(self, layer: int, into: Mapping[str, np.ndarray],
-                     source: str = "whole_layer", now: bool = False) -> Ticket:
+                     source: str = WHOLE_LAYER, now: bool = False) -> Ticket:
         return self._submit(Ticket(layer, -1, source, into, True), now)
 
     # ------------------------------------------------------------ wait (main thread)

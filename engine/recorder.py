@@ -97,7 +97,7 @@ def paths_in_use(model) -> dict[str, Any]:
 
 
 def engine_info(model, store, config: Any = None) -> dict[str, Any]:
-    """run.json `engine`: `config.to_dict()` for an engine config object (engine.config), or
+    """run.json `engine`: `config.to_dict()` for an EngineConfig (contract.engine_config), or
     `config` itself when it is a dict (the options load_streaming was given), else defaults
     read from the store; plus what is observed on the loaded model (paths per phase and
     layer, effective O_DIRECT, K)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.config import PHASES, EngineConfig
+from contract.engine_config import PHASES, SYNC_AT_BUILD, EngineConfig
 from engine.fill_points import FillPoints
 from engine.paths.exact import ExactPath
 from engine.paths.hot import HotPath, HotPool
@@ -55,7 +55,7 @@ class Runtime:
         """Layers whose `phase` path brings routed ids to the host while the graph is built
         (exact): the decode loop cannot build step t+1 ahead past such a layer."""
         return sorted(i for (i, ph), p in self.paths.items()
-                      if ph == phase and not isinstance(p, StagedPath | HotPath | WholeLayerPath))
+                      if ph == phase and p.name in SYNC_AT_BUILD)
 
     def buffer_bytes(self) -> dict[str, int]:
         """Preallocated expert buffers by component (the streaming machinery's memory)."""

@@ -54,10 +54,10 @@ import numpy as np
 from contract.errors import BadInput, IOFault
 from engine import platform
 from engine.manifest import LayerEntry, Manifest
+from traces.schema import DEMAND, WHOLE_LAYER, WHOLE_LAYER_EXPERT
 
 PAGE = mmap.PAGESIZE
 ALIGN = 4096  # O_DIRECT alignment of offset, length and buffer address
-WHOLE_LAYER = -1  # `expert` of a whole-layer load (traces.schema.WHOLE_LAYER_EXPERT)
 LoadCallback = Callable[[dict], None]
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -293,7 +293,7 @@ class ExpertStore:
         expert: int,
         into: Mapping[str, np.ndarray],
         *,
-        source: str = "demand",
+        source: str = DEMAND,
         thread: str = "main",
         issued_ns: int | None = None,
         waited: bool = True,
@@ -310,7 +310,7 @@ class ExpertStore:
                           cold=True if known_cold else None)
 
     def read_bundle_if_warm(self, layer: int, expert: int, into: Mapping[str, np.ndarray], *,
-                            source: str = "demand", thread: str = "main",
+                            source: str = DEMAND, thread: str = "main",
                             issued_ns: int | None = None) -> dict | None:
         """`read_bundle` when the whole bundle is in the page cache (a copy that cannot block
         on the device); None otherwise, with nothing waited for (`into` may then hold part of
@@ -344,7 +344,7 @@ class ExpertStore:
         layer: int,
         into: Mapping[str, np.ndarray],
         *,
-        source: str = "whole_layer",
+        source: str = WHOLE_LAYER,
         thread: str = "main",
         issued_ns: int | None = None,
         waited: bool = True,
@@ -352,8 +352,8 @@ class ExpertStore:
     ) -> dict:
         """Read a layer's stacked tensors whole (one read each) into `into` (name -> [E, ...])."""
         views = self._views(layer, into)
-        return self._load(layer, WHOLE_LAYER, self.layer_ranges(layer), views, source, thread,
-                          issued_ns, waited, emit)
+        return self._load(layer, WHOLE_LAYER_EXPERT, self.layer_ranges(layer), views, source,
+                          thread, issued_ns, waited, emit)
 
     def emit(self, row: dict) -> None:
         if self.on_load is not None:
@@ -403,7 +403,7 @@ class ExpertStore:
         }
 
     def _fail(self, f: _File, layer: int, expert: int, what: str) -> ExpertReadError:
-        who = "whole layer" if expert == WHOLE_LAYER else f"expert {expert}"
+        who = "whole layer" if expert == WHOLE_LAYER_EXPERT else f"expert {expert}"
         return ExpertReadError(f"{f.path}: read of layer {layer} {who} failed: {what}")
 
     def _read_nowait(self, f: _File, off: int, length: int, view: np.ndarray, layer,

@@ -27,6 +27,22 @@ schema as a measured one.
                      sweep_ray.py: the same points as Ray tasks (`--backend ray`)
   compare.py         a measured trace replayed with its engine config, side by side
   model_profile.py   a model profile from a converted model's manifest (`sim profile-model`)
-  calibrate.py       storage probes, fits and profile writers for `ssdmoe calibrate` (the engine
-                     timings are engine/calibrate.py's)
+  calibration_values.py  fits and profile writers for `ssdmoe calibrate` (the measuring is
+                     calibration/: storage_probes.py, compute_probes.py, machine.py)
+
+What models what (engine module -> sim module); both sides share contract/ (EngineConfig, path
+names, thresholds) and traces/ (the schema, load sources):
+  engine/generate.py (decode loop, lookahead)      main_thread.py, compute_stream.py
+  engine/fill_points.py (deferred routing syncs)   main_thread.py (fills)
+  engine/readers.py (reader threads, help_reads)   readers.py, gil.py
+  engine/store.py (reads, cold/warm, budget)       loads.py, page_cache.py, storage.py,
+                                                   throttle.py (engine/throttle.py)
+  engine/paths/exact.py                            policies.py "on-demand" / "hot" with a
+                                                   one-bundle LRU (sim.compare)
+  engine/paths/hot.py                              policies.py "hot", lru.py
+  engine/paths/staged.py                           policies.py "hot" (slots as one LRU) or
+                                                   "prerouter" (predicted), caches.py
+  engine/prerouter.py, engine/layer_lead.py        policies.py "prerouter" (lead token / layer)
+  engine/memory.py (RSS, MLX bytes)                memory.py, swap.py
+  engine/lora.py (adapter bytes, build)            model_profile.lora_profile, main_thread.py
 """

@@ -11,7 +11,7 @@ The engine configuration in run.json `engine` maps onto scenario keys:
   decode path exact (preset on-demand)  policy hot with a one-bundle LRU (no app cache, no sticky
                                         slots: the LRU never hits), readers 0 (main-thread reads)
   decode path hot                       policy hot, lru_bytes = hot_bytes (default 25% of the
-                                        expert bytes, engine.config.HOT_FRACTION), readers
+                                        expert bytes, contract.engine_config.HOT_FRACTION), readers
   decode path staged                    policy hot with a shared LRU of layers x (K + headroom)
                                         bundles standing in for the per-layer sticky slots
                                         (least recently used victim), readers
@@ -55,16 +55,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract.engine_config import HOT_FRACTION, SYNC_AT_BUILD, EngineConfig
 from contract.errors import BadInput
 from sim.scenario import GIB, Scenario
 from traces.reader import Trace
 from traces.schema import SUMMARY_KEYS
 
 DEFAULT_HARDWARE = "this-machine"
-# Decode paths that do not bring routed ids to the host while the graph is built
-# (engine.runtime.syncs_at_build): only with these does the engine's decode loop look ahead.
-NO_BUILD_SYNC = frozenset({"staged", "hot", "whole-layer"})
-HOT_FRACTION = 0.25  # engine.config.HOT_FRACTION (not imported: sim stays engine-free)
 # The figures the validation report looks at first.
 HEADLINE = ("decode_tok_s", "blocked_ms_per_step", "cold_fraction", "loads_per_step")
 
@@ -147,59 +144,59 @@ def decode_paths(engine: dict[str, Any]) -> set[str]:
     in_use = (engine.get("paths_in_use") or {}).get("decode") or {}
     if in_use:
         return set(in_use)
-    layers = engine.get("layers") or {}
-    return {str(engine.get("decode") or "exact"),
-            *(str(d["decode"]) for d in layers.values() if isinstance(d, dict) and "decode" in d)}
+    cfg = EngineConfig.from_run(engine)
+    return cfg.decode_paths(cfg.layers)
 
 
 def looked_ahead(engine: dict[str, Any]) -> bool:
     """Whether the trace's decode loop looked ahead (engine.generate): on in the config and no
     decode layer syncing at build."""
-    return bool(engine.get("lookahead")) and decode_paths(engine) <= NO_BUILD_SYNC
+    return EngineConfig.from_run(engine).lookahead and not decode_paths(engine) & SYNC_AT_BUILD
 
 
-def staged_headroom(engine: dict[str, Any], k: int) -> int:
+def staged_headroom(cfg: EngineConfig, k: int) -> int:
     """The staged slots beyond K per layer (EngineConfig.staged_headroom; None means K)."""
-    headroom = engine.get("staged_headroom")
-    return k if headroom is None else int(headroom)
+    return k if cfg.staged_headroom is None else int(cfg.staged_headroom)
 
 
 def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], str, list[str]]:
-    """(--set items, decode path name, notes) reproducing the trace's engine configuration."""
+    """(--set items, decode path name, notes) reproducing the trace's engine configuration
+    (run.json `engine`, read as the contract's EngineConfig, plus what the run observed: the K
+    it routed at, the paths in use, whether O_DIRECT took effect)."""
     m = sc.model
     notes: list[str] = []
-    k = int(engine.get("k") or m.k)
-    path = str(engine.get("decode") or "exact")
+    cfg = EngineConfig.from_run(engine)
+    k = int(engine.get("k") or cfg.top_k or m.k)
+    path = cfg.decode
     in_use = (engine.get("paths_in_use") or {}).get("decode") or {}
     if len(in_use) == 1:
         path = next(iter(in_use))
     elif len(in_use) > 1:
         notes.append(f"decode paths differ per layer ({', '.join(in_use)}); simulated as {path}")
-    readers = int(engine.get("readers") or 1)
+    readers = cfg.readers
     sets = [f"k={k}"]
-    if engine.get("lead_kind") == "layer":
+    if cfg.lead_kind == "layer":
         sets += ["policy=prerouter", "lead=1", f"readers={readers}", "model.consumer_first=1",
                  f"model.consumer_last={m.layers - 1}", f"model.heads={m.layers - 1}",
                  "model.head_bytes=0"]
-        headroom = staged_headroom(engine, k)
+        headroom = staged_headroom(cfg, k)
         sets.append(f"lru_bytes={max(m.layers * headroom * m.bundle_bytes, m.bundle_bytes)}")
         notes.append("same-token lead: layer N+1's set read after layer N's routing; the "
                      f"other {headroom} slots per layer simulated as one shared LRU")
-    elif engine.get("prerouter"):
+    elif cfg.prerouter:
         sets += ["policy=prerouter", "lead=token", f"readers={readers}"]
         if path == "staged":
-            headroom = staged_headroom(engine, k)
+            headroom = staged_headroom(cfg, k)
             sets.append(f"lru_bytes={max(m.layers * headroom * m.bundle_bytes, m.bundle_bytes)}")
             notes.append(f"staged with heads: the last token's set stays in its slots; the other "
                          f"{headroom} slots per layer simulated as one shared LRU of their bytes")
     elif path == "exact":
         sets += ["policy=hot", f"lru_bytes={m.bundle_bytes}", "readers=0"]
     elif path == "hot":
-        hot = engine.get("hot_bytes")
-        hot = int(hot) if hot is not None else int(m.expert_bytes * HOT_FRACTION)
+        hot = cfg.hot_bytes if cfg.hot_bytes is not None else int(m.expert_bytes * HOT_FRACTION)
         sets += ["policy=hot", f"lru_bytes={max(hot, m.bundle_bytes)}", f"readers={readers}"]
     elif path == "staged":
-        headroom = staged_headroom(engine, k)
+        headroom = staged_headroom(cfg, k)
         slots = m.layers * (k + headroom) * m.bundle_bytes
         sets += ["policy=hot", f"lru_bytes={slots}", f"readers={readers}"]
         notes.append(f"staged: {k + headroom} slots per layer (least recently used victim) "
@@ -207,10 +204,10 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     else:
         raise BadInput(f"run.json engine: decode path {path!r} has no simulator mapping")
     sets.append(f"lookahead={'true' if looked_ahead(engine) else 'false'}")
-    sets.append(f"help_reads={'false' if engine.get('help_reads') is False else 'true'}")
+    sets.append(f"help_reads={'true' if cfg.help_reads else 'false'}")
     sets.append("gil=true")  # this engine's threads are Python threads (sim.gil)
-    sets.append(f"lora={'true' if engine.get('lora') else 'false'}")
-    o_direct = engine.get("o_direct_effective", engine.get("o_direct"))
+    sets.append(f"lora={'true' if cfg.lora else 'false'}")
+    o_direct = engine.get("o_direct_effective", cfg.o_direct)
     sets.append(f"o_direct={'true' if o_direct else 'false'}")
     build = sc.notes.get(f"build_ms_per_layer.{path}")
     if build is not None:

@@ -31,8 +31,6 @@ from sim.page_cache import PageCache
 from sim.scenario import Hardware
 from sim.storage import Device
 
-DEMAND, PREFETCH, WHOLE_LAYER = "demand", "prefetch", "whole_layer"
-
 
 class Load:
     __slots__ = ("step", "layer", "expert", "nbytes", "pieces", "source", "issued", "started",

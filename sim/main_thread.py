@@ -49,11 +49,12 @@ import simpy
 from sim.caches import BundleLRU, StagedSlots
 from sim.compute_stream import ComputeStream
 from sim.cpu import Cores
-from sim.loads import DEMAND, PREFETCH, WHOLE_LAYER, Fetcher, Load
+from sim.loads import Fetcher, Load
 from sim.policies import Policy
 from sim.readers import DEMAND_PRIORITY, INLINE_WARM_BYTES, PREFETCH_PRIORITY, ReaderThreads
 from sim.scenario import Scenario
 from sim.swap import Swap
+from traces.schema import DEMAND, PREFETCH, WHOLE_LAYER
 
 _ABSENT = object()
 MAIN_THREAD = "main"

@@ -43,8 +43,9 @@ def calibrate(
     import os
 
     if not hasattr(os, "posix_fadvise") or not hasattr(os, "O_DIRECT"):
-        raise BadInput("calibrate: its storage probes (sim/calibrate.py) need posix_fadvise and "
-                       "O_DIRECT, which this platform lacks (macOS: not ported yet)")
+        raise BadInput("calibrate: its storage probes (calibration/storage_probes.py) need "
+                       "posix_fadvise and O_DIRECT, which this platform lacks (macOS: not "
+                       "ported yet)")
     if out.suffix != ".toml":
         raise BadInput(f"--out {out}: expected a .toml path (scenarios/hardware/NAME.toml)")
     if scenario_out is not None and model_out is None:
@@ -54,8 +55,8 @@ def calibrate(
     if scratch is not None and not scratch.is_dir():
         raise BadInput(f"--dir {scratch}: not a directory")
 
-    from engine.calibrate import calibrate as run
-    from sim.calibrate import as_dict, hardware_toml, write_hardware
+    from calibration.run import calibrate as run
+    from sim.calibration_values import as_dict, hardware_toml, write_hardware
     from sim.model_profile import model_toml, write_model
 
     cal = run(model, scratch, quick=quick)
@@ -67,7 +68,10 @@ def calibrate(
               f"{cal.model_label}; storage on a scratch file in {cal.storage.scratch}.",
               f"Load average at the start: {_loadavg()} (a shared machine: compute figures "
               "move with other processes' load)."]
-    written = [write_hardware(out, hardware_toml(cal.hardware, name, cal.when, command, header))]
+    from calibration.machine import machine_line
+
+    written = [write_hardware(out, hardware_toml(cal.hardware, name, cal.when, command, header,
+                                                 machine_line()))]
     if model_out is not None:
         mname = model_out.stem
         mheader = [f"{mname}: derived from {cal.model_dir}/manifest.json by `{command}` "
@@ -151,7 +155,7 @@ def _write_scenario(path: Path, hardware: str, model: str, cal: Any, command: st
         lines.append(f'"build_ms_per_layer.{p}" = "{v:.4f}"  # {PRESET_NOTES.get(p, p)}')
     lines.append(f'"build_ms_per_layer.pure" = "{c.build_ms_per_layer:.4f}"  # graph building '
                  "only (the model profile's value)")
-    from sim.calibrate import direct_cold_overhead
+    from sim.calibration_values import direct_cold_overhead
 
     direct = direct_cold_overhead(cal.storage, c, cal.hardware)
     if direct is not None:

@@ -110,7 +110,7 @@ def generate(
         raise BadInput(f"--temp: must be >= 0, got {temp}")
     if page_cache_mb is not None and page_cache_mb <= 0:
         raise BadInput(f"--page-cache-mb: must be > 0, got {page_cache_mb}")
-    from engine.config import EngineConfig
+    from contract.engine_config import EngineConfig
     from engine.generate import generate as run_generate
     from engine.loader import load_streaming
 

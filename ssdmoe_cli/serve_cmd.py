@@ -33,7 +33,7 @@ def load_served(model: Path, preset: str, prerouter: Path | None, no_prerouter: 
                 lora: Path | None, no_lora: bool, top_k: int | None, trace: Path | None = None,
                 force: bool = False, on_load=None):
     """-> (model, tokenizer, store, config): the engine as `serve` and `chat` run it."""
-    from engine.config import EngineConfig
+    from contract.engine_config import EngineConfig
     from engine.loader import load_streaming
     from ssdmoe_cli.train_cmds import heads_dir
 

@@ -10,7 +10,7 @@ import struct
 import pytest
 from sim_helpers import hardware, model, routing_input, scenario, uniform_routing
 
-from sim.calibrate import (
+from sim.calibration_values import (
     MIB,
     ComputeResult,
     StorageResult,
@@ -25,6 +25,9 @@ from sim.profiles import load_hardware, load_model
 from sim.replay import run_scenario
 
 SIZES = [4096, 65536, MIB, 4 * MIB]
+# what calibration.machine.facts() reads on a machine, fixed here
+MACHINE = {"ram_gib": (16.0, "given"), "os_reserve_gib": (2.5, "given"),
+           "cpu_cores": (2, "given"), "compute_on_cpu": (True, "given")}
 
 
 def storage(a_w=0.004, memcpy=8.0, a_c=0.09, bw=1.5, latency=0.05) -> StorageResult:
@@ -67,7 +70,7 @@ def test_simulated_loads_cost_what_the_engine_measured():
     """With engine bundle reads, the sim's warm and cold load of that bundle (QD1, main thread)
     take exactly the measured times."""
     c = compute()
-    values = hardware_values(storage(), c, active_params=1e6)
+    values = hardware_values(storage(), c, MACHINE, active_params=1e6)
     hw = load_hardware_from(values)
     m = model(layers=1, experts=16, k=1, bundle_bytes=c.bundle_bytes, build_ms_per_layer=0.0)
     # every step routes expert 0 then 1 alternately: 2 cold loads, then warm ones (page cache)
@@ -89,7 +92,7 @@ def load_hardware_from(values):
 
 
 def test_written_profile_loads_and_round_trips(tmp_path):
-    values = hardware_values(storage(), compute(), active_params=2e6)
+    values = hardware_values(storage(), compute(), MACHINE, active_params=2e6)
     text = hardware_toml(values, "cal", "2026-01-01 00:00 UTC", "ssdmoe calibrate --out x")
     path = write_hardware(tmp_path / "cal.toml", text)
     hw = load_hardware(str(path))
@@ -110,12 +113,13 @@ def test_written_profile_loads_and_round_trips(tmp_path):
 
 
 def test_unmeasured_handoff_is_left_out_of_the_profile():
-    values = hardware_values(storage(), compute(handoff_ms=float("nan")), active_params=2e6)
+    values = hardware_values(storage(), compute(handoff_ms=float("nan")), MACHINE,
+                             active_params=2e6)
     assert "handoff_ms" not in values
 
 
 def test_a_profile_without_the_new_keys_still_loads(tmp_path):
-    values = hardware_values(storage(), compute(), active_params=2e6)
+    values = hardware_values(storage(), compute(), MACHINE, active_params=2e6)
     for key in ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
                 "handoff_ms"):
         values.pop(key)
@@ -178,7 +182,7 @@ def test_model_profile_from_a_manifest(tiny_random_converted, tmp_path):
 
 
 def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_path):
-    from engine.calibrate import calibrate
+    from calibration.run import calibrate
 
     cal = calibrate(tiny_random_converted, tmp_path, quick=True)
     assert not list(tmp_path.glob(".ssdmoe-calibrate-*"))  # scratch file removed

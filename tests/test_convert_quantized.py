@@ -13,8 +13,8 @@ import pytest
 from dequant_reference import read_tensors, swiglu_reference
 from safetensors.numpy import load_file
 
+from contract.engine_config import EngineConfig
 from contract.errors import BadInput
-from engine.config import EngineConfig
 from engine.convert import convert
 from engine.fixtures.random_models import build_random
 from engine.generate import generate

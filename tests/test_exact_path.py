@@ -73,7 +73,7 @@ def test_decode_equals_mlx_lm_every_arch(arch, arch_model):
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
 
-    from engine.config import EngineConfig
+    from contract.engine_config import EngineConfig
     from engine.generate import generate
 
     _, dst = arch_model(arch)

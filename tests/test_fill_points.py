@@ -11,8 +11,8 @@ import numpy as np
 import polars as pl
 import pytest
 
+from contract.engine_config import EngineConfig
 from engine.capture import capture, start_recorder
-from engine.config import EngineConfig
 from engine.fill_points import resolve
 from engine.generate import generate
 from engine.loader import load_resident, load_streaming

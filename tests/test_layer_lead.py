@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from engine.config import EngineConfig
+from contract.engine_config import EngineConfig
 from engine.generate import generate
 from engine.loader import load_resident, load_streaming, streaming_blocks
 from engine.manifest import read_manifest

@@ -8,7 +8,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = ("contract", "engine", "sim", "traces", "ssdmoe_cli", "validation", "server")
+OURS = ("contract", "engine", "sim", "traces", "ssdmoe_cli", "validation", "server",
+        "calibration")
 
 
 def _imports(path: Path) -> set[str]:
@@ -23,10 +24,29 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_contract_is_a_leaf():
+    """The contract (errors, thresholds, EngineConfig) imports nothing of ours but itself, and
+    no MLX or SimPy: engine and simulator both stand on it."""
     files = sorted((ROOT / "contract").glob("*.py"))
     assert files
     for f in files:
-        assert not _imports(f) & set(OURS), f
+        assert not _imports(f) & (set(OURS) - {"contract"} | {"mlx", "simpy"}), f
+
+
+def test_engine_and_simulator_share_one_vocabulary():
+    """What both sides must agree on is defined once: the sim's load sources are the trace
+    schema's, the hot budget fraction and the paths that sync at build are the contract's,
+    and the sim holds no copy of either."""
+    import contract.engine_config as contract_config
+    import sim.compare
+    import sim.main_thread
+    import traces.schema as schema
+
+    sources = (sim.main_thread.DEMAND, sim.main_thread.PREFETCH, sim.main_thread.WHOLE_LAYER)
+    assert sources == schema.LOAD_SOURCES
+    assert sim.compare.HOT_FRACTION is contract_config.HOT_FRACTION
+    assert sim.compare.SYNC_AT_BUILD is contract_config.SYNC_AT_BUILD
+    source = (ROOT / "sim" / "compare.py").read_text()
+    assert "HOT_FRACTION = " not in source and "frozenset(" not in source
 
 
 def test_nothing_below_the_cli_imports_it():
@@ -76,10 +96,15 @@ def test_io_fault_during_capture_is_one_line_and_keeps_the_trace(tiny_random_con
     assert run["complete"] is False  # what was captured is kept, marked incomplete
 
 
-def test_the_engine_imports_the_simulator_only_for_calibration():
-    """The engine and the simulator share the contract, not each other's modules; the one
-    exception left is the calibration glue (engine/calibrate.py), which the structure issue
-    moves to a module that may import both."""
-    importers = sorted(f.relative_to(ROOT).as_posix() for f in (ROOT / "engine").rglob("*.py")
-                       if "sim" in _imports(f))
-    assert importers == ["engine/calibrate.py"]
+def test_engine_and_simulator_import_neither_each_other():
+    """The engine and the simulator share the contract, not each other's modules. What needs
+    both (calibration, validation, the CLI) sits above them, and the simulator does no I/O of
+    its own measuring: the storage probes are calibration's."""
+    for package, other in (("engine", "sim"), ("sim", "engine"), ("sim", "mlx")):
+        importers = [f.relative_to(ROOT).as_posix() for f in (ROOT / package).rglob("*.py")
+                     if other in _imports(f)]
+        assert importers == [], (package, other, importers)
+    for package in ("contract", "engine", "sim", "traces", "server"):
+        for f in sorted((ROOT / package).rglob("*.py")):
+            assert not _imports(f) & {"calibration", "validation"}, f
+    assert not _imports(ROOT / "sim" / "calibration_values.py") & {"os", "mmap", "threading"}

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from mlx_lm.tuner.lora import LoRALinear
 
+from contract.engine_config import EngineConfig
 from engine import lora
 from engine.archs import ARCHS as ARCH_SPECS
-from engine.config import EngineConfig
 from engine.generate import generate
 from engine.loader import load_resident, load_streaming
 from engine.manifest import MANIFEST_FILE, sha256_file

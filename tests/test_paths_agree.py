@@ -11,7 +11,7 @@ import pytest
 from dequant_reference import swiglu_reference
 from safetensors.numpy import load_file
 
-from engine.config import EngineConfig
+from contract.engine_config import EngineConfig
 from engine.generate import generate
 from engine.loader import load_resident, load_streaming
 from engine.manifest import read_manifest

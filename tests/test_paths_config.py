@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from contract.engine_config import PRESETS, EngineConfig
 from contract.errors import BadInput
-from engine.config import PRESETS, EngineConfig
 from engine.loader import load_streaming
 from engine.paths.exact import ExactPath
 from engine.paths.hot import HotPath

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.engine_config import EngineConfig
 from contract.errors import BadInput
-from engine.config import EngineConfig
 from engine.generate import generate
 from engine.loader import load_streaming
 from engine.manifest import read_manifest

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from engine.config import EngineConfig
+from contract.engine_config import EngineConfig
 from engine.generate import generate
 from engine.loader import load_streaming, streaming_blocks
 from engine.manifest import read_manifest

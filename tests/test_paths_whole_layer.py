@@ -7,7 +7,7 @@ import time
 
 import mlx.core as mx
 
-from engine.config import EngineConfig
+from contract.engine_config import EngineConfig
 from engine.loader import load_streaming, streaming_blocks
 
 

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from contract.engine_config import EngineConfig
 from engine import platform
-from engine.config import EngineConfig
 from engine.generate import generate
 from engine.loader import load_streaming
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+from contract.engine_config import EngineConfig
 from contract.errors import BadInput
-from engine.config import EngineConfig
 from engine.generate import generate
 from engine.loader import load_resident, load_streaming, streaming_blocks
 from engine.manifest import read_manifest

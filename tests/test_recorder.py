@@ -206,7 +206,7 @@ def test_cold_loads_after_dropping_the_page_cache(tiny_random_converted, tmp_pat
 
 
 def test_staged_preset_traces_cache_counters(tiny_random_converted, tmp_path):
-    from engine.config import EngineConfig
+    from contract.engine_config import EngineConfig
 
     model, tok, store = load_streaming(tiny_random_converted,
                                        config=EngineConfig.from_preset("staged"))

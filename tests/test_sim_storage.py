@@ -8,10 +8,11 @@ import simpy
 from sim_helpers import hardware
 
 from sim.cpu import Cores
-from sim.loads import DEMAND, PREFETCH, Fetcher, Load
+from sim.loads import Fetcher, Load
 from sim.page_cache import PageCache
 from sim.readers import DEMAND_PRIORITY, PREFETCH_PRIORITY, ReaderThreads
 from sim.storage import Device
+from traces.schema import DEMAND, PREFETCH
 
 
 def _poisson_run(device: Device, rate: float, nbytes_fn, n: int, seed: int) -> None:

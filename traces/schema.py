@@ -31,7 +31,8 @@ LOADS_FILE = "loads.parquet"
 
 PHASES = ("prefill", "decode")
 ROUTING_SOURCES = ("router", "prediction")
-LOAD_SOURCES = ("demand", "prefetch", "whole_layer")
+DEMAND, PREFETCH, WHOLE_LAYER = "demand", "prefetch", "whole_layer"  # load sources
+LOAD_SOURCES = (DEMAND, PREFETCH, WHOLE_LAYER)
 WHOLE_LAYER_EXPERT = -1  # `expert` value of a load that read a whole layer's tensors
 
 STEP_COLUMNS: dict[str, pl.DataType] = {

@@ -11,12 +11,13 @@ import numpy as np
 from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
 from engine.paths.stats import host_routed, stats_for
 from engine.store import ExpertStore
+from traces.schema import DEMAND
 
 
 class ExactPath:
     name = "exact"
 
-    def __init__(self, store: ExpertStore, layer: int, source: str = "demand"):
+    def __init__(self, store: ExpertStore, layer: int, source: str = DEMAND):
         self.store = store
         self.layer = layer
         self.source = source

@@ -47,6 +47,7 @@ from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
 from engine.paths.stats import PathStats, host_routed
 from engine.readers import ReaderPool, Ticket
 from engine.store import ExpertStore
+from traces.schema import DEMAND, PREFETCH
 
 
 class StagingError(RuntimeError):
@@ -117,7 +118,7 @@ class StagedPath:
             self.expert_in[s] = e  # the table entry stays at the sentinel until the read lands
             self.ticket_of[s] = self.readers.submit_bundle(self.layer, e, self.rows[s],
                                                            source=source,
-                                                           now=source == "demand")
+                                                           now=source == DEMAND)
             where[e] = s
         slots = [where[e] for e in wanted]
         for slot in slots:
@@ -150,7 +151,7 @@ class StagedPath:
         protected = {where[e] for staged in self.queue for e in staged if e in where}
         if self.points.overlapping:  # the last call's step may still be computing
             protected |= self.in_use
-        self._place(experts, protected, source="prefetch")
+        self._place(experts, protected, source=PREFETCH)
         self.queue.append(experts)
 
     def predicted(self, x: mx.array, inds: mx.array, early: bool = False) -> mx.array:
@@ -194,7 +195,7 @@ class StagedPath:
         if slots is not None:  # usual on a warm step: nothing to read
             self.in_use = set(slots)  # the next call's fill must keep these
             return []
-        tickets = self._place(experts, self.in_use, source="prefetch")
+        tickets = self._place(experts, self.in_use, source=PREFETCH)
         where = self.resident()
         self.in_use = {where[e] for e in experts}
         return tickets
@@ -255,7 +256,7 @@ class StagedPath:
                         self.stats.exact_fallbacks += 1
                         self.stats.cache_misses += len(experts)
                         return self.exact(x, inds)
-                    self._settle(self._place(experts, set(), source="demand"))
+                    self._settle(self._place(experts, set(), source=DEMAND))
         except BaseException:
             self.reset()
             raise
@@ -275,7 +276,7 @@ class StagedPath:
         to read) takes a short path."""
         experts = set(host_routed(inds, self.stats, deferred=True).ravel().tolist())
         if self._all_published(experts) is None:
-            self._settle(self._place(sorted(experts), set(), source="demand"))
+            self._settle(self._place(sorted(experts), set(), source=DEMAND))
 
     def _all_published(self, experts) -> list[int] | None:
         """The short path of a fill: when every expert is already published in a slot, count

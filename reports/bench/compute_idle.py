@@ -52,8 +52,8 @@ def main() -> None:
         sys.exit(f"{args.model}: no converted model (uv run ssdmoe convert models/tiny-trained "
                  "models/tiny-trained-stream)")
 
+    from contract.engine_config import EngineConfig
     from engine.bench import PROMPTS, load_prompts
-    from engine.config import EngineConfig
     from engine.generate import generate
     from engine.loader import load_resident, load_streaming
 

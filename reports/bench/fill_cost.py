@@ -38,8 +38,8 @@ def main() -> None:
                  "models/tiny-trained-stream)")
 
     import engine.readers
+    from contract.engine_config import EngineConfig
     from engine.bench import PROMPTS, load_prompts
-    from engine.config import EngineConfig
     from engine.generate import generate
     from engine.loader import load_resident, load_streaming
 

@@ -1,4 +1,4 @@
-"""Calibration, the engine's side: time the real engine's pieces on a converted model, so the
+"""Compute probes: time the real engine's pieces on a converted model, so the
 simulator's compute and graph-building figures for this machine come from measurement.
 
   glu_ms[K]        engine.paths.kernel.switch_glu for one token at K experts (layer 0's experts
@@ -23,14 +23,13 @@ simulator's compute and graph-building figures for this machine come from measur
 
 The decode configurations are loaded side by side and take turns, one step each (round robin),
 so they see the same machine load. Every timing is the 10th percentile of its repeats
-(sim.calibrate.cost), except the hand-off: its median (a wake-up on a loaded machine is part
-of what the main thread pays). Numbers go to sim.calibrate (no MLX), which fits and writes the
-profiles.
+(sim.calibration_values.cost), except the hand-off: its median (a wake-up on a loaded machine
+is part of what the main thread pays). Numbers go to sim.calibration_values (no MLX), which
+fits and writes the profiles.
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +41,7 @@ import numpy as np
 from engine.paths.exact import ExactPath
 from engine.paths.kernel import alloc_stack, row_views, switch_glu
 from engine.store import ExpertStore
-from sim.calibrate import ComputeResult, cost
+from sim.calibration_values import ComputeResult, cost
 from sim.model_profile import resident_figures
 
 DEFAULT_MODEL = Path("models") / "tiny-trained-stream"
@@ -228,7 +227,7 @@ class Runner:
     def __init__(self, converted: Path, *, path_factory=None, preset: str | None = None):
         from mlx_lm.models.cache import make_prompt_cache
 
-        from engine.config import EngineConfig
+        from contract.engine_config import EngineConfig
         from engine.loader import load_streaming
 
         config = EngineConfig.from_preset(preset) if preset else None
@@ -395,64 +394,3 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
                               **per_path}.items()}
     result.seconds = time.perf_counter() - t_start
     return result, engine
-
-
-def default_model(workdir: Path | None = None) -> tuple[Path, str]:
-    """models/tiny-trained-stream when present, else tiny-random built and converted into a
-    temporary directory (random weights: fine for timing, not for routing statistics)."""
-    if (DEFAULT_MODEL / "manifest.json").is_file():
-        return DEFAULT_MODEL, "models/tiny-trained-stream"
-    from engine.convert import convert
-    from engine.fixtures.random_models import build_tiny_random
-
-    root = Path(workdir or tempfile.mkdtemp(prefix="ssdmoe-calibrate-"))
-    src = build_tiny_random(root / "tiny-random", seed=0)
-    convert(src, root / "tiny-random-stream")
-    return root / "tiny-random-stream", "tiny-random (built and converted to a temp dir)"
-
-
-@dataclass
-class Calibration:
-    model_dir: Path
-    model_label: str
-    storage: Any  # sim.calibrate.StorageResult
-    compute: ComputeResult
-    engine: dict[str, Any]
-    hardware: dict[str, tuple[Any, str]]  # Hardware key -> (value, how)
-    model: dict[str, tuple[Any, str]]  # ModelProfile key -> (value, how)
-    when: str
-    seconds: float
-
-
-def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
-              quick: bool = False) -> Calibration:
-    """Measure storage (scratch file in `scratch_dir`, default: next to the model) and the
-    engine's compute on `model_dir` (default: models/tiny-trained-stream, else tiny-random);
-    return hardware and model profile values with how each was measured."""
-    from sim.calibrate import hardware_values, measure_storage, now_text
-    from sim.model_profile import profile_from_manifest
-
-    t0 = time.perf_counter()
-    when = now_text()
-    if model_dir is None:
-        model_dir, label = default_model()
-    else:
-        model_dir, label = Path(model_dir), str(model_dir)
-    scratch = Path(scratch_dir) if scratch_dir is not None else model_dir.resolve().parent
-    if quick:
-        storage = measure_storage(scratch, scratch_bytes=32 << 20, per_size=4, rounds=1,
-                                  threads=(1, 2))
-        compute, engine = measure_compute(model_dir, steps=4, warmup=2, ks=(1, 4), glu_reps=4,
-                                          prefill_tokens=16, handoff_reps=200, presets=())
-    else:
-        storage = measure_storage(scratch)
-        compute, engine = measure_compute(model_dir)
-    build_how = (f"measured {when}: graph building of one decode step / {compute.layers} layers, "
-                 f"experts resident behind the engine's kernel (no reads, no syncs), 10th "
-                 f"percentile of the steps; the engine's paths add main-thread work per layer ("
-                 + ", ".join(f"{p} {v:.3f}" for p, v in compute.path_build_ms_per_layer.items())
-                 + " ms, net of read waits and router syncs)")
-    model = profile_from_manifest(model_dir, compute.build_ms_per_layer, build_how)
-    hardware = hardware_values(storage, compute, active_params=model["active_params"][0])
-    return Calibration(model_dir, label, storage, compute, engine, hardware, model, when,
-                       time.perf_counter() - t0)

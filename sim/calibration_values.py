@@ -1,10 +1,11 @@
-"""Calibration, the simulator's side (no MLX): measure storage with plain syscalls, turn
-measurements into hardware-profile values with small closed-form fits, and write the profile
-TOML with every value commented with how it was measured and when.
+"""Calibration values, the simulator's side (no MLX, no I/O): turn measurements into
+hardware-profile values with small closed-form fits, and write the profile TOML with every
+value commented with how it was measured and when.
 
-The compute and graph-building measurements need the real engine: engine/calibrate.py takes
-them (a `ComputeResult`) and `hardware_values` / `compute_values` here turn both into profile
-values; every timing is `cost`, the 10th percentile of its repeats (the hand-off: its median).
+The measuring is calibration/: storage_probes (real reads, a `StorageResult`), compute_probes
+(the real engine's pieces, a `ComputeResult`) and machine (RAM, cores). `hardware_values` /
+`compute_values` here turn them into profile values; every timing is `cost`, the 10th
+percentile of its repeats (the hand-off: its median).
 
 Storage (a scratch file next to the model, dropped from the page cache with
 fdatasync + POSIX_FADV_DONTNEED before every cold batch):
@@ -26,11 +27,6 @@ streaming layout reads a bundle as 9 ranges, one per tensor):
 from __future__ import annotations
 
 import datetime as _dt
-import mmap
-import os
-import platform
-import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,197 +67,28 @@ class StorageResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _drop(fd: int) -> None:
-    os.fdatasync(fd)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def write_scratch(path: Path, nbytes: int, seed: int = 0) -> None:
-    """Incompressible bytes, synced to the device (dirty pages cannot be dropped)."""
-    rng = np.random.default_rng(seed)
-    chunk = 8 * MIB
-    with open(path, "wb") as f:
-        for _ in range(nbytes // chunk):
-            f.write(rng.integers(0, 256, chunk, dtype=np.uint8).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
 
 
-def _pread_all(fd: int, buf: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(buf):
-        n = os.preadv(fd, [buf[done:]], offset + done)
-        if n <= 0:
-            raise OSError(f"short read at {offset + done}")
-        done += n
 
 
-def _offsets(rng: np.random.Generator, file_bytes: int, size: int, n: int) -> list[int]:
-    """n distinct non-overlapping aligned offsets for reads of `size` bytes."""
-    slot = -(-size // ALIGN) * ALIGN
-    slots = file_bytes // slot
-    pick = rng.choice(slots, size=min(n, slots), replace=False)
-    return [int(p) * slot for p in pick]
 
 
-def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: int,
-                   seed: int = 0) -> tuple[list[float], list[float]]:
-    """Median cold and warm buffered pread time (ms) per size."""
-    rng = np.random.default_rng(seed)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        file_bytes = os.fstat(fd).st_size
-        cold: dict[int, list[float]] = {s: [] for s in sizes}
-        warm: dict[int, list[float]] = {s: [] for s in sizes}
-        buf = np.empty(max(sizes), dtype=np.uint8)
-        for _ in range(rounds):
-            for size in sizes:
-                view = memoryview(buf)[:size]
-                offsets = _offsets(rng, file_bytes, size, per_size)
-                _drop(fd)
-                for off in offsets:
-                    t0 = time.perf_counter()
-                    _pread_all(fd, view, off)
-                    cold[size].append((time.perf_counter() - t0) * 1e3)
-                for off in offsets:
-                    t0 = time.perf_counter()
-                    _pread_all(fd, view, off)
-                    warm[size].append((time.perf_counter() - t0) * 1e3)
-        _drop(fd)
-        return ([cost(cold[s]) for s in sizes],
-                [cost(warm[s]) for s in sizes])
-    finally:
-        os.close(fd)
 
 
-def _direct_fd(path: Path) -> int | None:
-    try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECT)
-    except (OSError, AttributeError):
-        return None
 
 
-def direct_latency_ms(path: Path, n: int = 64, seed: int = 1) -> float | None:
-    """Median O_DIRECT 4 KiB random read, QD1 (None when O_DIRECT is refused)."""
-    fd = _direct_fd(path)
-    if fd is None:
-        return None
-    try:
-        buf = mmap.mmap(-1, ALIGN)
-        view = memoryview(buf)
-        rng = np.random.default_rng(seed)
-        times = []
-        for off in _offsets(rng, os.fstat(fd).st_size, ALIGN, n):
-            t0 = time.perf_counter()
-            _pread_all(fd, view, off)
-            times.append((time.perf_counter() - t0) * 1e3)
-        view.release()
-        return cost(times)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
-def direct_sequential_gbps(path: Path, chunk: int = 4 * MIB) -> float | None:
-    fd = _direct_fd(path)
-    if fd is None:
-        return None
-    try:
-        buf = mmap.mmap(-1, chunk)
-        view = memoryview(buf)
-        size = os.fstat(fd).st_size // chunk * chunk
-        t0 = time.perf_counter()
-        for off in range(0, size, chunk):
-            _pread_all(fd, view, off)
-        seconds = time.perf_counter() - t0
-        view.release()
-        return size / seconds / 1e9
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
-def queue_throughput(path: Path, threads: tuple[int, ...] = (1, 2, 4, 8), size: int = MIB,
-                     per_thread: int = 12, seed: int = 2) -> dict[int, float]:
-    """Aggregate GB/s of n threads each doing O_DIRECT random reads of `size` (preadv releases
-    the GIL, so the threads really queue at the device)."""
-    out: dict[int, float] = {}
-    if _direct_fd_ok(path) is False:
-        return out
-    rng = np.random.default_rng(seed)
-    file_bytes = path.stat().st_size
-    for n in threads:
-        offsets = _offsets(rng, file_bytes, size, n * per_thread)
-        if len(offsets) < n * per_thread:
-            per = len(offsets) // n
-        else:
-            per = per_thread
-        parts = [offsets[i * per:(i + 1) * per] for i in range(n)]
-        barrier = threading.Barrier(n + 1)
-        errors: list[BaseException] = []
-        workers = [threading.Thread(target=_direct_worker, args=(path, size, p, barrier, errors))
-                   for p in parts]
-        for w in workers:
-            w.start()
-        barrier.wait()
-        t0 = time.perf_counter()
-        for w in workers:
-            w.join()
-        seconds = time.perf_counter() - t0
-        if not errors and seconds > 0:
-            out[n] = n * per * size / seconds / 1e9
-    return out
 
 
-def _direct_worker(path: Path, size: int, offsets: list[int], barrier: threading.Barrier,
-                   errors: list[BaseException]) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    buf = mmap.mmap(-1, size)
-    view = memoryview(buf)
-    try:
-        barrier.wait()
-        for off in offsets:
-            _pread_all(fd, view, off)
-    except BaseException as err:  # noqa: BLE001 - reported by the caller
-        errors.append(err)
-    finally:
-        view.release()
-        os.close(fd)
 
 
-def _direct_fd_ok(path: Path) -> bool:
-    fd = _direct_fd(path)
-    if fd is None:
-        return False
-    os.close(fd)
-    return True
 
 
-def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
-                    sizes: tuple[int, ...] = DEFAULT_SIZES, per_size: int = 8, rounds: int = 3,
-                    threads: tuple[int, ...] = (1, 2, 4, 8)) -> StorageResult:
-    """All storage measurements on a scratch file in `directory` (removed afterwards)."""
-    t0 = time.perf_counter()
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f".ssdmoe-calibrate-{os.getpid()}.bin"
-    try:
-        write_scratch(path, scratch_bytes)
-        cold, warm = buffered_reads(path, sizes, per_size, rounds)
-        lat = direct_latency_ms(path)
-        seq = direct_sequential_gbps(path)
-        queue = queue_throughput(path, threads)
-    finally:
-        path.unlink(missing_ok=True)
-    notes = []
-    if lat is None or seq is None:
-        notes.append("O_DIRECT refused by this filesystem: latency and bandwidth from buffered "
-                     "cold reads only")
-    return StorageResult(list(sizes), cold, warm, lat if lat is not None else -1.0,
-                         seq if seq is not None else -1.0, queue, str(directory), scratch_bytes,
-                         time.perf_counter() - t0, notes)
 
 
 # ---------------------------------------------------------------------------------- fits
@@ -280,7 +107,8 @@ def linear_fit(x: list[float], y: list[float], relative: bool = True) -> tuple[f
 
 @dataclass
 class ComputeResult:
-    """What engine/calibrate.py measures with the real engine (all ms, `cost` of repeats)."""
+    """What calibration/compute_probes.py measures with the real engine (all ms, `cost` of
+    repeats)."""
     model: str  # converted model directory measured
     layers: int
     experts: int
@@ -462,68 +290,20 @@ def toml_text(header: list[str], values: dict[str, tuple[Any, str]], order: tupl
     return "\n".join(lines) + "\n"
 
 
-def machine_line() -> str:
-    mem = 0
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, "
-            f"{mem / GIB:.1f} GiB RAM, python {platform.python_version()}")
 
 
-def ram_gib() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) * 1024 / GIB, 2)
-    except OSError:
-        pass
-    return 16.0
 
 
-def os_reserve() -> tuple[float, str]:
-    """What the OS and every other process hold now (GiB), and how it was read."""
-    info: dict[str, int] = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            info[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return 2.0, "assumption (no /proc/meminfo): OS and other processes"
-    if "MemTotal" not in info or "MemAvailable" not in info:
-        return 2.0, "assumption (no MemAvailable in /proc/meminfo): OS and other processes"
-    held = (info["MemTotal"] - info["MemAvailable"]) / GIB
-    return round(held, 2), (f"/proc/meminfo MemTotal - MemAvailable when calibrate ran "
-                            f"({held:.2f} GiB, this process included): memory the OS and "
-                            "other processes hold and will not give to the page cache")
 
 
-def host_cpu() -> dict[str, tuple[Any, str]]:
-    """The cores threads share and whether compute runs on them (MLX's CPU backend)."""
-    cores = os.cpu_count() or 1
-    on_cpu = platform.system() != "Darwin"  # mlx[cpu] on Linux; Metal on macOS
-    return {
-        "cpu_cores": (cores, "os.cpu_count(): graph building, reader threads' copies and "
-                      "faults" + (" and MLX's compute thread" if on_cpu else "") + " share them"),
-        "compute_on_cpu": (on_cpu, "MLX's CPU backend (mlx[cpu], Linux): the compute thread "
-                           "takes a core like any other" if on_cpu else "Metal: compute runs on "
-                           "the GPU"),
-    }
 
 
-def hardware_values(st: StorageResult, c: ComputeResult, *, active_params: float | None = None,
-                    os_reserve_gib: float | None = None) -> dict[str, tuple[Any, str]]:
-    """Every Hardware key -> (value, how it was measured)."""
-    reserve, reserve_how = os_reserve()
-    if os_reserve_gib is not None:
-        reserve, reserve_how = os_reserve_gib, "given"
+def hardware_values(st: StorageResult, c: ComputeResult, machine: dict[str, tuple[Any, str]], *,
+                    active_params: float | None = None) -> dict[str, tuple[Any, str]]:
+    """Every Hardware key -> (value, how it was measured). `machine`: ram_gib, os_reserve_gib,
+    cpu_cores, compute_on_cpu as read on the machine (calibration.machine.facts)."""
     values = {
-        "ram_gib": (ram_gib(), "/proc/meminfo MemTotal"),
-        "os_reserve_gib": (reserve, reserve_how),
-        **host_cpu(),
+        **machine,
         **storage_values(st, c),
         "readahead": (False, "the engine reads with POSIX_FADV_RANDOM: a cold read caches only "
                       "its own pages"),
@@ -538,9 +318,9 @@ def hardware_values(st: StorageResult, c: ComputeResult, *, active_params: float
 
 
 def hardware_toml(values: dict[str, tuple[Any, str]], name: str, when: str, command: str,
-                  extra_header: list[str] | None = None) -> str:
+                  extra_header: list[str] | None = None, machine: str = "") -> str:
     header = [f"{name}: measured by `{command}` on {when}.",
-              f"Machine: {machine_line()}.",
+              f"Machine: {machine or 'not recorded'}.",
               "Every value says how it was measured; figures drift on shared storage (re-run "
               "to refresh).",
               *(extra_header or [])]

@@ -1,6 +1,7 @@
 """Engine configuration, one dataclass: which execution path runs each layer in each phase,
 cache sizes, readers, I/O mode. Presets name the usual combinations; `to_dict()` is what a
-trace's run.json records. No MLX here.
+trace's run.json records, and `from_dict()` is how the simulator reads it back (sim.compare).
+Part of the contract engine and simulator share: no MLX, nothing of ours but contract.errors.
 
 Paths: "exact" (on-demand, the correctness baseline), "hot" (shared byte-bounded LRU),
 "staged" (fixed sticky slots, filled by reader threads), "whole-layer" (one large read per
@@ -15,6 +16,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from contract.errors import BadInput
 
 PATHS = ("exact", "hot", "staged", "whole-layer")
+# Paths that bring routed ids to the host while the graph is built (exact's synchronous
+# loop): the decode loop looks ahead only when no decode layer runs one of these
+# (engine.runtime.syncs_at_build, sim.compare.looked_ahead).
+SYNC_AT_BUILD = frozenset({"exact"})
 # How far ahead a staged layer's experts are known (architecture contract: lead kinds):
 #   none   on demand: the layer's own router, read when it routes
 #   token  one token ahead: the prerouter's heads (or the oracle replay) at token t give
@@ -77,6 +82,8 @@ class EngineConfig:
         if self.prerouter is not None:
             self.prerouter = str(self.prerouter)
             self.lead = 1
+        if self.lora is False:  # run.json's "no adapter"
+            self.lora = None
         if self.lora is not None:
             self.lora = str(self.lora)
         if self.lead not in (0, 1):
@@ -120,6 +127,12 @@ class EngineConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
+    @classmethod
+    def from_run(cls, engine: dict) -> EngineConfig:
+        """The config a trace's run.json `engine` records. Keys that older traces lack mean
+        what the engine did before they existed: no `lookahead` is the synchronous loop."""
+        return cls.from_dict({"lookahead": False, **engine})
+
     def with_(self, **changes) -> EngineConfig:
         return replace(self, **changes)
 
@@ -133,6 +146,10 @@ class EngineConfig:
     def path_for(self, layer: int, phase: str) -> str:
         return self.layers.get(layer, {}).get(phase, self.prefill if phase == "prefill"
                                               else self.decode)
+
+    def decode_paths(self, layers=()) -> set[str]:
+        """The decode paths of `layers` (the default path when none are given)."""
+        return {self.path_for(i, "decode") for i in layers} or {self.decode}
 
     def uses(self, path: str, layers) -> bool:
         return any(self.path_for(i, ph) == path for i in layers for ph in PHASES)

@@ -1,0 +1,73 @@
+"""This machine's facts for its hardware profile: RAM, what the OS holds, the cores and where
+MLX computes, read from /proc and the platform module when calibrate runs."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+GIB = 1 << 30
+
+
+def machine_line() -> str:
+    mem = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, "
+            f"{mem / GIB:.1f} GiB RAM, python {platform.python_version()}")
+
+
+def ram_gib() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) * 1024 / GIB, 2)
+    except OSError:
+        pass
+    return 16.0
+
+
+def os_reserve() -> tuple[float, str]:
+    """What the OS and every other process hold now (GiB), and how it was read."""
+    info: dict[str, int] = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            info[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 2.0, "assumption (no /proc/meminfo): OS and other processes"
+    if "MemTotal" not in info or "MemAvailable" not in info:
+        return 2.0, "assumption (no MemAvailable in /proc/meminfo): OS and other processes"
+    held = (info["MemTotal"] - info["MemAvailable"]) / GIB
+    return round(held, 2), (f"/proc/meminfo MemTotal - MemAvailable when calibrate ran "
+                            f"({held:.2f} GiB, this process included): memory the OS and "
+                            "other processes hold and will not give to the page cache")
+
+
+def host_cpu() -> dict[str, tuple[Any, str]]:
+    """The cores threads share and whether compute runs on them (MLX's CPU backend)."""
+    cores = os.cpu_count() or 1
+    on_cpu = platform.system() != "Darwin"  # mlx[cpu] on Linux; Metal on macOS
+    return {
+        "cpu_cores": (cores, "os.cpu_count(): graph building, reader threads' copies and "
+                      "faults" + (" and MLX's compute thread" if on_cpu else "") + " share them"),
+        "compute_on_cpu": (on_cpu, "MLX's CPU backend (mlx[cpu], Linux): the compute thread "
+                           "takes a core like any other" if on_cpu else "Metal: compute runs on "
+                           "the GPU"),
+    }
+
+
+def facts(os_reserve_gib: float | None = None) -> dict[str, tuple[Any, str]]:
+    """Hardware keys -> (value, how it was read): RAM, OS reserve (or `os_reserve_gib`, given),
+    cores and whether compute runs on them."""
+    reserve, reserve_how = os_reserve()
+    if os_reserve_gib is not None:
+        reserve, reserve_how = os_reserve_gib, "given"
+    return {"ram_gib": (ram_gib(), "/proc/meminfo MemTotal"),
+            "os_reserve_gib": (reserve, reserve_how), **host_cpu()}

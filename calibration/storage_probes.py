@@ -1,0 +1,210 @@
+"""Storage probes: real reads of a scratch file next to the model, with plain syscalls, dropped
+from the page cache with fdatasync + POSIX_FADV_DONTNEED before every cold batch (Linux: the
+command says so in one line elsewhere). What each measures, and how sim.calibration_values
+fits it, is in that module's docstring. Every timing is `cost`, the 10th percentile of its
+repeats."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sim.calibration_values import ALIGN, DEFAULT_SIZES, MIB, StorageResult, cost
+
+
+def _drop(fd: int) -> None:
+    os.fdatasync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def write_scratch(path: Path, nbytes: int, seed: int = 0) -> None:
+    """Incompressible bytes, synced to the device (dirty pages cannot be dropped)."""
+    rng = np.random.default_rng(seed)
+    chunk = 8 * MIB
+    with open(path, "wb") as f:
+        for _ in range(nbytes // chunk):
+            f.write(rng.integers(0, 256, chunk, dtype=np.uint8).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _pread_all(fd: int, buf: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(buf):
+        n = os.preadv(fd, [buf[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"short read at {offset + done}")
+        done += n
+
+
+def _offsets(rng: np.random.Generator, file_bytes: int, size: int, n: int) -> list[int]:
+    """n distinct non-overlapping aligned offsets for reads of `size` bytes."""
+    slot = -(-size // ALIGN) * ALIGN
+    slots = file_bytes // slot
+    pick = rng.choice(slots, size=min(n, slots), replace=False)
+    return [int(p) * slot for p in pick]
+
+
+def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: int,
+                   seed: int = 0) -> tuple[list[float], list[float]]:
+    """Median cold and warm buffered pread time (ms) per size."""
+    rng = np.random.default_rng(seed)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        file_bytes = os.fstat(fd).st_size
+        cold: dict[int, list[float]] = {s: [] for s in sizes}
+        warm: dict[int, list[float]] = {s: [] for s in sizes}
+        buf = np.empty(max(sizes), dtype=np.uint8)
+        for _ in range(rounds):
+            for size in sizes:
+                view = memoryview(buf)[:size]
+                offsets = _offsets(rng, file_bytes, size, per_size)
+                _drop(fd)
+                for off in offsets:
+                    t0 = time.perf_counter()
+                    _pread_all(fd, view, off)
+                    cold[size].append((time.perf_counter() - t0) * 1e3)
+                for off in offsets:
+                    t0 = time.perf_counter()
+                    _pread_all(fd, view, off)
+                    warm[size].append((time.perf_counter() - t0) * 1e3)
+        _drop(fd)
+        return ([cost(cold[s]) for s in sizes],
+                [cost(warm[s]) for s in sizes])
+    finally:
+        os.close(fd)
+
+
+def _direct_fd(path: Path) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except (OSError, AttributeError):
+        return None
+
+
+def direct_latency_ms(path: Path, n: int = 64, seed: int = 1) -> float | None:
+    """Median O_DIRECT 4 KiB random read, QD1 (None when O_DIRECT is refused)."""
+    fd = _direct_fd(path)
+    if fd is None:
+        return None
+    try:
+        buf = mmap.mmap(-1, ALIGN)
+        view = memoryview(buf)
+        rng = np.random.default_rng(seed)
+        times = []
+        for off in _offsets(rng, os.fstat(fd).st_size, ALIGN, n):
+            t0 = time.perf_counter()
+            _pread_all(fd, view, off)
+            times.append((time.perf_counter() - t0) * 1e3)
+        view.release()
+        return cost(times)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def direct_sequential_gbps(path: Path, chunk: int = 4 * MIB) -> float | None:
+    fd = _direct_fd(path)
+    if fd is None:
+        return None
+    try:
+        buf = mmap.mmap(-1, chunk)
+        view = memoryview(buf)
+        size = os.fstat(fd).st_size // chunk * chunk
+        t0 = time.perf_counter()
+        for off in range(0, size, chunk):
+            _pread_all(fd, view, off)
+        seconds = time.perf_counter() - t0
+        view.release()
+        return size / seconds / 1e9
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def queue_throughput(path: Path, threads: tuple[int, ...] = (1, 2, 4, 8), size: int = MIB,
+                     per_thread: int = 12, seed: int = 2) -> dict[int, float]:
+    """Aggregate GB/s of n threads each doing O_DIRECT random reads of `size` (preadv releases
+    the GIL, so the threads really queue at the device)."""
+    out: dict[int, float] = {}
+    if _direct_fd_ok(path) is False:
+        return out
+    rng = np.random.default_rng(seed)
+    file_bytes = path.stat().st_size
+    for n in threads:
+        offsets = _offsets(rng, file_bytes, size, n * per_thread)
+        if len(offsets) < n * per_thread:
+            per = len(offsets) // n
+        else:
+            per = per_thread
+        parts = [offsets[i * per:(i + 1) * per] for i in range(n)]
+        barrier = threading.Barrier(n + 1)
+        errors: list[BaseException] = []
+        workers = [threading.Thread(target=_direct_worker, args=(path, size, p, barrier, errors))
+                   for p in parts]
+        for w in workers:
+            w.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for w in workers:
+            w.join()
+        seconds = time.perf_counter() - t0
+        if not errors and seconds > 0:
+            out[n] = n * per * size / seconds / 1e9
+    return out
+
+
+def _direct_worker(path: Path, size: int, offsets: list[int], barrier: threading.Barrier,
+                   errors: list[BaseException]) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, size)
+    view = memoryview(buf)
+    try:
+        barrier.wait()
+        for off in offsets:
+            _pread_all(fd, view, off)
+    except BaseException as err:  # noqa: BLE001 - reported by the caller
+        errors.append(err)
+    finally:
+        view.release()
+        os.close(fd)
+
+
+def _direct_fd_ok(path: Path) -> bool:
+    fd = _direct_fd(path)
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
+def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
+                    sizes: tuple[int, ...] = DEFAULT_SIZES, per_size: int = 8, rounds: int = 3,
+                    threads: tuple[int, ...] = (1, 2, 4, 8)) -> StorageResult:
+    """All storage measurements on a scratch file in `directory` (removed afterwards)."""
+    t0 = time.perf_counter()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f".ssdmoe-calibrate-{os.getpid()}.bin"
+    try:
+        write_scratch(path, scratch_bytes)
+        cold, warm = buffered_reads(path, sizes, per_size, rounds)
+        lat = direct_latency_ms(path)
+        seq = direct_sequential_gbps(path)
+        queue = queue_throughput(path, threads)
+    finally:
+        path.unlink(missing_ok=True)
+    notes = []
+    if lat is None or seq is None:
+        notes.append("O_DIRECT refused by this filesystem: latency and bandwidth from buffered "
+                     "cold reads only")
+    return StorageResult(list(sizes), cold, warm, lat if lat is not None else -1.0,
+                         seq if seq is not None else -1.0, queue, str(directory), scratch_bytes,
+                         time.perf_counter() - t0, notes)
