@@ -39,7 +39,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine.paths.exact import ExactPath
-from engine.paths.kernel import alloc_stack, row_views, switch_glu
+from engine.paths.kernel import ExpertPath, alloc_stack, row_views, switch_glu
 from engine.store import ExpertStore
 from sim.calibration_values import ComputeResult, cost
 from sim.model_profile import resident_figures
@@ -48,7 +48,7 @@ DEFAULT_MODEL = Path("models") / "tiny-trained-stream"
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
 
-class ResidentPath:
+class ResidentPath(ExpertPath):
     """Every expert of the layer resident in one stack; the kernel gathers routed ids."""
 
     name = "resident"
@@ -71,7 +71,7 @@ class ResidentPath:
         return switch_glu(x, self.stack, inds, self.quant)
 
 
-class ZeroPath:
+class ZeroPath(ExpertPath):
     """No routed experts: zeros of the kernel's output shape (the router still runs, since
     the block weights these zeros by its routing weights)."""
 

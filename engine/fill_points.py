@@ -34,21 +34,38 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import mlx.core as mx
 
+from engine.step_clock import StepClock
+
 Fill = Callable[[mx.array], None]
-Point = tuple[mx.array, Fill, "mx.array | None"]  # (routed ids, host work, the gather)
+
+
+@dataclass
+class FillPoint:
+    """Host work part of a step's graph waits on. `fill(inds)` brings the routed ids to the
+    host and does the work (reads, slot table); `defer` fills in the rest."""
+
+    fill: Fill
+    start: Fill | None = None  # issues the reads ahead of `fill` (see FillPoints.begin)
+    wait_only: bool = False  # needs nothing this step computes (ids predicted a step ahead)
+    early: bool = False  # same-token lead: `start` runs once the previous point resolves
+    inds: mx.array | None = None  # the routed ids it waits on
+    gather: mx.array | None = None  # the layer's output that waits on it
+    step: int = -1  # the step that registered it: its loads carry this step
 
 
 class FillPoints:
-    def __init__(self) -> None:
+    def __init__(self, clock: StepClock | None = None) -> None:
+        self.clock = clock if clock is not None else StepClock()
         self.active = False
         # True while the previous step may still be computing (the loop builds the next step
         # meanwhile): slots that step reads must not be rewritten.
         self.overlapping = False
-        self.pending: list[Point] = []  # registered by the step being built
-        self.backlog: deque[Point] = deque()  # the step being evaluated: not yet resolved
+        self.pending: list[FillPoint] = []  # registered by the step being built
+        self.backlog: deque[FillPoint] = deque()  # the step being evaluated: not yet resolved
         self.final: mx.array | None = None  # what to evaluate once the backlog is empty
         self.busy: list[tuple[int, int]] = []  # [start, end) ns of fills done by progress()
 
@@ -61,34 +78,35 @@ class FillPoints:
         finally:
             self.active = False
 
-    def defer(self, inds: mx.array, fill: Fill, gather: mx.array | None = None) -> None:
-        """`gather`: the layer's output that waits on this fill; queued for evaluation right
-        after it, on its own, so the compute thread restarts before the (longer) walk of the
-        graph up to the next router."""
-        self.pending.append((inds, fill, gather))
+    def defer(self, point: FillPoint, inds: mx.array, gather: mx.array | None = None) -> None:
+        """Register `point` for the routed ids `inds` at the clock's step. `gather`: the
+        layer's output that waits on this fill; queued for evaluation right after it, on its
+        own, so the compute thread restarts before the (longer) walk of the graph up to the
+        next router."""
+        point.inds, point.gather, point.step = inds, gather, self.clock.step
+        self.pending.append(point)
 
-    def take(self) -> list[Point]:
+    def take(self) -> list[FillPoint]:
         """The points registered since the last take (one forward step's), in layer order."""
         points, self.pending = self.pending, []
         return points
 
-    def begin(self, points: list[Point], final: mx.array | None) -> None:
+    def begin(self, points: list[FillPoint], final: mx.array | None) -> None:
         """Start evaluating a step: its points to resolve in order, then `final`.
 
-        Wait-only points (a fill marked `wait_only`: it needs nothing this step computes,
+        Wait-only points (`wait_only`: they need nothing this step computes,
         e.g. staging a layer whose ids a prerouter predicted during the previous step) never
         stop the compute thread: their `start` (issuing the reads) runs here, after the
         evaluation up to the first other point is queued, and their fill (waiting for the
         reads, publishing the slots) runs just before the evaluation is queued past them."""
         self.backlog = deque(points)
         self.final = final
-        early = bool(points) and not _wait_only(points[0])
+        early = bool(points) and not points[0].wait_only
         if early:
             self._kick()
-        for inds, fill, _ in points:
-            start = getattr(fill, "start", None)
-            if start is not None and not _early(fill):
-                self._timed(start, inds)
+        for point in points:
+            if point.start is not None and not point.early:
+                self._timed(point.start, point)
         self._resolve_waits()
         if not early:
             self._kick()
@@ -99,33 +117,36 @@ class FillPoints:
         step t+1 is built."""
         if not self.backlog:
             return
-        inds, fill, gather = self._pop()
-        self._timed(fill, inds)
-        if gather is not None:  # restart compute before the longer walk to the next router
-            mx.async_eval(gather)
+        point = self._pop()
+        self._timed(point.fill, point)
+        if point.gather is not None:  # restart compute before the longer walk to the next router
+            mx.async_eval(point.gather)
         self._resolve_waits()
         self._kick()
 
     def _resolve_waits(self) -> None:
         """Resolve the wait-only points at the head of the backlog (see `begin`)."""
-        while self.backlog and _wait_only(self.backlog[0]):
-            inds, fill, _ = self._pop()
-            self._timed(fill, inds)
+        while self.backlog and self.backlog[0].wait_only:
+            point = self._pop()
+            self._timed(point.fill, point)
 
-    def _pop(self) -> Point:
+    def _pop(self) -> FillPoint:
         """The head point; when the point after it is `early` (a same-token, one-layer lead:
         engine.layer_lead), that point's `start` runs first: its ids are ready when the head
         layer's are, so its reads overlap the head layer's fill and expert compute."""
         point = self.backlog.popleft()
-        if self.backlog and _early(self.backlog[0][1]):
-            inds, fill, _ = self.backlog[0]
-            self._timed(fill.start, inds)
+        nxt = self.backlog[0] if self.backlog else None
+        if nxt is not None and nxt.early and nxt.start is not None:
+            self._timed(nxt.start, nxt)
         return point
 
-    def _timed(self, fn: Fill, inds: mx.array) -> None:
+    def _timed(self, fn: Fill, point: FillPoint) -> None:
+        """`fn(point.inds)` at the point's step (its loads carry the step that registered it,
+        though it runs while a later step is built)."""
         t0 = time.perf_counter_ns()
         try:
-            fn(inds)
+            with self.clock.at(point.step):
+                fn(point.inds)
         except BaseException:
             self.backlog.clear()
             raise
@@ -146,43 +167,15 @@ class FillPoints:
 
     def _kick(self) -> None:
         """Queue the evaluation up to the next point's router (or the step's result)."""
-        nxt = self.backlog[0][0] if self.backlog else self.final
+        nxt = self.backlog[0].inds if self.backlog else self.final
         if nxt is not None:
             mx.async_eval(nxt)
         if not self.backlog:
             self.final = None
 
 
-def _wait_only(point: Point) -> bool:
-    return getattr(point[1], "wait_only", False)
-
-
-def _early(fill: Fill) -> bool:
-    return getattr(fill, "early", False) and getattr(fill, "start", None) is not None
-
-
-def at_build_step(store, fill: Fill) -> Fill:
-    """`fill` run with `store.step` set back to the step being built now, so the load rows
-    of a fill resolved during a later step's build carry the step that consumes them."""
-    step = store.step
-
-    def run(inds: mx.array) -> None:
-        now, store.step = store.step, step
-        try:
-            fill(inds)
-        finally:
-            store.step = now
-
-    run.wait_only = getattr(fill, "wait_only", False)
-    run.early = getattr(fill, "early", False)
-    start = getattr(fill, "start", None)
-    if start is not None:
-        run.start = at_build_step(store, start)
-    return run
-
-
-def resolve(points: list[Point]) -> None:
+def resolve(points: list[FillPoint], clock: StepClock | None = None) -> None:
     """Resolve a step's points in order, nothing interleaved (prefill chunks)."""
-    fills = FillPoints()
+    fills = FillPoints(clock)
     fills.begin(points, None)
     fills.drain()

@@ -39,8 +39,8 @@ Hooks (the trace recorder plugs in here):
 Sampling is mlx-lm's (`make_sampler`: temperature, top_p, top_k). With `logprobs` (the number
 of alternatives, 0 for none) on_token gets each token's log-probability and the top ones.
 With a prerouter (runtime.preroute) its state is reset at the start: a new sequence.
-`store.step` (if a store is given) is the step whose loads are being done, so load rows carry
-it.
+The runtime's step clock (engine.step_clock) holds the step whose loads are being done, so
+load rows carry it.
 """
 
 from __future__ import annotations
@@ -125,6 +125,7 @@ def generate(
     cache = make_prompt_cache(model)
     runtime = getattr(store, "runtime", None)
     fills = runtime.fills if runtime is not None else FillPoints()
+    clock = fills.clock  # the step every load is labelled with (engine.step_clock)
     if lookahead is None:
         lookahead = runtime.config.lookahead if runtime is not None else True
     # Fill points only when no single-token layer syncs while the graph is built: such a
@@ -140,8 +141,7 @@ def generate(
     def build(tokens: mx.array, phase: str, sample: bool) -> _Built:
         step = counter[0]
         counter[0] += 1
-        if store is not None:
-            store.step = step
+        clock.step = step
         if on_step_start is not None:
             on_step_start(step, phase, tokens.size)
         b0 = time.perf_counter_ns()
@@ -173,7 +173,7 @@ def generate(
 
     def run_chunk(tokens: list[int]) -> None:  # a prefill chunk: no token sampled
         b = build(mx.array(tokens), "prefill", sample=False)
-        resolve(b.points)
+        resolve(b.points, clock)
         mx.eval([c.state for c in cache])
         record(b, b.span[0], [b.span], time.perf_counter_ns())
 
@@ -184,8 +184,7 @@ def generate(
         between tokens overlaps compute. Records `b`'s window from `start`. Returns (token,
         the next step or None, its log-probability and top alternatives when asked for)."""
         nxt = None
-        if store is not None:
-            store.step = b.step
+        clock.step = b.step
         if not b.begun:
             fills.begin(b.points, [*b.also, b.out] if b.also else b.out)
         if lookahead and want_next:

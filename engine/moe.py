@@ -94,7 +94,7 @@ class StreamingMoE(nn.Module):
         if self.on_routing is not None:
             self.on_routing(self.layer_index, inds, weights)
         path = self.prefill_path if tokens > 1 and self.prefill_path is not None else self.path
-        if predicted is not None and hasattr(path, "predicted"):
+        if predicted is not None and path.takes_predicted:
             # known ahead (a token, or a layer of this token): staged, no router sync
             out = path.predicted(x, inds, early=link.same_token)
         else:

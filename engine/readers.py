@@ -25,6 +25,7 @@ import numpy as np
 
 from contract.thresholds import INLINE_WARM_BYTES  # the policy, shared with the simulator
 from engine.paths.stats import PathStats
+from engine.step_clock import StepClock
 from engine.store import ExpertStore
 from traces.schema import DEMAND, WHOLE_LAYER
 
@@ -64,10 +65,11 @@ class ReaderPool:
     parallel. Rows say which thread read (`thread`)."""
 
     def __init__(self, store: ExpertStore, n: int = 2, stats: PathStats | None = None,
-                 help_main: bool = True):
+                 help_main: bool = True, step_clock: StepClock | None = None):
         if n < 1:
             raise ValueError(f"readers: need at least 1, got {n}")
         self.store = store
+        self.step_clock = step_clock if step_clock is not None else StepClock()
         self.stats = stats or PathStats()
         self.n = n
         self.help_main = help_main
@@ -142,7 +144,7 @@ class ReaderPool:
             return
         t.emitted = True
         row = t.row
-        row["step"] = self.store.step
+        row["step"] = self.step_clock.step  # the step waiting for it
         row["waited"] = wait_ns > 0
         row["wait_ns"] = wait_ns
         self.store.emit(row)

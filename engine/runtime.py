@@ -23,6 +23,7 @@ from engine.paths.stats import PathStats, stats_for
 from engine.paths.whole_layer import WholeLayerLoader, WholeLayerPath
 from engine.prerouter import PrerouteLink
 from engine.readers import ReaderPool
+from engine.step_clock import StepClock
 from engine.store import ExpertStore
 
 if TYPE_CHECKING:  # engine.lora imports mlx-lm's tuner; only the type is needed here
@@ -41,6 +42,11 @@ class Runtime:
     fills: FillPoints = field(default_factory=FillPoints)
     preroute: PrerouteLink | None = None  # installed prerouter heads (engine.prerouter)
     lora: Installed | None = None  # the recovery LoRA applied to the model (engine.lora)
+
+    @property
+    def step_clock(self) -> StepClock:
+        """The step loads are labelled with (engine.step_clock), shared by every path."""
+        return self.fills.clock
 
     def path(self, layer: int, phase: str) -> ExpertPath:
         return self.paths[(layer, phase)]
@@ -70,8 +76,7 @@ class Runtime:
     def reset(self) -> None:
         """Settle reads in flight and drop queued staging (e.g. after a failed request)."""
         for p in {id(p): p for p in self.paths.values()}.values():
-            if hasattr(p, "reset"):
-                p.reset()
+            p.reset()
         if self.whole:
             self.whole.reset()
         if self.preroute is not None:
@@ -85,7 +90,9 @@ def build_runtime(config: EngineConfig, store: ExpertStore) -> Runtime:
     m = store.manifest
     config.validate(m)
     stats = stats_for(store)
-    rt = Runtime(config, store, stats, ReaderPool(store, config.readers, stats, config.help_reads))
+    clock = StepClock()
+    rt = Runtime(config, store, stats, ReaderPool(store, config.readers, stats, config.help_reads,
+                                                  clock), fills=FillPoints(clock))
     layers = m.moe_layers
     if config.uses("hot", layers):
         expert_bytes = m.bundle_bytes * m.num_experts * len(layers)
@@ -103,7 +110,7 @@ def build_runtime(config: EngineConfig, store: ExpertStore) -> Runtime:
                 continue
             if (i, kind) not in shared:
                 if kind == "exact":
-                    shared[(i, kind)] = ExactPath(store, i)
+                    shared[(i, kind)] = ExactPath(store, i, step_clock=clock)
                 elif kind == "hot":
                     shared[(i, kind)] = HotPath(store, i, rt.hot, rt.fills)
                 else:

@@ -99,7 +99,6 @@ class ExpertStore:
         self.manifest = manifest
         self.on_load = on_load
         self.page_cache_budget = page_cache_budget
-        self.step = -1  # set by the generation loop; copied into every load row
         if page_cache_budget is not None:
             platform.require_page_drop("page-cache budget")
         self.platform = platform.current()
@@ -299,6 +298,7 @@ class ExpertStore:
         waited: bool = True,
         emit: bool = True,
         known_cold: bool = False,
+        step: int = -1,
     ) -> dict:
         """Read expert `expert` of `layer` into `into` (tensor name -> writable C-contiguous
         array of exactly that expert's slice size). Returns the load row (also sent to
@@ -307,11 +307,11 @@ class ExpertStore:
         ranges = self._bundle_ranges(layer, expert)
         views = self._views(layer, into)
         return self._load(layer, expert, ranges, views, source, thread, issued_ns, waited, emit,
-                          cold=True if known_cold else None)
+                          cold=True if known_cold else None, step=step)
 
     def read_bundle_if_warm(self, layer: int, expert: int, into: Mapping[str, np.ndarray], *,
                             source: str = DEMAND, thread: str = "main",
-                            issued_ns: int | None = None) -> dict | None:
+                            issued_ns: int | None = None, step: int = -1) -> dict | None:
         """`read_bundle` when the whole bundle is in the page cache (a copy that cannot block
         on the device); None otherwise, with nothing waited for (`into` may then hold part of
         the bundle: read it again). Never warm under O_DIRECT. The row is not emitted."""
@@ -328,12 +328,13 @@ class ExpertStore:
                 if not self._read_nowait(self._files[layer], off, length, view, layer, expert,
                                          finish=False):
                     return None
-            return self._row(layer, expert, ranges, started, issued_ns, source, thread)
+            return self._row(layer, expert, ranges, started, issued_ns, source, thread,
+                             step=step)
         r, t = self._resident_pages(self._files[layer], ranges)
         if r < t:
             return None
         return self._load(layer, expert, ranges, self._views(layer, into), source, thread,
-                          issued_ns, False, False, cold=False)
+                          issued_ns, False, False, cold=False, step=step)
 
     def _views(self, layer: int, into: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """`into`'s buffers in the layer file's tensor order (the order of its ranges)."""
@@ -349,18 +350,19 @@ class ExpertStore:
         issued_ns: int | None = None,
         waited: bool = True,
         emit: bool = True,
+        step: int = -1,
     ) -> dict:
         """Read a layer's stacked tensors whole (one read each) into `into` (name -> [E, ...])."""
         views = self._views(layer, into)
         return self._load(layer, WHOLE_LAYER_EXPERT, self.layer_ranges(layer), views, source,
-                          thread, issued_ns, waited, emit)
+                          thread, issued_ns, waited, emit, step=step)
 
     def emit(self, row: dict) -> None:
         if self.on_load is not None:
             self.on_load(row)
 
     def _load(self, layer, expert, ranges, views, source, thread, issued_ns, waited, emit,
-              cold: bool | None = None):
+              cold: bool | None = None, step: int = -1):
         """`cold`: already known (checked by the caller), else found out here."""
         f = self._files[layer]
         started = time.perf_counter_ns()
@@ -382,20 +384,21 @@ class ExpertStore:
                 cold = not self._read_nowait(f, off, length, view, layer, expert)
             else:
                 self._read_buffered(f, off, length, view, layer, expert)
-        row = self._row(layer, expert, ranges, started, issued, source, thread, cold, waited)
+        row = self._row(layer, expert, ranges, started, issued, source, thread, cold, waited,
+                        step)
         if emit:
             self.emit(row)
         return row
 
     def _row(self, layer, expert, ranges, started, issued_ns, source, thread, cold=False,
-             waited=False) -> dict:
+             waited=False, step: int = -1) -> dict:
         """A finished read's load row (the page-cache budget is charged here)."""
         finished = time.perf_counter_ns()
         issued = started if issued_ns is None else issued_ns
         if not self.direct and self.page_cache_budget is not None:
             self._account(layer, expert, self._files[layer], ranges)
         return {
-            "step": self.step, "layer": layer, "expert": expert,
+            "step": step, "layer": layer, "expert": expert,
             "bytes": sum(length for _, length in ranges), "offset": ranges[0][0],
             "issued_ns": issued, "started_ns": started, "finished_ns": finished,
             "source": source, "cold": cold, "waited": waited,

@@ -193,3 +193,22 @@ def test_cli_capture_no_lookahead_records_it(tiny_random_converted, tmp_path, ss
         d = trace.steps.filter(pl.col("phase") == "decode").sort("step")
         tiled = d["start_ns"].to_list()[1:] == d["end_ns"].to_list()[:-1]
         assert tiled == (flag == "--lookahead")  # without lookahead: gaps between steps
+
+
+def test_a_fill_resolved_during_a_later_build_labels_its_loads_with_its_own_step():
+    """The step clock, not the store, says which step a load belongs to: a point registered
+    at step 3 and resolved while step 4 is built reads at step 3, and the clock is back at 4
+    afterwards."""
+    from engine.fill_points import FillPoint, FillPoints
+
+    fills = FillPoints()
+    seen: list[int] = []
+    fills.clock.step = 3
+    with fills.collecting():
+        fills.defer(FillPoint(lambda _inds: seen.append(fills.clock.step)), mx.array([1]))
+    points = fills.take()
+    assert [p.step for p in points] == [3]
+    fills.clock.step = 4  # the next step is being built
+    fills.begin(points, None)
+    fills.drain()
+    assert seen == [3] and fills.clock.step == 4

@@ -56,8 +56,8 @@ def test_read_layer_matches_file(store, tiny_random_converted):
 
 
 def test_load_rows_follow_schema(store):
-    store.step = 5
-    store.read_bundle(0, 3, _buffers(store, 0))
+    store.read_bundle(0, 3, _buffers(store, 0), step=5)  # the step is the caller's
+    assert not hasattr(store, "step")  # the store holds none: it does I/O only
     row = store.rows[-1]
     assert set(row) == set(LOAD_COLUMNS)
     assert row["step"] == 5 and row["layer"] == 0 and row["expert"] == 3

@@ -8,17 +8,20 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
+from engine.paths.kernel import ExpertPath, Quant, alloc_stack, row_views, switch_glu
 from engine.paths.stats import host_routed, stats_for
+from engine.step_clock import StepClock
 from engine.store import ExpertStore
 from traces.schema import DEMAND
 
 
-class ExactPath:
+class ExactPath(ExpertPath):
     name = "exact"
 
-    def __init__(self, store: ExpertStore, layer: int, source: str = DEMAND):
+    def __init__(self, store: ExpertStore, layer: int, source: str = DEMAND,
+                 step_clock: StepClock | None = None):
         self.store = store
+        self.step_clock = step_clock if step_clock is not None else StepClock()
         self.layer = layer
         self.source = source
         self.quant = Quant.of(store.manifest)
@@ -28,7 +31,8 @@ class ExactPath:
         """Stacked tensors holding `experts` (distinct ids) in that row order."""
         arrays, views = alloc_stack(self.shapes, len(experts))
         for row, e in enumerate(experts.tolist()):
-            self.store.read_bundle(self.layer, e, row_views(views, row), source=self.source)
+            self.store.read_bundle(self.layer, e, row_views(views, row), source=self.source,
+                                   step=self.step_clock.step)
         return arrays
 
     def __call__(self, x: mx.array, inds: mx.array) -> mx.array:

@@ -22,9 +22,9 @@ import mlx.core as mx
 import numpy as np
 
 from contract.errors import BadInput
-from engine.fill_points import FillPoints, at_build_step
+from engine.fill_points import FillPoint, FillPoints
 from engine.paths.exact import ExactPath
-from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
+from engine.paths.kernel import ExpertPath, Quant, alloc_stack, row_views, switch_glu
 from engine.paths.stats import PathStats, host_routed
 from engine.readers import ReaderPool
 from engine.store import ExpertStore
@@ -113,7 +113,7 @@ class HotPool:
         return out
 
 
-class HotPath:
+class HotPath(ExpertPath):
     name = "hot"
 
     def __init__(self, store: ExpertStore, layer: int, pool: HotPool,
@@ -121,7 +121,8 @@ class HotPath:
         self.store, self.layer, self.pool, self.stats = store, layer, pool, pool.stats
         self.points = points
         self.quant = Quant.of(store.manifest)
-        self.exact = ExactPath(store, layer)
+        self.exact = ExactPath(store, layer,
+                               step_clock=points.clock if points is not None else None)
 
     def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
         tokens = inds.size // inds.shape[-1]
@@ -129,7 +130,7 @@ class HotPath:
         if tokens == 1 and points is not None and points.active:
             points.progress()  # the step being evaluated: fill its next layer meanwhile
             out = self._gather(x, inds)
-            points.defer(inds, at_build_step(self.store, self._fill), out)
+            points.defer(FillPoint(self._fill), inds, out)
             return out
         host = host_routed(inds, self.stats)
         if not self._lookup(host):

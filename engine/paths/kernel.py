@@ -31,11 +31,24 @@ class ExpertPath(Protocol):
     """An execution path for one MoE layer's routed experts. `x` [..., D] (the block's input),
     `inds` [..., K] routed expert ids (an MLX array, possibly not evaluated yet). Returns the
     unweighted expert outputs [..., K, D], computed with `switch_glu`; the MoE block applies the
-    routing weights and the shared expert."""
+    routing weights and the shared expert.
+
+    Paths subclass this protocol, so the capabilities below have their defaults: a path that
+    can do more says so (the staged path: `takes_predicted`), and callers ask the flag, not
+    `hasattr`."""
 
     name: str
+    # routing known ahead (a prerouter, a layer lead) runs through `predicted`, with no sync
+    takes_predicted: bool = False
 
     def __call__(self, x: mx.array, inds: mx.array) -> mx.array: ...
+
+    def predicted(self, x: mx.array, inds: mx.array, early: bool = False) -> mx.array:
+        """`inds` known ahead; only paths with `takes_predicted` run it differently."""
+        return self(x, inds)
+
+    def reset(self) -> None:
+        """Settle reads in flight and drop what was queued (after a failed request)."""
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,9 @@ from collections import deque
 import mlx.core as mx
 import numpy as np
 
-from engine.fill_points import FillPoints, at_build_step
+from engine.fill_points import FillPoint, FillPoints
 from engine.paths.exact import ExactPath
-from engine.paths.kernel import Quant, alloc_stack, row_views, switch_glu
+from engine.paths.kernel import ExpertPath, Quant, alloc_stack, row_views, switch_glu
 from engine.paths.stats import PathStats, host_routed
 from engine.readers import ReaderPool, Ticket
 from engine.store import ExpertStore
@@ -54,8 +54,9 @@ class StagingError(RuntimeError):
     """The routing that a call executed was not what was staged for it."""
 
 
-class StagedPath:
+class StagedPath(ExpertPath):
     name = "staged"
+    takes_predicted = True
 
     def __init__(self, store: ExpertStore, layer: int, readers: ReaderPool, stats: PathStats,
                  headroom: int | None = None, points: FillPoints | None = None):
@@ -83,7 +84,7 @@ class StagedPath:
         self.queue: deque[list[int]] = deque()  # staged sets (sorted ids), one per future call
         self.checks: list[tuple[mx.array, list[int]]] = []  # (routed ids, staged set)
         self.in_use: set[int] = set()  # slots of the last call staged ahead (may still compute)
-        self.exact = ExactPath(store, layer)
+        self.exact = ExactPath(store, layer, step_clock=self.points.clock)
 
     # ------------------------------------------------------------ slot bookkeeping
 
@@ -176,9 +177,9 @@ class StagedPath:
                 def start(_inds: mx.array) -> None:
                     issued.append(self._stage_predicted(inds))
 
-                def fill(_inds: mx.array) -> None:
+                def settle(_inds: mx.array) -> None:
                     self._settle(issued.pop() if issued else self._stage_predicted(inds))
-                fill.wait_only, fill.start, fill.early = not early, start, early
+                fill = FillPoint(settle, start=start, wait_only=not early, early=early)
             else:
                 fill = None
                 self._settle(self._stage_predicted(inds))
@@ -240,8 +241,7 @@ class StagedPath:
                 tickets = [self.ticket_of[s] for s in slots if s in self.ticket_of]
                 self.checks.append((inds, staged))
                 if self.points.active and any(not t.done() for t in tickets):
-                    def fill(_inds: mx.array) -> None:
-                        self._settle(tickets)
+                    fill = FillPoint(lambda _inds: self._settle(tickets))
                 else:  # landed already (staged a step or more ahead): nothing to wait for
                     self._settle(tickets)
             else:
@@ -249,7 +249,7 @@ class StagedPath:
                     raise StagingError(f"layer {self.layer}: a {tokens}-token call while sets "
                                        "are staged for single-token calls")
                 if tokens == 1 and self.points.active:  # <= K experts: always fits the slots
-                    fill = self._fill_routed
+                    fill = FillPoint(self._fill_routed)
                 else:
                     experts = sorted(set(host_routed(inds, self.stats).ravel().tolist()))
                     if len(experts) > self.slots:
@@ -262,7 +262,7 @@ class StagedPath:
             raise
         return self._gather(x, inds, fill)
 
-    def _gather(self, x: mx.array, inds: mx.array, fill) -> mx.array:
+    def _gather(self, x: mx.array, inds: mx.array, fill: FillPoint | None) -> mx.array:
         """The experts through the slot table; with `fill`, registered as its fill point."""
         out = switch_glu(x, self.arrays, mx.take(self.table, inds), self.quant)
         if fill is not None:
@@ -291,9 +291,9 @@ class StagedPath:
         self.stats.cache_hits += len(slots)
         return slots
 
-    def _defer(self, inds: mx.array, fill, out: mx.array) -> None:
-        """Register `fill` (and its `start`, if any) as a fill point (its loads labelled with
-        this call's step); a failure resets the path."""
+    def _defer(self, inds: mx.array, point: FillPoint, out: mx.array) -> None:
+        """Register `point` as a fill point (its loads labelled with this call's step); a
+        failure of its fill or start resets the path."""
         def resetting(fn):
             def run(i: mx.array) -> None:
                 try:
@@ -303,10 +303,7 @@ class StagedPath:
                     raise
             return run
 
-        guarded = resetting(fill)
-        guarded.wait_only = getattr(fill, "wait_only", False)
-        guarded.early = getattr(fill, "early", False)
-        start = getattr(fill, "start", None)
-        if start is not None:
-            guarded.start = resetting(start)
-        self.points.defer(inds, at_build_step(self.store, guarded), out)
+        point.fill = resetting(point.fill)
+        if point.start is not None:
+            point.start = resetting(point.start)
+        self.points.defer(point, inds, out)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from contract.errors import BadInput
-from engine.paths.kernel import Quant, alloc_stack, switch_glu
+from engine.paths.kernel import ExpertPath, Quant, alloc_stack, switch_glu
 from engine.paths.stats import PathStats
 from engine.readers import ReaderPool, Ticket
 from engine.store import ExpertStore
@@ -80,7 +80,7 @@ class WholeLayerLoader:
             self._settle_quietly(b)
 
 
-class WholeLayerPath:
+class WholeLayerPath(ExpertPath):
     name = "whole-layer"
 
     def __init__(self, store: ExpertStore, layer: int, loader: WholeLayerLoader,
