@@ -351,7 +351,7 @@ def compare(trace: Trace, scenario: str | None = None, sets: list[str] | None = 
                      "holds")
     measured = summarize(trace)
     result = run_scenario(sc, trace=trace, out=out)
-    notes += result.extra["warnings"]
+    notes += result.figures.warnings
     if measured.get("peak_rss_bytes") is not None:
         notes.append("peak_rss_bytes is not simulated; peak_mlx_bytes is the engine allocation "
                      "model (resident + caches), not MLX's allocator peak")
@@ -363,9 +363,10 @@ def compare(trace: Trace, scenario: str | None = None, sets: list[str] | None = 
     if "prefill" in trace.steps["phase"].to_list():
         notes.append("prefill: the simulator always loads whole layers; the on-demand engine "
                      "reads only the prompt's experts (prefill_tok_s is indicative)")
-    extra = {k: result.extra[k] for k in ("build_ms_per_step", "eval_ms_per_step",
-                                          "page_cache_capacity_bytes", "page_cache_hit_rate",
-                                          "lru_hit_rate", "sim_wall_s", "decode_steps")}
+    figures = result.figures.as_dict()
+    extra = {k: figures[k] for k in ("build_ms_per_step", "eval_ms_per_step",
+                                     "page_cache_capacity_bytes", "page_cache_hit_rate",
+                                     "lru_hit_rate", "sim_wall_s", "decode_steps")}
     extra["measured_build_ms_per_step"], extra["measured_eval_ms_per_step"] = _measured_split(
         trace)
     return Comparison(str(trace.path), sc, derived, measured, result.metrics, notes, extra)

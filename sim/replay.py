@@ -5,7 +5,7 @@ and memory) -> a simulated Trace (kind "simulated") + extra metrics."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from contract.errors import BadInput
 from sim.caches import BundleLRU
 from sim.compute_stream import ComputeStream
 from sim.cpu import Cores
+from sim.figures import SimFigures
 from sim.gil import Gil
 from sim.loads import Fetcher
 from sim.main_thread import MainThread
@@ -40,7 +41,7 @@ from traces.writer import write_tables
 class SimResult:
     trace: Trace
     metrics: dict[str, Any]  # SUMMARY_KEYS (same names/units as `trace summary`)
-    extra: dict[str, Any] = field(default_factory=dict)  # sim-only figures
+    figures: SimFigures  # the simulator's own figures (sim.figures)
 
 
 def check_memory(sc: Scenario, mem: MemoryBudget) -> list[str]:
@@ -165,34 +166,34 @@ def run_scenario(sc: Scenario, trace: Trace | None = None,
     wall = time.perf_counter() - t0
     n_steps = len(routing.plan)
     lru, pc = main.lru, fetcher.pc
-    extra = {
-        "sim_wall_s": wall,
-        "sim_core_s": sim_s,
-        "routing_s": t_routing,
-        "sim_steps_per_s": n_steps / sim_s if sim_s > 0 else None,
-        "decode_steps": len(decode_rows),
-        "page_cache_capacity_bytes": pc.capacity_bytes,
-        "page_cache_bytes": pc.used_bytes,
-        "page_cache_hit_rate": _rate(pc.lru.hits, pc.lru.misses),
-        "lru_capacity_bytes": lru.capacity_bytes,
-        "lru_hit_rate": _rate(lru.hits, lru.misses),
-        "device_busy_fraction": device.busy_s / main.now if main.now > 0 else None,
-        "device_requests": device.requests,
-        "reader_busy_fraction": (readers.busy_s / (main.now * readers.n)
-                                 if readers is not None and main.now > 0 else None),
-        "cpu_seconds_by_thread": dict(model.cores.busy_s),
-        "cpu_contended_fraction": (model.cores.contended_s / main.now if main.now > 0
-                                   else None),
-        "compute_busy_fraction": model.compute.busy_s / main.now if main.now > 0 else None,
-        "swap_faults": model.swap.faults,
-        "swap_fault_bytes": model.swap.fault_bytes,
-        "build_ms_per_step": _mean_ms(steps, "build_ns"),
-        "eval_ms_per_step": _mean_ms(steps, "eval_ns"),
-        "memory": mem.as_dict(),
-        "warnings": main.warnings,
-    }
-    sim_trace.run["extra"]["sim"] = {k: v for k, v in extra.items() if k != "memory"}
-    return SimResult(sim_trace, metrics, extra)
+    figures = SimFigures(
+        sim_wall_s=wall,
+        sim_core_s=sim_s,
+        routing_s=t_routing,
+        sim_steps_per_s=n_steps / sim_s if sim_s > 0 else None,
+        decode_steps=len(decode_rows),
+        page_cache_capacity_bytes=pc.capacity_bytes,
+        page_cache_bytes=pc.used_bytes,
+        page_cache_hit_rate=_rate(pc.lru.hits, pc.lru.misses),
+        lru_capacity_bytes=lru.capacity_bytes,
+        lru_hit_rate=_rate(lru.hits, lru.misses),
+        device_busy_fraction=device.busy_s / main.now if main.now > 0 else None,
+        device_requests=device.requests,
+        reader_busy_fraction=(readers.busy_s / (main.now * readers.n)
+                              if readers is not None and main.now > 0 else None),
+        cpu_seconds_by_thread=dict(model.cores.busy_s),
+        cpu_contended_fraction=(model.cores.contended_s / main.now if main.now > 0
+                                else None),
+        compute_busy_fraction=model.compute.busy_s / main.now if main.now > 0 else None,
+        swap_faults=model.swap.faults,
+        swap_fault_bytes=model.swap.fault_bytes,
+        build_ms_per_step=_mean_ms(steps, "build_ns"),
+        eval_ms_per_step=_mean_ms(steps, "eval_ns"),
+        memory=mem.as_dict(),
+        warnings=main.warnings,
+    )
+    sim_trace.run["extra"]["sim"] = figures.as_dict(memory=False)
+    return SimResult(sim_trace, metrics, figures)
 
 
 def _rate(hits: int, misses: int) -> float | None:

@@ -185,19 +185,19 @@ def run_point(scenario: str, sets: list[str], trace: str | None) -> dict[str, An
         result = run_scenario(sc, trace=measured)
     except Exception as err:  # noqa: BLE001 - any failure is this point's, reported as data
         return {"status": STATUS_FAILED, "error": one_line(err)}
-    e = result.extra
+    e = result.figures
     row: dict[str, Any] = {"status": STATUS_OK, "error": None, **result.metrics}
     row.update({
-        "page_cache_bytes": e["page_cache_capacity_bytes"],
-        "peak_engine_bytes": e["memory"]["engine"],
-        "page_cache_hit_rate": e["page_cache_hit_rate"],
-        "lru_hit_rate": e["lru_hit_rate"],
-        "device_busy_fraction": e["device_busy_fraction"],
-        "build_ms_per_step": e["build_ms_per_step"],
-        "eval_ms_per_step": e["eval_ms_per_step"],
-        "sim_steps_per_s": e["sim_steps_per_s"],
-        "sim_wall_s": e["sim_wall_s"],
-        "warnings": "; ".join(e["warnings"]) or None,
+        "page_cache_bytes": e.page_cache_capacity_bytes,
+        "peak_engine_bytes": e.memory["engine"],
+        "page_cache_hit_rate": e.page_cache_hit_rate,
+        "lru_hit_rate": e.lru_hit_rate,
+        "device_busy_fraction": e.device_busy_fraction,
+        "build_ms_per_step": e.build_ms_per_step,
+        "eval_ms_per_step": e.eval_ms_per_step,
+        "sim_steps_per_s": e.sim_steps_per_s,
+        "sim_wall_s": e.sim_wall_s,
+        "warnings": "; ".join(e.warnings) or None,
     })
     return row
 

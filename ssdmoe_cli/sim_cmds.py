@@ -21,12 +21,12 @@ def flat_json(result: Any) -> dict[str, Any]:
     """SUMMARY_KEYS first (same names and units as `trace summary --json`), then sim figures."""
     sc_run = result.trace.run
     out: dict[str, Any] = dict(result.metrics)
-    out["page_cache_bytes"] = result.extra["page_cache_capacity_bytes"]
-    out["peak_engine_bytes"] = result.extra["memory"]["engine"]
-    out["sim_steps_per_s"] = result.extra["sim_steps_per_s"]
+    out["page_cache_bytes"] = result.figures.page_cache_capacity_bytes
+    out["peak_engine_bytes"] = result.figures.memory["engine"]
+    out["sim_steps_per_s"] = result.figures.sim_steps_per_s
     out["scenario"] = sc_run["extra"]["scenario"]
-    out["sim"] = {k: v for k, v in result.extra.items() if k not in ("memory",)}
-    out["memory"] = result.extra["memory"]
+    out["sim"] = result.figures.as_dict(memory=False)
+    out["memory"] = result.figures.memory
     return out
 
 
@@ -62,7 +62,7 @@ def run(
 
         write_chrome(result.trace, chrome)
     if as_json:
-        for warning in result.extra["warnings"]:
+        for warning in result.figures.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         print(json.dumps(flat_json(result), indent=2, default=str))
         return
@@ -79,26 +79,26 @@ def _print(sc: Any, result: Any, chrome: Path | None, out: Path | None) -> None:
     title = (f"{sc.name}: {sc.model.name} K={sc.k} on {sc.hardware.name}, policy {sc.policy}"
              f"{' lead ' + sc.lead if sc.policy == 'prerouter' else ''}, readers {sc.readers}")
     console.print(metrics_table(title, {"simulated": result.metrics}))
-    e, mem = result.extra, result.extra["memory"]
+    e, mem = result.figures, result.figures.memory
     table = Table(title="simulator")
     table.add_column("figure")
     table.add_column("value", justify="right")
     rows = [
-        ("page cache (capacity)", format_metric("x_bytes", e["page_cache_capacity_bytes"])),
+        ("page cache (capacity)", format_metric("x_bytes", e.page_cache_capacity_bytes)),
         ("engine memory (MLX model)", format_metric("x_bytes", mem["engine"])),
         ("OS reserve", format_metric("x_bytes", mem["os_reserve"])),
-        ("page-cache hit rate", format_metric("", e["page_cache_hit_rate"])),
-        ("bundle LRU hit rate", format_metric("", e["lru_hit_rate"])),
-        ("device busy", format_metric("", e["device_busy_fraction"])),
-        ("build ms/step", format_metric("", e["build_ms_per_step"])),
-        ("eval ms/step", format_metric("", e["eval_ms_per_step"])),
-        ("simulated steps/s", f"{e['sim_steps_per_s']:.0f}"),
-        ("simulation wall s", f"{e['sim_wall_s']:.2f}"),
+        ("page-cache hit rate", format_metric("", e.page_cache_hit_rate)),
+        ("bundle LRU hit rate", format_metric("", e.lru_hit_rate)),
+        ("device busy", format_metric("", e.device_busy_fraction)),
+        ("build ms/step", format_metric("", e.build_ms_per_step)),
+        ("eval ms/step", format_metric("", e.eval_ms_per_step)),
+        ("simulated steps/s", f"{e.sim_steps_per_s:.0f}"),
+        ("simulation wall s", f"{e.sim_wall_s:.2f}"),
     ]
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
-    for warning in e["warnings"]:
+    for warning in e.warnings:
         console.print(f"[yellow]warning[/yellow]: {warning}")
     if out is not None:
         console.print(f"simulated trace written to {out}")
@@ -199,10 +199,11 @@ def compare(
                                         "simulated": result.simulated},
                                 ratio=("measured", "simulated")))
     console.print("engine config -> scenario: " + ", ".join(result.settings))
-    e = result.extra
+    e = result.extra  # a Comparison's (JSON) figures
     console.print(f"build ms/step measured {_fmt(e['measured_build_ms_per_step'])} simulated "
                   f"{_fmt(e['build_ms_per_step'])}; eval ms/step measured "
-                  f"{_fmt(e['measured_eval_ms_per_step'])} simulated {_fmt(e['eval_ms_per_step'])}"
+                  f"{_fmt(e['measured_eval_ms_per_step'])} simulated "
+                  f"{_fmt(e['eval_ms_per_step'])}"
                   " (the trace's build/eval split depends on the path: see sim/compare.py)")
     for note in result.notes:
         console.print(f"[yellow]note[/yellow]: {note}")

@@ -81,8 +81,8 @@ def test_page_cache_hit_rate_closed_form_and_capacity_is_ram_minus_unreclaimable
     for t in range(1, len(ids)):
         ids[t] = (ids[t - 1] + 1 + rng.integers(63)) % 64
     result = run_scenario(sc, routing=routing_input(ids.reshape(-1, 1, 1)))
-    assert result.extra["memory"]["page_cache"] == 16 * MB
-    assert result.extra["page_cache_capacity_bytes"] == 16 * MB
+    assert result.figures.memory["page_cache"] == 16 * MB
+    assert result.figures.page_cache_capacity_bytes == 16 * MB
     steps = _decode(result).filter(pl.col("step") >= 500)
     assert steps["loads"].sum() == steps.height  # every token misses the sticky slot
     warm = 1 - steps["cold_loads"].sum() / steps["loads"].sum()

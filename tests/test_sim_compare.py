@@ -134,7 +134,7 @@ def test_page_cache_budget_becomes_the_simulated_page_cache(captured, tiny_rando
     assert budget(sc).page_cache == pytest.approx(held * bundle, abs=2)
     assert f"page cache = {40 * bundle} bytes" in derived
     result = compare(read_trace(copy))
-    assert result.extra["page_cache_capacity_bytes"] == held * bundle
+    assert result.extra["page_cache_capacity_bytes"] == held * bundle  # a Comparison: JSON
     assert np.isfinite(result.simulated["decode_tok_s"])
 
 

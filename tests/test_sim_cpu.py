@@ -120,7 +120,7 @@ def test_one_core_serialises_building_and_compute_two_overlap():
     # layer's build and is done by the time its fill point syncs: building paces the step
     assert two == pytest.approx(4 * 1.0, rel=1e-6)
     assert gpu == pytest.approx(two, rel=1e-6)  # an accelerator does not take a core
-    assert res1.extra["cpu_contended_fraction"] > 0.5
+    assert res1.figures.cpu_contended_fraction > 0.5
 
 
 def test_enough_cores_give_the_unbounded_model_exactly():

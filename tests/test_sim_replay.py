@@ -78,7 +78,7 @@ def test_thousand_decode_steps_of_edge0_35b_complete_with_every_layers_routing()
         sc = load_scenario("paper-m2-16gb", ["decode_steps=1000", f"policy={policy}"])
         assert sc.model.layers == 40 and sc.k == 4
         result = run_scenario(sc)
-        assert result.extra["decode_steps"] == 1000
+        assert result.figures.decode_steps == 1000
         steps = result.trace.steps.filter(pl.col("phase") == "decode")
         assert steps.height == 1000 and (steps["end_ns"] > steps["start_ns"]).all()
         routing = result.trace.routing

@@ -29,7 +29,7 @@ def test_zero_latency_storage_gives_the_compute_bound_rate_on_demand():
     step = 4 * (b + a) + x  # each layer: build, then wait for its router; last: the experts
     assert result.metrics["decode_tok_s"] == pytest.approx(1 / step, rel=1e-9)
     assert result.metrics["blocked_ms_per_step"] == pytest.approx(0.0, abs=1e-9)
-    assert result.extra["eval_ms_per_step"] == pytest.approx((4 * a + x) * 1e3, abs=2e-6)  # ns
+    assert result.figures.eval_ms_per_step == pytest.approx((4 * a + x) * 1e3, abs=2e-6)  # ns
 
 
 def test_zero_latency_storage_gives_the_compute_bound_rate_with_the_prerouter():

@@ -22,7 +22,7 @@ STEPS = 150
 
 def _tok_s(name: str, sets: list[str]) -> tuple[float, dict]:
     res = run_scenario(load_scenario(name, [f"decode_steps={STEPS}", *sets]))
-    return res.metrics["decode_tok_s"], res.extra
+    return res.metrics["decode_tok_s"], res.figures.as_dict()
 
 
 def _cases():

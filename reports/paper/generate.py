@@ -58,12 +58,12 @@ def run(name: str, sets: list[str], seeds=SEEDS) -> dict[str, Any]:
         out[key] = statistics.median(values)
         out[key + "_seed0"] = values[0]
         out[key + "_range"] = [min(values), max(values)]
-    out["page_cache_gib"] = runs[0].extra["page_cache_capacity_bytes"] / GIB
-    out["page_cache_hit_rate"] = runs[0].extra["page_cache_hit_rate"]
-    out["lru_hit_rate"] = runs[0].extra["lru_hit_rate"]
-    out["eval_ms_per_step"] = runs[0].extra["eval_ms_per_step"]
-    out["build_ms_per_step"] = runs[0].extra["build_ms_per_step"]
-    out["warnings"] = runs[0].extra["warnings"]
+    out["page_cache_gib"] = runs[0].figures.page_cache_capacity_bytes / GIB
+    out["page_cache_hit_rate"] = runs[0].figures.page_cache_hit_rate
+    out["lru_hit_rate"] = runs[0].figures.lru_hit_rate
+    out["eval_ms_per_step"] = runs[0].figures.eval_ms_per_step
+    out["build_ms_per_step"] = runs[0].figures.build_ms_per_step
+    out["warnings"] = runs[0].figures.warnings
     return out
 
 

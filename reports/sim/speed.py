@@ -73,9 +73,9 @@ def main() -> None:
             t0 = time.perf_counter()
             result = run_scenario(load_scenario("paper-m2-16gb", ["decode_steps=1000", *sets]))
             walls.append(time.perf_counter() - t0)
-            cores.append(result.extra["sim_core_s"])
-            routings.append(result.extra["routing_s"])
-            steps_s.append(result.extra["sim_steps_per_s"])
+            cores.append(result.figures.sim_core_s)
+            routings.append(result.figures.routing_s)
+            steps_s.append(result.figures.sim_steps_per_s)
         row = {"case": label, "set": sets, "decode_steps": 1000,
                "wall_s_median": statistics.median(walls), "wall_s": walls,
                "core_s_median": statistics.median(cores),
