@@ -113,7 +113,6 @@ def generate(
     on_step: StepEnd | None = None,
 ) -> GenerationResult:
     from mlx_lm.generate import generation_stream
-    from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
     ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -121,153 +120,35 @@ def generate(
         raise ValueError("empty prompt")
     if seed is not None:
         mx.random.seed(seed)
-    sampler = make_sampler(temp, top_p=top_p, top_k=top_k)
-    cache = make_prompt_cache(model)
-    runtime = getattr(store, "runtime", None)
-    fills = runtime.fills if runtime is not None else FillPoints()
-    clock = fills.clock  # the step every load is labelled with (engine.step_clock)
-    if lookahead is None:
-        lookahead = runtime.config.lookahead if runtime is not None else True
-    # Fill points only when no single-token layer syncs while the graph is built: such a
-    # sync would evaluate the layers before it, fill points not yet resolved included.
-    deferring = runtime is None or not runtime.syncs_at_build("decode")
-    lookahead = lookahead and deferring
-    preroute = getattr(runtime, "preroute", None)
-    if preroute is not None:  # a new sequence: no previous token, nothing predicted
-        preroute.reset()
-    steps: list[dict] = []
-    counter = [step0]
-
-    def build(tokens: mx.array, phase: str, sample: bool) -> _Built:
-        step = counter[0]
-        counter[0] += 1
-        clock.step = step
-        if on_step_start is not None:
-            on_step_start(step, phase, tokens.size)
-        b0 = time.perf_counter_ns()
-        if deferring:
-            with fills.collecting():
-                logits = model(tokens[None], cache=cache)
-        else:
-            logits = model(tokens[None], cache=cache)
-        out = lp = None
-        if sample:
-            logits = logits[:, -1, :]
-            lp = logits - mx.logsumexp(logits, keepdims=True)
-            out = sampler(lp)
-        # The prerouter's predictions for the next call are side outputs of this step: queued
-        # with it, so they are ready when the next step's staging asks for them as it begins.
-        also = list(preroute.pending().values()) if preroute is not None and sample else []
-        return _Built(step, phase, tokens.size, out, lp if logprobs is not None else None,
-                      fills.take(), (b0, time.perf_counter_ns()), also)
-
-    def record(b: _Built, start: int, spans: list[tuple[int, int]], end: int) -> None:
-        spans = [(max(a, start), min(z, end)) for a, z in spans if z > start and a < end]
-        build_ns = sum(z - a for a, z in spans)
-        row = {"step": b.step, "request": request, "phase": b.phase, "tokens": b.tokens,
-               "start_ns": start, "build_ns": build_ns, "eval_ns": end - start - build_ns,
-               "end_ns": end, "build_spans": spans}
-        steps.append(row)
-        if on_step is not None:
-            on_step(row)
-
-    def run_chunk(tokens: list[int]) -> None:  # a prefill chunk: no token sampled
-        b = build(mx.array(tokens), "prefill", sample=False)
-        resolve(b.points, clock)
-        mx.eval([c.state for c in cache])
-        record(b, b.span[0], [b.span], time.perf_counter_ns())
-
-    def finish(b: _Built, start: int, spans: list, want_next: bool
-               ) -> tuple[int, _Built | None, float | None, list]:
-        """Evaluate `b`, resolving its fill points; when looking ahead, build the next decode
-        step and queue its evaluation before `b`'s token comes to the host, so the host work
-        between tokens overlaps compute. Records `b`'s window from `start`. Returns (token,
-        the next step or None, its log-probability and top alternatives when asked for)."""
-        nxt = None
-        clock.step = b.step
-        if not b.begun:
-            fills.begin(b.points, [*b.also, b.out] if b.also else b.out)
-        if lookahead and want_next:
-            fills.overlapping = True
-            fills.busy = []
-            nxt = build(b.out, "decode", sample=True)  # resolves b's fill points as it goes
-            fills.drain()
-            spans = spans + _minus(nxt.span, fills.busy)
-            fills.begin(nxt.points, [*nxt.also, nxt.out] if nxt.also else nxt.out)
-            nxt.begun = True
-        else:
-            fills.drain()
-        token = int(b.out.item())
-        chosen, top = None, []
-        if b.lp is not None:
-            row = np.array(b.lp[0])
-            chosen = float(row[token])
-            best = np.argpartition(-row, logprobs - 1)[:logprobs] if logprobs else []
-            top = sorted(((int(i), float(row[i])) for i in best), key=lambda t: -t[1])
-        fills.overlapping = False
-        record(b, start, spans, time.perf_counter_ns())
-        return token, nxt, chosen, top
-
-    def abandon(b: _Built) -> None:
-        """A step built ahead that will not run (EOS): drop its staging, reuse its number."""
-        counter[0] = b.step
-        fills.abort()  # its fill points never run: only its first router was queued
-        if runtime is not None:
-            runtime.reset()
-
+    loop = StepLoop(model, getattr(store, "runtime", None), make_sampler(temp, top_p=top_p,
+                    top_k=top_k), logprobs, request, step0, lookahead, on_step_start, on_step)
     out: list[int] = []
     detok = tokenizer.detokenizer
     detok.reset()
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
 
-    def run() -> tuple[float, float, str]:
-        # Prefill: all prompt tokens but the last in chunks, then the last one yields token 0.
-        t0 = time.perf_counter()
-        rest = ids
-        while len(rest) > 1:
-            n = min(prefill_step_size, len(rest) - 1)
-            run_chunk(rest[:n])
-            rest = rest[n:]
-        b = build(mx.array(rest), "prefill", sample=True)
-        token, nxt, chosen, top = finish(b, b.span[0], [b.span], want_next=max_tokens > 1)
-        t1 = time.perf_counter()
-        while True:
-            if stop_at_eos and token in eos:
-                if nxt is not None:
-                    abandon(nxt)
-                return t0, t1, "stop"
-            out.append(token)
-            if on_token is not None:
-                on_token(token, chosen, top)
-            detok.add_token(token)
-            _emit(detok, on_text)
-            reason = stop_check() if stop_check is not None else None
-            if reason is not None:
-                if nxt is not None:
-                    abandon(nxt)
-                return t0, t1, reason
-            if len(out) >= max_tokens:
-                return t0, t1, "length"
-            if nxt is None:  # no lookahead: build this step now, inside its own window
-                nxt = build(mx.array([token]), "decode", sample=True)
-                start, spans = nxt.span[0], [nxt.span]
-            else:  # built during the previous window
-                start, spans = steps[-1]["end_ns"], []
-            token, nxt, chosen, top = finish(nxt, start, spans,
-                                             want_next=len(out) + 1 < max_tokens)
+    def emit(token: int, chosen: float | None, top: list) -> str | None:
+        """Take a sampled token; a finish reason from stop_check ends the request."""
+        out.append(token)
+        if on_token is not None:
+            on_token(token, chosen, top)
+        detok.add_token(token)
+        _emit(detok, on_text)
+        return stop_check() if stop_check is not None else None
 
     try:
         with mx.stream(generation_stream):
-            t0, t1, finish_reason = run()
+            t0, t1, finish_reason = loop.run(
+                ids, max_tokens, prefill_step_size, emit,
+                (lambda token: token in eos) if stop_at_eos else (lambda token: False))
     except BaseException:
-        fills.abort()
-        if runtime is not None:
-            runtime.reset()
+        loop.reset()
         raise
     t2 = time.perf_counter()
     detok.finalize()
     _emit(detok, on_text)
 
+    steps = loop.steps
     decode_steps = sum(1 for s in steps if s["phase"] == "decode")
     prefill_s, decode_s = t1 - t0, t2 - t1
     return GenerationResult(
@@ -276,6 +157,157 @@ def generate(
         decode_tok_s=decode_steps / decode_s if decode_s > 0 and decode_steps else 0.0,
         finish_reason=finish_reason, steps=steps,
     )
+
+
+class StepLoop:
+    """One request's forward steps, each built, evaluated (its fill points resolved) and
+    recorded as a step row: the module docstring's loop, in named steps."""
+
+    def __init__(self, model, runtime, sampler, logprobs: int | None, request: int,
+                 step0: int, lookahead: bool | None, on_step_start: StepStart | None,
+                 on_step: StepEnd | None) -> None:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self.model, self.runtime, self.sampler, self.logprobs = model, runtime, sampler, logprobs
+        self.request, self.next_step = request, step0
+        self.on_step_start, self.on_step = on_step_start, on_step
+        self.cache = make_prompt_cache(model)
+        self.fills = runtime.fills if runtime is not None else FillPoints()
+        self.clock = self.fills.clock  # the step every load is labelled with
+        # Fill points only when no single-token layer syncs while the graph is built: such a
+        # sync would evaluate the layers before it, fill points not yet resolved included.
+        self.deferring = runtime is None or not runtime.syncs_at_build("decode")
+        if lookahead is None:
+            lookahead = runtime.config.lookahead if runtime is not None else True
+        self.lookahead = lookahead and self.deferring
+        self.preroute = runtime.preroute if runtime is not None else None
+        if self.preroute is not None:  # a new sequence: no previous token, nothing predicted
+            self.preroute.reset()
+        self.steps: list[dict] = []
+
+    def run(self, ids: list[int], max_tokens: int, prefill_step_size: int,
+            emit: Callable[[int, float | None, list], str | None],
+            is_end: Callable[[int], bool]) -> tuple[float, float, str]:
+        """Prefill (all prompt tokens but the last in chunks; the last one's step yields token
+        0), then decode until `is_end` (EOS: "stop"), `emit` returns a finish reason, or
+        `max_tokens` ("length"). Returns (start, end of prefill, finish reason)."""
+        t0 = time.perf_counter()
+        rest = ids
+        while len(rest) > 1:
+            n = min(prefill_step_size, len(rest) - 1)
+            self.prefill_chunk(rest[:n])
+            rest = rest[n:]
+        b = self.build(mx.array(rest), "prefill", sample=True)
+        token, nxt, chosen, top = self.finish(b, b.span[0], [b.span], want_next=max_tokens > 1)
+        t1 = time.perf_counter()
+        emitted = 0
+        while True:
+            if is_end(token):
+                reason = "stop"
+            else:
+                reason = emit(token, chosen, top)
+                emitted += 1
+            if reason is not None:
+                if nxt is not None:
+                    self.abandon(nxt)
+                return t0, t1, reason
+            if emitted >= max_tokens:
+                return t0, t1, "length"
+            if nxt is None:  # no lookahead: build this step now, inside its own window
+                nxt = self.build(mx.array([token]), "decode", sample=True)
+                start, spans = nxt.span[0], [nxt.span]
+            else:  # built during the previous window
+                start, spans = self.steps[-1]["end_ns"], []
+            token, nxt, chosen, top = self.finish(nxt, start, spans,
+                                                  want_next=emitted + 1 < max_tokens)
+
+    def build(self, tokens: mx.array, phase: str, sample: bool) -> _Built:
+        """Build a forward step's graph (its fill points collected, not resolved)."""
+        step = self.next_step
+        self.next_step += 1
+        self.clock.step = step
+        if self.on_step_start is not None:
+            self.on_step_start(step, phase, tokens.size)
+        b0 = time.perf_counter_ns()
+        if self.deferring:
+            with self.fills.collecting():
+                logits = self.model(tokens[None], cache=self.cache)
+        else:
+            logits = self.model(tokens[None], cache=self.cache)
+        out = lp = None
+        if sample:
+            logits = logits[:, -1, :]
+            lp = logits - mx.logsumexp(logits, keepdims=True)
+            out = self.sampler(lp)
+        # The prerouter's predictions for the next call are side outputs of this step: queued
+        # with it, so they are ready when the next step's staging asks for them as it begins.
+        preroute = self.preroute
+        also = list(preroute.pending().values()) if preroute is not None and sample else []
+        return _Built(step, phase, tokens.size, out, lp if self.logprobs is not None else None,
+                      self.fills.take(), (b0, time.perf_counter_ns()), also)
+
+    def record(self, b: _Built, start: int, spans: list[tuple[int, int]], end: int) -> None:
+        """The step's row: its window [start, end) and the graph building inside it."""
+        spans = [(max(a, start), min(z, end)) for a, z in spans if z > start and a < end]
+        build_ns = sum(z - a for a, z in spans)
+        row = {"step": b.step, "request": self.request, "phase": b.phase, "tokens": b.tokens,
+               "start_ns": start, "build_ns": build_ns, "eval_ns": end - start - build_ns,
+               "end_ns": end, "build_spans": spans}
+        self.steps.append(row)
+        if self.on_step is not None:
+            self.on_step(row)
+
+    def prefill_chunk(self, tokens: list[int]) -> None:
+        """A prefill chunk: built, its fill points resolved in order, evaluated; no token."""
+        b = self.build(mx.array(tokens), "prefill", sample=False)
+        resolve(b.points, self.clock)
+        mx.eval([c.state for c in self.cache])
+        self.record(b, b.span[0], [b.span], time.perf_counter_ns())
+
+    def finish(self, b: _Built, start: int, spans: list, want_next: bool
+               ) -> tuple[int, _Built | None, float | None, list]:
+        """Evaluate `b`, resolving its fill points; when looking ahead, build the next decode
+        step and queue its evaluation before `b`'s token comes to the host, so the host work
+        between tokens overlaps compute. Records `b`'s window from `start`. Returns (token,
+        the next step or None, its log-probability and top alternatives when asked for)."""
+        fills, nxt = self.fills, None
+        self.clock.step = b.step
+        if not b.begun:
+            fills.begin(b.points, [*b.also, b.out] if b.also else b.out)
+        if self.lookahead and want_next:
+            fills.overlapping = True
+            fills.busy = []
+            nxt = self.build(b.out, "decode", sample=True)  # resolves b's points as it goes
+            fills.drain()
+            spans = spans + _minus(nxt.span, fills.busy)
+            fills.begin(nxt.points, [*nxt.also, nxt.out] if nxt.also else nxt.out)
+            nxt.begun = True
+        else:
+            fills.drain()
+        token = int(b.out.item())
+        chosen, top = None, []
+        logprobs = self.logprobs
+        if b.lp is not None:
+            row = np.array(b.lp[0])
+            chosen = float(row[token])
+            best = np.argpartition(-row, logprobs - 1)[:logprobs] if logprobs else []
+            top = sorted(((int(i), float(row[i])) for i in best), key=lambda t: -t[1])
+        fills.overlapping = False
+        self.record(b, start, spans, time.perf_counter_ns())
+        return token, nxt, chosen, top
+
+    def abandon(self, b: _Built) -> None:
+        """A step built ahead that will not run (EOS): drop its staging, reuse its number."""
+        self.next_step = b.step
+        self.fills.abort()  # its fill points never run: only its first router was queued
+        if self.runtime is not None:
+            self.runtime.reset()
+
+    def reset(self) -> None:
+        """After a failure: forget every fill point, settle reads, drop staging."""
+        self.fills.abort()
+        if self.runtime is not None:
+            self.runtime.reset()
 
 
 def _emit(detok, on_text) -> None:
