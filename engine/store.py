@@ -37,15 +37,12 @@ writable NumPy views (`np.asarray(mx_array)` is a zero-copy writable view of MLX
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import mmap
 import os
-import sys
 import threading
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -54,26 +51,12 @@ import numpy as np
 from contract.errors import BadInput, IOFault
 from engine import platform
 from engine.manifest import LayerEntry, Manifest
+from engine.page_cache_budget import PageCacheBudget
+from engine.residency import PAGE, ResidencyProbe, map_for_residency, unmap
 from traces.schema import DEMAND, WHOLE_LAYER, WHOLE_LAYER_EXPERT
 
-PAGE = mmap.PAGESIZE
 ALIGN = 4096  # O_DIRECT alignment of offset, length and buffer address
 LoadCallback = Callable[[dict], None]
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_int, ctypes.c_long]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-_MAP_FAILED = ctypes.c_void_p(-1).value
-# A mincore call from Python costs ~1.8 us, each page it covers ~50 ns more (measured here):
-# ranges closer than this share one call.
-MERGE_GAP_PAGES = 16
-# mincore defines only bit 0 (resident); Linux writes exactly 0 or 1, others may set more bits.
-_MINCORE_CLEAN = sys.platform.startswith("linux")
-_LOWBIT = bytes(i & 1 for i in range(256))
-
 
 class ExpertReadError(IOFault):
     """A failed or short expert read; the message names layer, expert and file."""
@@ -105,11 +88,10 @@ class ExpertStore:
         self._nowait = self.platform.rwf_nowait
         self.direct = o_direct
         self.direct_fallback: str | None = None
-        self._local = threading.local()  # per-thread O_DIRECT bounce buffer, mincore vector
-        self._lock = threading.Lock()  # guards the budget LRU
-        self._lru: OrderedDict[tuple[int, int], tuple[_File, list[tuple[int, int]], int]] = \
-            OrderedDict()
-        self._lru_bytes = 0
+        self._local = threading.local()  # per-thread O_DIRECT bounce buffer
+        self._probe = ResidencyProbe()  # mincore (engine.residency)
+        self.budget = PageCacheBudget(page_cache_budget, self.platform.drop_pages, PAGE) \
+            if page_cache_budget is not None else None
         self._files: dict[int, _File] = {}
         self._ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}  # bundle_ranges cache
         for layer, entry in manifest.layers.items():
@@ -135,10 +117,7 @@ class ExpertStore:
             except OSError as err:
                 self._no_direct(f"uncached open ({self.platform.uncached}) of {path} failed: "
                                 f"{err.strerror}")
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) if size else 0
-        if addr in (None, _MAP_FAILED):
-            addr = 0
-        return _File(path, size, fd, dfd, addr or 0)
+        return _File(path, size, fd, dfd, map_for_residency(fd, size))
 
     def _nowait_refusal(self) -> str | None:
         """None when RWF_NOWAIT reads agree with mincore on every file, else why they don't."""
@@ -174,8 +153,7 @@ class ExpertStore:
 
     def close(self) -> None:
         for f in self._files.values():
-            if f.addr:
-                _libc.munmap(f.addr, f.size)
+            unmap(f.addr, f.size)
             os.close(f.fd)
             if f.dfd >= 0:
                 os.close(f.dfd)
@@ -215,40 +193,9 @@ class ExpertStore:
 
     # ------------------------------------------------------------ residency
 
-    def _vector(self, n: int) -> tuple[bytearray, int]:
-        """This thread's mincore vector (at least `n` bytes) and its address."""
-        loc = self._local
-        vec = getattr(loc, "vec", None)
-        if vec is None or len(vec) < n:
-            vec = bytearray(max(n, 1024))
-            loc.cvec = (ctypes.c_char * len(vec)).from_buffer(vec)  # keeps the address valid
-            loc.vec, loc.vaddr = vec, ctypes.addressof(loc.cvec)
-        return vec, loc.vaddr
-
     def _resident_pages(self, f: _File, ranges: list[tuple[int, int]]) -> tuple[int, int]:
-        """(resident pages, total pages) over `ranges` of file `f` (mincore). A page shared by
-        two ranges counts once per range."""
-        if not f.addr:
-            return 0, 0
-        spans = sorted((off // PAGE, -(-(off + length) // PAGE)) for off, length in ranges)
-        resident = total = 0
-        i = 0
-        while i < len(spans):
-            g0, g1 = spans[i]
-            j = i + 1
-            while j < len(spans) and spans[j][0] - g1 <= MERGE_GAP_PAGES:
-                g1 = max(g1, spans[j][1])
-                j += 1
-            vec, addr = self._vector(g1 - g0)
-            if _libc.mincore(f.addr + g0 * PAGE, (g1 - g0) * PAGE, addr) != 0:
-                return 0, 0
-            if not _MINCORE_CLEAN:
-                vec = vec[:g1 - g0].translate(_LOWBIT)
-            for p0, p1 in spans[i:j]:
-                resident += vec.count(1, p0 - g0, p1 - g0)
-                total += p1 - p0
-            i = j
-        return resident, total
+        """(resident pages, total pages) over `ranges` of file `f` (engine.residency)."""
+        return self._probe.resident_pages(f.addr, ranges)
 
     def residency(self, layer: int, expert: int) -> float:
         """Fraction of the bundle's pages in the page cache (1.0 = fully warm)."""
@@ -276,13 +223,8 @@ class ExpertStore:
         for f in files:
             self.platform.flush(f.fd)  # dirty pages (a fresh conversion) cannot be dropped
             self.platform.drop_pages(f.fd)
-        with self._lock:
-            if layer is None:
-                self._lru.clear()
-                self._lru_bytes = 0
-            else:
-                for key in [k for k in self._lru if k[0] == layer]:
-                    self._lru_bytes -= self._lru.pop(key)[2]
+        if self.budget is not None:
+            self.budget.forget(layer)
 
     # ------------------------------------------------------------ reads
 
@@ -395,8 +337,8 @@ class ExpertStore:
         """A finished read's load row (the page-cache budget is charged here)."""
         finished = time.perf_counter_ns()
         issued = started if issued_ns is None else issued_ns
-        if not self.direct and self.page_cache_budget is not None:
-            self._account(layer, expert, self._files[layer], ranges)
+        if not self.direct and self.budget is not None:
+            self.budget.charge((layer, expert), self._files[layer].fd, ranges)
         return {
             "step": step, "layer": layer, "expert": expert,
             "bytes": sum(length for _, length in ranges), "offset": ranges[0][0],
@@ -469,27 +411,3 @@ class ExpertStore:
             memoryview(view).cast("B")[:] = mv[off - a0: off - a0 + length]
         finally:
             mv.release()
-
-    def _account(self, layer: int, expert: int, f: _File, ranges) -> None:
-        pages = [(off - off % PAGE, -(-(off + ln) // PAGE) * PAGE - (off - off % PAGE))
-                 for off, ln in ranges]
-        nbytes = sum(ln for _, ln in pages)
-        drop = []
-        with self._lock:
-            key = (layer, expert)
-            if key in self._lru:
-                self._lru.move_to_end(key)
-            else:
-                self._lru[key] = (f, pages, nbytes)
-                self._lru_bytes += nbytes
-            while self._lru_bytes > self.page_cache_budget and len(self._lru) > 1:
-                _, (df, dpages, dbytes) = self._lru.popitem(last=False)
-                self._lru_bytes -= dbytes
-                drop.append((df, dpages))
-            if self._lru_bytes > self.page_cache_budget:  # one bundle above the whole budget
-                _, (df, dpages, dbytes) = self._lru.popitem(last=False)
-                self._lru_bytes -= dbytes
-                drop.append((df, dpages))
-        for df, dpages in drop:
-            for off, ln in dpages:
-                self.platform.drop_pages(df.fd, off, ln)

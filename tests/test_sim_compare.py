@@ -126,7 +126,7 @@ def test_page_cache_budget_becomes_the_simulated_page_cache(captured, tiny_rando
         _, views = alloc_stack(store.expert_shapes(layer), 1)
         for e in range(manifest.num_experts):
             store.read_bundle(layer, e, row_views(views, 0), emit=False)
-        charged = store._lru_bytes / manifest.num_experts
+        charged = store.budget.used_bytes / manifest.num_experts
     paged = paged_bundle_bytes(read_trace(copy))
     assert paged == pytest.approx(charged) and paged >= bundle
     held = int(40 * bundle // paged)

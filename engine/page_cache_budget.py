@@ -1,0 +1,58 @@
+"""The page-cache budget: the expert bytes a store has read kept within `limit` bytes, the least
+recently read bundles' pages dropped with POSIX_FADV_DONTNEED (engine.platform), each bundle's
+ranges rounded out to whole pages (what the kernel caches, and what the simulator's page cache
+charges: sim.model_profile.paged_bundle_bytes). Reads on any thread charge it."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+DropPages = Callable[[int, int, int], None]  # (fd, offset, length)
+
+
+class PageCacheBudget:
+    def __init__(self, limit: int, drop_pages: DropPages, page: int = 4096) -> None:
+        self.limit = limit
+        self.page = page
+        self._drop_pages = drop_pages
+        self._lock = threading.Lock()
+        # bundle -> (fd, page-rounded ranges, bytes), least recently read first
+        self._bundles: OrderedDict[tuple[int, int], tuple[int, list[tuple[int, int]], int]] = \
+            OrderedDict()
+        self.used_bytes = 0
+
+    def charge(self, bundle: tuple[int, int], fd: int, ranges: list[tuple[int, int]]) -> None:
+        """`bundle` (layer, expert) was just read from `fd` at `ranges`: it becomes the most
+        recently read, and the least recent ones are dropped until the rest fits (a bundle
+        above the whole budget is dropped too)."""
+        page = self.page
+        pages = [(off - off % page, -(-(off + ln) // page) * page - (off - off % page))
+                 for off, ln in ranges]
+        nbytes = sum(ln for _, ln in pages)
+        drop = []
+        with self._lock:
+            if bundle in self._bundles:
+                self._bundles.move_to_end(bundle)
+            else:
+                self._bundles[bundle] = (fd, pages, nbytes)
+                self.used_bytes += nbytes
+            while self.used_bytes > self.limit and len(self._bundles) > 1:
+                drop.append(self._evict())
+            if self.used_bytes > self.limit:  # one bundle above the whole budget
+                drop.append(self._evict())
+        for dfd, dpages in drop:  # outside the lock: a syscall per range
+            for off, ln in dpages:
+                self._drop_pages(dfd, off, ln)
+
+    def forget(self, layer: int | None = None) -> None:
+        """The pages of every bundle (of `layer`) were dropped outside the budget."""
+        with self._lock:
+            for key in [k for k in self._bundles if layer is None or k[0] == layer]:
+                self.used_bytes -= self._bundles.pop(key)[2]
+
+    def _evict(self) -> tuple[int, list[tuple[int, int]]]:
+        _, (fd, pages, nbytes) = self._bundles.popitem(last=False)
+        self.used_bytes -= nbytes
+        return fd, pages
