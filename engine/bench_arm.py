@@ -1,0 +1,200 @@
+"""One `ssdmoe bench` arm, in its own process (engine.bench spawns `python -m
+engine.bench_arm SPEC OUT`): load the model the arm's way, warm up, reset the peaks, run the
+prompts, and write the arm's figures as JSON. The arms are described in engine.bench."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from engine.bench import STREAMING
+
+
+def _rss_peak() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _reset_rss_peak() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _resident_run(model, tok, prompt: str, n: int, temp: float = 0.0, seed: int = 0) -> dict:
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+
+    ids = tok.encode(prompt)
+    tokens = []
+    mx.random.seed(seed)
+    sampler = make_sampler(temp)
+    t0 = time.perf_counter()
+    t1, c1 = t0, time.process_time()
+    for i, (t, _) in enumerate(generate_step(mx.array(ids), model, max_tokens=n,
+                                             sampler=sampler)):
+        if i == 0:
+            t1, c1 = time.perf_counter(), time.process_time()
+        tokens.append(int(t))
+    t2 = time.perf_counter()
+    return {"prompt_tokens": len(ids), "prefill_s": t1 - t0, "decode_s": t2 - t1,
+            "decode_cpu_s": time.process_time() - c1, "decode_steps": len(tokens) - 1,
+            "tokens": tokens}
+
+
+def _sync_routers(model, model_dir: str) -> None:
+    """Make every MoE block bring its router logits to the host, as on-demand paths do."""
+    import mlx.nn as nn
+    import numpy as np
+
+    from engine.archs import ARCHS
+    from engine.manifest import read_manifest
+
+    class SyncedRouter(nn.Module):
+        def __init__(self, gate):
+            super().__init__()
+            self.inner = gate
+
+        def __call__(self, x):
+            out = self.inner(x)
+            np.array(out[0] if isinstance(out, tuple) else out)  # the host sync
+            return out
+
+    m = read_manifest(Path(model_dir))
+    for i in m.moe_layers:
+        block = getattr(model.layers[i], ARCHS[m.model_type].moe_attr)
+        block.gate = SyncedRouter(block.gate)
+
+
+def run_arm(spec: dict) -> dict:
+    """Worker body: load the arm's model, warm up, run the prompts, return measurements."""
+    import mlx.core as mx
+
+    from contract.engine_config import EngineConfig
+    from engine.generate import generate
+    from engine.loader import load_resident, load_streaming, streaming_blocks
+    from engine.oracle import RoutingReplay
+
+    arm, model_dir, n = spec["arm"], spec["model"], spec["max_tokens"]
+    prompts = spec["prompts"]
+    t_load = time.perf_counter()
+    loads: list[dict] = []
+    store = rt = None
+    if arm in ("resident", "engine-resident", "resident-sync"):
+        model, tok = load_resident(model_dir)
+        if arm == "resident-sync":
+            _sync_routers(model, spec["model"])
+    else:
+        config = EngineConfig.from_preset(STREAMING[arm],
+                                          page_cache_budget=spec["page_cache_budget"],
+                                          lead=1 if arm == "staged-oracle" else 0,
+                                          lead_kind="layer" if arm == "staged-layer"
+                                          else "none",
+                                          prerouter=spec.get("prerouter")
+                                          if arm.startswith("staged-prerouter") else None,
+                                          lora=spec.get("lora")
+                                          if arm == "staged-prerouter-lora" else None)
+        model, tok, store = load_streaming(model_dir, config=config, on_load=loads.append)
+        rt = store.runtime
+    load_s = time.perf_counter() - t_load
+
+    def engine_run(prompt: str, tokens: int, on_step_start=None) -> dict:
+        cpu = []
+
+        def on_start(step: int, phase: str, n_tokens: int) -> None:
+            if phase == "decode" and not cpu:
+                cpu.append(time.process_time())
+            if on_step_start is not None:
+                on_step_start(step, phase, n_tokens)
+
+        r = generate(model, tok, prompt, tokens, temp=spec.get("temp", 0.0),
+                     seed=spec.get("seed", 0), stop_at_eos=False, store=store,
+                     on_step_start=on_start)
+        steps = [s for s in r.steps if s["phase"] == "decode"]
+        return {"prompt_tokens": r.prompt_tokens, "prefill_s": r.prefill_s,
+                "decode_s": r.decode_s, "decode_cpu_s": time.process_time() - cpu[0],
+                "decode_steps": len(steps), "tokens": r.tokens,
+                "decode_step_ids": [s["step"] for s in steps]}
+
+    def run(prompt: str, tokens: int, replay=None) -> dict:
+        if arm == "resident":
+            return _resident_run(model, tok, prompt, tokens, spec.get("temp", 0.0),
+                                 spec.get("seed", 0))
+        if replay is not None:
+            return engine_run(prompt, tokens, on_step_start=replay.driver(rt.staged()))
+        return engine_run(prompt, tokens)
+
+    # Warm-up (JIT-compiles MLX kernels, fills slots/LRU rows): not timed.
+    run(prompts[0], spec["warmup_tokens"])
+    replays = []
+    if arm == "staged-oracle":  # record each prompt's routing in an identical untimed run
+        for p in prompts:
+            replay = RoutingReplay()
+            on_start, on_routing, finish = replay.recorder()
+            for b in streaming_blocks(model).values():
+                b.on_routing = on_routing
+            engine_run(p, n, on_step_start=on_start)
+            finish()
+            replays.append(replay)
+        for b in streaming_blocks(model).values():
+            b.on_routing = None
+    if store is not None and spec["page_cache_budget"] is not None:
+        store.drop_page_cache()
+    mx.reset_peak_memory()
+    _reset_rss_peak()
+    loads.clear()
+    before = rt.stats.snapshot() if rt else {}
+    results = []
+    for i, p in enumerate(prompts):
+        first = len(loads)
+        r = run(p, n, replays[i] if replays else None)
+        if arm == "staged-oracle":
+            for path in rt.staged().values():
+                path.verify()
+        decode_ids = set(r.pop("decode_step_ids", []))
+        rows = [x for x in loads[first:] if x["step"] in decode_ids]
+        r["decode_loads"] = len(rows)
+        r["decode_blocked_ns"] = sum(x["wait_ns"] for x in rows)
+        r["decode_cold_bytes"] = sum(x["bytes"] for x in rows if x["cold"])
+        r["decode_bytes"] = sum(x["bytes"] for x in rows)
+        results.append(r)
+    stats = rt.stats.delta(rt.stats.snapshot(), before) if rt else {}
+    out = {
+        "arm": arm, "load_s": load_s, "loadavg": os.getloadavg(), "prompts": results,
+        "stats": stats,
+        "peak_mlx_bytes": int(mx.get_peak_memory()), "peak_rss_bytes": _rss_peak(),
+        "buffer_bytes": rt.buffer_bytes() if rt else {},
+        "config": rt.config.to_dict() if rt else None,
+        "lora_load_s": rt.lora.load_s if rt and rt.lora else None,
+        "lora_bytes": rt.lora.nbytes if rt and rt.lora else None,
+    }
+    if store is not None:
+        store.close()
+    return out
+
+
+def worker_main(argv: list[str]) -> None:
+    from engine.throttle import ReadThrottle, ThrottleSpec
+
+    spec = json.loads(Path(argv[0]).read_text())
+    throttle = ThrottleSpec(spec.get("read_mbps"), spec.get("read_iops"))
+    with ReadThrottle(Path(spec["model"]), throttle) as th:
+        result = run_arm(spec)
+        result["throttle"] = th.record()
+    Path(argv[1]).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    worker_main(sys.argv[1:])
