@@ -52,7 +52,7 @@ from contract.errors import BadInput, IOFault
 from engine import platform
 from engine.manifest import LayerEntry, Manifest
 from engine.page_cache_budget import PageCacheBudget
-from engine.residency import PAGE, ResidencyProbe, map_for_residency, unmap
+from engine.platform import PAGE, ResidencyProbe, map_for_residency, unmap
 from traces.schema import DEMAND, WHOLE_LAYER, WHOLE_LAYER_EXPERT
 
 ALIGN = 4096  # O_DIRECT alignment of offset, length and buffer address
@@ -89,7 +89,7 @@ class ExpertStore:
         self.direct = o_direct
         self.direct_fallback: str | None = None
         self._local = threading.local()  # per-thread O_DIRECT bounce buffer
-        self._probe = ResidencyProbe()  # mincore (engine.residency)
+        self._probe = ResidencyProbe()  # mincore (engine.platform)
         self.budget = PageCacheBudget(page_cache_budget, self.platform.drop_pages, PAGE) \
             if page_cache_budget is not None else None
         self._files: dict[int, _File] = {}
@@ -194,7 +194,7 @@ class ExpertStore:
     # ------------------------------------------------------------ residency
 
     def _resident_pages(self, f: _File, ranges: list[tuple[int, int]]) -> tuple[int, int]:
-        """(resident pages, total pages) over `ranges` of file `f` (engine.residency)."""
+        """(resident pages, total pages) over `ranges` of file `f` (mincore: engine.platform)."""
         return self._probe.resident_pages(f.addr, ranges)
 
     def residency(self, layer: int, expert: int) -> float:
