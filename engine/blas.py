@@ -3,6 +3,13 @@ preloading Debian's OpenBLAS (package libopenblas0-pthread) makes float32 matmul
 which is what makes training a fixture in minutes possible. LD_PRELOAD only takes effect at
 process start, so we re-execute the current command once with it set. Never imports MLX.
 
+OpenBLAS's results depend on its thread count (it splits a matmul's reduction across threads)
+and, on x86, on the kernels it picks for the CPU: the same fixture build gave different weights
+with 1 and 2 threads (reports/fixtures/reproducibility.md). The re-executed process therefore
+runs OpenBLAS with one thread and, on x86-64, the Haswell (AVX2) kernels every x86-64 CPU since
+2013 runs (`PINNED`; variables the user set win), so a build gives the same bytes on any such
+machine, whatever its core count. On this 2-core machine that costs nothing measurable.
+
 Disable with SSDMOE_NO_FAST_BLAS=1."""
 
 from __future__ import annotations
@@ -13,6 +20,9 @@ import sys
 from pathlib import Path
 
 DISABLE_ENV = "SSDMOE_NO_FAST_BLAS"
+# OpenBLAS settings that make its results machine-independent (see the module docstring)
+PINNED = {"OPENBLAS_NUM_THREADS": "1"}
+PINNED_X86 = {"OPENBLAS_CORETYPE": "Haswell"}
 _MULTIARCH = {"x86_64": "x86_64-linux-gnu", "amd64": "x86_64-linux-gnu",
               "aarch64": "aarch64-linux-gnu", "arm64": "aarch64-linux-gnu"}
 
@@ -47,8 +57,22 @@ def reexec_with_fast_blas() -> None:
     env = dict(os.environ)
     env["LD_PRELOAD"] = " ".join(filter(None, [str(lib), env.get("LD_PRELOAD", "")]))
     env["_SSDMOE_BLAS_REEXEC"] = "1"
+    for key, value in pinned_settings().items():
+        env.setdefault(key, value)
     # orig_argv keeps interpreter flags and `-m module` / `-c code`, so the same command reruns.
     argv = [sys.executable, *sys.orig_argv[1:]]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)
+
+
+def pinned_settings() -> dict[str, str]:
+    """The OpenBLAS environment a re-executed process runs with on this machine."""
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    return {**PINNED, **(PINNED_X86 if x86 else {})}
+
+
+def blas_settings() -> dict[str, str | None]:
+    """What this process computes with (for a fixture's or report's provenance)."""
+    return {"openblas": str(openblas_path()) if fast_blas_active() else None,
+            **{k: os.environ.get(k) for k in (*PINNED, *PINNED_X86)}}

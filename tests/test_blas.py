@@ -84,3 +84,39 @@ def test_matmul_agrees_with_and_without_openblas(tmp_path):
     for got in (np.load(plain), np.load(fast)):
         assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
     assert np.abs(np.load(plain) - np.load(fast)).max() / np.abs(ref).max() < 1e-5
+
+
+SPLIT_MATMUL = (  # a float32 matmul big enough for OpenBLAS to split its reduction over threads
+    "import hashlib, os, sys\n"
+    "from engine.blas import reexec_with_fast_blas\n"
+    "reexec_with_fast_blas()\n"
+    "import mlx.core as mx\n"
+    "a = mx.random.normal((256, 8192), key=mx.random.key(0))\n"
+    "b = mx.random.normal((8192, 256), key=mx.random.key(1))\n"
+    "c = a @ b\n"
+    "mx.eval(c)\n"
+    "import numpy as np\n"
+    "print(hashlib.sha256(np.array(c).tobytes()).hexdigest()[:16],"
+    " os.environ.get('OPENBLAS_NUM_THREADS'), os.environ.get('OPENBLAS_CORETYPE'))\n"
+)
+
+
+@needs_lib
+def test_the_reexec_pins_openblas_so_results_do_not_depend_on_threads():
+    """The premise: OpenBLAS gives other bits with 1 and 2 threads. The fix: the re-executed
+    process pins one thread (and on x86-64 the Haswell kernels), so the result is the same
+    whatever the machine's thread setting; a value the user set still wins."""
+    import platform
+
+    one = _run(SPLIT_MATMUL, **{"OPENBLAS_NUM_THREADS": "1",
+                                "OPENBLAS_CORETYPE": "Haswell"}).split()
+    two = _run(SPLIT_MATMUL, **{"OPENBLAS_NUM_THREADS": "2",
+                                "OPENBLAS_CORETYPE": "Haswell"}).split()
+    pinned = _run(SPLIT_MATMUL).split()
+    assert two[1:] == ["2", "Haswell"] and one[1:] == ["1", "Haswell"]
+    if os.cpu_count() and os.cpu_count() > 1:
+        assert one[0] != two[0], "OpenBLAS gave the same bits with 1 and 2 threads"
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    assert pinned[1:] == ["1", "Haswell" if x86 else "None"]
+    if x86:
+        assert pinned[0] == one[0]  # pinned = one thread, Haswell: whatever the machine says
