@@ -231,9 +231,11 @@ class Runner:
         from engine.loader import load_streaming
 
         config = EngineConfig.from_preset(preset) if preset else None
-        self.model, self.tok, self.store = load_streaming(
-            converted, verify=False, path_factory=path_factory, config=config)
-        self.stats = getattr(self.store, "path_stats", None)
+        self.engine = load_streaming(converted, verify=False, path_factory=path_factory,
+                                     config=config)
+        self.model, self.tok, self.store = self.engine.model, self.engine.tokenizer, \
+            self.engine.store
+        self.stats = self.engine.stats
         self.rows: list[dict] = []
         self.store.on_load = self.rows.append
         self.times = StepTimes()
@@ -254,7 +256,7 @@ class Runner:
         net of the main thread's waits on reads and of router syncs, and the final eval."""
         self.rows.clear()
         TimedExact.sync_ns = 0
-        sync0 = self.stats.route_sync_ns if self.stats is not None else 0
+        sync0 = self.stats.route_sync_ns
         t0 = time.perf_counter_ns()
         logits = self.model(self.token.reshape(1, 1), cache=self.cache)
         t1 = time.perf_counter_ns()
@@ -264,8 +266,7 @@ class Runner:
         if not record:
             return
         wait_ns = sum(r["wait_ns"] for r in self.rows if r["waited"])
-        sync_ns = TimedExact.sync_ns + (
-            (self.stats.route_sync_ns - sync0) if self.stats is not None else 0)
+        sync_ns = TimedExact.sync_ns + self.stats.route_sync_ns - sync0
         t = self.times
         t.build_ms.append((t1 - t0 - wait_ns - sync_ns) / 1e6)
         t.eval_ms.append((t2 - t1) / 1e6)
@@ -275,7 +276,7 @@ class Runner:
 
     def close(self) -> None:
         self.store.on_load = None
-        self.store.close()
+        self.engine.close()
 
 
 def round_robin(runners: dict[str, Runner], steps: int, warmup: int,

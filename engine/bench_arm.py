@@ -91,7 +91,7 @@ def run_arm(spec: dict) -> dict:
     prompts = spec["prompts"]
     t_load = time.perf_counter()
     loads: list[dict] = []
-    store = rt = None
+    engine = store = rt = None
     if arm in ("resident", "engine-resident", "resident-sync"):
         model, tok = load_resident(model_dir)
         if arm == "resident-sync":
@@ -106,8 +106,8 @@ def run_arm(spec: dict) -> dict:
                                           if arm.startswith("staged-prerouter") else None,
                                           lora=spec.get("lora")
                                           if arm == "staged-prerouter-lora" else None)
-        model, tok, store = load_streaming(model_dir, config=config, on_load=loads.append)
-        rt = store.runtime
+        engine = load_streaming(model_dir, config=config, on_load=loads.append)
+        model, tok, store, rt = engine.model, engine.tokenizer, engine.store, engine.runtime
     load_s = time.perf_counter() - t_load
 
     def engine_run(prompt: str, tokens: int, on_step_start=None) -> dict:
@@ -120,7 +120,7 @@ def run_arm(spec: dict) -> dict:
                 on_step_start(step, phase, n_tokens)
 
         r = generate(model, tok, prompt, tokens, temp=spec.get("temp", 0.0),
-                     seed=spec.get("seed", 0), stop_at_eos=False, store=store,
+                     seed=spec.get("seed", 0), stop_at_eos=False, runtime=rt,
                      on_step_start=on_start)
         steps = [s for s in r.steps if s["phase"] == "decode"]
         return {"prompt_tokens": r.prompt_tokens, "prefill_s": r.prefill_s,
@@ -180,8 +180,8 @@ def run_arm(spec: dict) -> dict:
         "lora_load_s": rt.lora.load_s if rt and rt.lora else None,
         "lora_bytes": rt.lora.nbytes if rt and rt.lora else None,
     }
-    if store is not None:
-        store.close()
+    if engine is not None:
+        engine.close()
     return out
 
 

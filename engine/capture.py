@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import BadInput
-from engine.generate import GenerationResult, generate
+from engine.engine import Engine
+from engine.generate import GenerationResult
 from engine.recorder import Recorder, engine_info, run_info
 from traces.schema import RUN_FILE
 
@@ -81,7 +82,7 @@ def load_engine(
     top_k: int | None = None,
     lora: str | Path | None = None,
 ):
-    """-> (model, tokenizer, store, config): the streaming model for `preset`
+    """-> the Engine (engine.engine) for `preset`
     (contract.engine_config.PRESETS) with the page-cache budget given in MiB or as a fraction of the
     model's expert bytes."""
     from contract.engine_config import EngineConfig
@@ -98,24 +99,19 @@ def load_engine(
                                       lookahead=lookahead, lead_kind=lead, top_k=top_k,
                                       prerouter=None if prerouter is None else str(prerouter),
                                       lora=None if lora is None else str(lora))
-    model, tokenizer, store = load_streaming(model_dir, verify=verify, config=config)
-    return model, tokenizer, store, config
+    return load_streaming(model_dir, verify=verify, config=config)
 
 
-def start_recorder(out: Path, model, store, *, config: Any = None,
-                   extra: dict[str, Any] | None = None, command: list[str] | None = None,
-                   **recorder_opts: Any) -> Recorder:
-    """A recorder writing to `out`, run.json filled from the loaded model and store, attached."""
-    engine = engine_info(model, store, config)
-    run = run_info(store.manifest, engine, extra=extra,
+def start_recorder(out: Path, engine: Engine, *, extra: dict[str, Any] | None = None,
+                   command: list[str] | None = None, **recorder_opts: Any) -> Recorder:
+    """A recorder writing to `out`, run.json filled from the engine, attached."""
+    run = run_info(engine.manifest, engine_info(engine), extra=extra,
                    command=list(sys.argv) if command is None else command)
-    return Recorder(out, run, **recorder_opts).attach(model, store)
+    return Recorder(out, run, **recorder_opts).attach(engine)
 
 
 def capture(
-    model,
-    tokenizer,
-    store,
+    engine: Engine,
     prompts: list[str],
     max_tokens: int,
     *,
@@ -143,9 +139,9 @@ def capture(
         hooks["on_step"] = both
     results = []
     for i, prompt in enumerate(prompts):
-        result = generate(model, tokenizer, prompt, max_tokens, temp=temp, seed=seed,
-                          prefill_step_size=prefill_step_size, stop_at_eos=stop_at_eos,
-                          store=store, request=request0 + i, step0=step0, **hooks)
+        result = engine.generate(prompt, max_tokens, temp=temp, seed=seed,
+                                 prefill_step_size=prefill_step_size, stop_at_eos=stop_at_eos,
+                                 request=request0 + i, step0=step0, **hooks)
         step0 += len(result.steps)
         results.append(result)
     return results

@@ -39,8 +39,9 @@ Hooks (the trace recorder plugs in here):
 Sampling is mlx-lm's (`make_sampler`: temperature, top_p, top_k). With `logprobs` (the number
 of alternatives, 0 for none) on_token gets each token's log-probability and the top ones.
 With a prerouter (runtime.preroute) its state is reset at the start: a new sequence.
-The runtime's step clock (engine.step_clock) holds the step whose loads are being done, so
-load rows carry it.
+`runtime`: the streaming engine's (engine.engine.Engine.runtime; `Engine.generate` passes it),
+None for a resident mlx-lm model. Its step clock (engine.step_clock) holds the step whose
+loads are being done, so load rows carry it.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def generate(
     on_token: Callable[[int, float | None, list], None] | None = None,
     prefill_step_size: int = 2048,
     stop_at_eos: bool = True,
-    store=None,
+    runtime=None,
     request: int = 0,
     step0: int = 0,
     lookahead: bool | None = None,
@@ -120,8 +121,8 @@ def generate(
         raise ValueError("empty prompt")
     if seed is not None:
         mx.random.seed(seed)
-    loop = StepLoop(model, getattr(store, "runtime", None), make_sampler(temp, top_p=top_p,
-                    top_k=top_k), logprobs, request, step0, lookahead, on_step_start, on_step)
+    loop = StepLoop(model, runtime, make_sampler(temp, top_p=top_p, top_k=top_k), logprobs,
+                    request, step0, lookahead, on_step_start, on_step)
     out: list[int] = []
     detok = tokenizer.detokenizer
     detok.reset()

@@ -15,6 +15,7 @@ from contract.engine_config import EngineConfig
 from contract.errors import BadInput
 from engine.archs import ARCHS, routing_spec
 from engine.convert import build_skeleton, moe_layers, quantize_like_source, switch_glu_of
+from engine.engine import Engine
 from engine.manifest import (
     CONFIG_FILE,
     PROJECTIONS,
@@ -137,13 +138,13 @@ def load_streaming(
     float32: bool | None = None,
     config: EngineConfig | None = None,
 ):
-    """-> (model, tokenizer, store). The model is an ordinary mlx-lm model (use it with
+    """-> an Engine (engine.engine): the model is an ordinary mlx-lm model (use it with
     mlx_lm.generate_step or engine.generate) whose MoE blocks are `StreamingMoE`s reading
-    experts through `store`. `config` (an EngineConfig, e.g. `EngineConfig.from_preset(
+    experts through the Engine's store. `config` (an EngineConfig, e.g. `EngineConfig.from_preset(
     "staged")`) chooses each layer's path per phase and sets o_direct / page_cache_budget
     (the keyword arguments are used when no config is given: preset "on-demand").
     `path_factory(store, layer)` / `prefill_path_factory` override the config's paths.
-    The shared runtime (config, readers, counters, paths) is `store.runtime`. `float32`:
+    The shared runtime (config, readers, counters, paths) is `engine.runtime`. `float32`:
     upcast float tensors (None: per the config's `dtype`, engine.device)."""
     from engine.runtime import build_runtime
 
@@ -187,7 +188,7 @@ def load_streaming(
             raise BadInput(f"{manifest.root}: lead 'layer' needs a MoE layer followed by a MoE "
                            f"layer (MoE layers: {manifest.moe_layers})")
         rt.preroute = layer_lead.install(blocks)
-    return model, load_tokenizer(manifest), store
+    return Engine(model, load_tokenizer(manifest), store, rt)
 
 
 def install_lora(model, src: Path, manifest: Manifest):

@@ -1,9 +1,9 @@
 """The trace recorder: plugs into the engine's hooks and writes a trace (traces.schema) through
 traces.writer.TraceWriter.
 
-    rec = Recorder(out_dir, run_info(manifest, engine_info(model, store)))
-    rec.attach(model, store)                       # store.on_load + every block's on_routing
-    generate(model, tok, prompt, n, store=store, **rec.hooks())
+    rec = Recorder(out_dir, run_info(engine.manifest, engine_info(engine)))
+    rec.attach(engine)                             # store.on_load + every block's on_routing
+    engine.generate(prompt, n, **rec.hooks())
     rec.close()                                    # run.json complete=true
 
 What each step row holds (one row per forward step, written in `on_step`, after the step's eval):
@@ -24,7 +24,7 @@ What each step row holds (one row per forward step, written in `on_step`, after 
   that arrive late are counted in the step being written, so the totals always match the loads
   table; loads labelled with a later step wait for that step).
 - cache_hits/misses/evictions: per-step differences of the paths' shared cumulative counters
-  (engine.paths.stats.PathStats on `store.path_stats`; 0 when the store has none).
+  (the engine's engine.paths.stats.PathStats).
 - Host syncs of routed ids that the paths count (PathStats.route_sync_ns: the time inside
   `np.array(inds)`, which evaluates the graph up to that router) are compute, not graph
   building: that time is moved from build_ns to eval_ns. A path that syncs without counting
@@ -55,6 +55,7 @@ import numpy as np
 
 from engine import memory
 from engine.device import device_info
+from engine.engine import Engine
 from engine.manifest import MANIFEST_FILE, Manifest, sha256_file
 from traces.run_info import RunInfo, machine_info
 from traces.writer import TraceWriter
@@ -96,28 +97,17 @@ def paths_in_use(model) -> dict[str, Any]:
     return out
 
 
-def engine_info(model, store, config: Any = None) -> dict[str, Any]:
-    """run.json `engine`: `config.to_dict()` for an EngineConfig (contract.engine_config), or
-    `config` itself when it is a dict (the options load_streaming was given), else defaults
-    read from the store; plus what is observed on the loaded model (paths per phase and
-    layer, effective O_DIRECT, K)."""
-    runtime_config = getattr(getattr(store, "runtime", None), "config", None)
-    if config is None and runtime_config is not None:
-        config = runtime_config
-    if config is not None and hasattr(config, "to_dict"):
-        base = dict(config.to_dict())
-    else:
-        base = {"preset": None, "page_cache_budget": store.page_cache_budget,
-                "o_direct": store.direct or bool(store.direct_fallback),
-                "cache_budgets": {}, "prerouter": False, "lora": False, "lead": 0,
-                **(config or {})}
+def engine_info(engine: Engine) -> dict[str, Any]:
+    """run.json `engine`: the engine's config (`EngineConfig.to_dict()`, contract.engine_config)
+    plus what is observed on the loaded model (the K it routes at, resolved buffer sizes, paths
+    per phase and layer, the platform and device, effective O_DIRECT)."""
+    store = engine.store
+    base = dict(engine.config.to_dict())
     base.setdefault("k", store.manifest.top_k)  # the K it routed at (EngineConfig.top_k)
-    base.setdefault("prerouter", False)
-    base.setdefault("lora", False)
-    runtime = getattr(store, "runtime", None)
-    if runtime is not None and hasattr(runtime, "buffer_bytes"):
-        base["buffer_bytes"] = runtime.buffer_bytes()  # resolved cache sizes (hot, staged, ...)
-    base["paths_in_use"] = paths_in_use(model)
+    base["prerouter"] = base.get("prerouter") or False
+    base["lora"] = base.get("lora") or False
+    base["buffer_bytes"] = engine.runtime.buffer_bytes()  # resolved sizes (hot, staged, ...)
+    base["paths_in_use"] = paths_in_use(engine.model)
     base["platform"] = store.platform.features()  # what the OS provided (engine.platform)
     base["device"] = device_info(base.get("dtype", "auto"))
     base["o_direct_effective"] = store.direct
@@ -181,7 +171,7 @@ class Recorder:
         self._later: list[dict] = []  # drained loads labelled with a step not yet written
         self._routing: dict[int, list[tuple]] = {}  # step -> its blocks' lazy routing
         self._building = -1  # the step whose graph is being built (gets on_routing calls)
-        self._stats = None  # engine.paths.stats.PathStats of the store, when it has one
+        self._stats = None  # the engine's engine.paths.stats.PathStats
         self._last_counts: dict[str, int] = {}
         self._pc_cost_ns = 0
         self._pc_last_ns = 0
@@ -190,17 +180,17 @@ class Recorder:
 
     # ------------------------------------------------------------ wiring
 
-    def attach(self, model, store) -> Recorder:
-        """Install the load and routing hooks on a model from engine.loader.load_streaming."""
+    def attach(self, engine: Engine) -> Recorder:
+        """Install the load and routing hooks on an engine (engine.loader.load_streaming)."""
         from engine.loader import streaming_blocks
 
-        self.store = store
+        store = self.store = engine.store
         self._prev_on_load = store.on_load
         store.on_load = self.on_load if store.on_load is None else self._chained_on_load
-        self._blocks = list(streaming_blocks(model).values())
+        self._blocks = list(streaming_blocks(engine.model).values())
         for block in self._blocks:
             block.on_routing = self.on_routing
-        self._stats = getattr(store, "path_stats", None)
+        self._stats = engine.stats
         self._last_counts = self._count()
         return self
 

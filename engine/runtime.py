@@ -1,11 +1,9 @@
 """The per-model objects the execution paths share, built from an `EngineConfig`: the reader
-pool, the hot LRU pool, the whole-layer double stack, the counters, and one path per (layer,
-phase). `load_streaming` builds it and hangs it on the store (`store.runtime`), so whoever
-holds the store (the trace recorder, the benchmark) reaches the config and the counters:
+pool, the hot LRU pool, the whole-layer double stack, the counters, the step clock, and one
+path per (layer, phase). `load_streaming` builds it into the Engine it returns:
 
-    rt = store.runtime
-    rt.config.to_dict()        # run.json "engine"
-    rt.stats.snapshot()        # cumulative cache_hits/misses/evictions, blocked_ns, ...
+    engine.runtime.config.to_dict()   # run.json "engine"
+    engine.stats.snapshot()           # cumulative cache_hits/misses/evictions, blocked_ns, ...
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from engine.paths.exact import ExactPath
 from engine.paths.hot import HotPath, HotPool
 from engine.paths.kernel import ExpertPath
 from engine.paths.staged import StagedPath
-from engine.paths.stats import PathStats, stats_for
+from engine.paths.stats import PathStats
 from engine.paths.whole_layer import WholeLayerLoader, WholeLayerPath
 from engine.prerouter import PrerouteLink
 from engine.readers import ReaderPool
@@ -89,7 +87,7 @@ class Runtime:
 def build_runtime(config: EngineConfig, store: ExpertStore) -> Runtime:
     m = store.manifest
     config.validate(m)
-    stats = stats_for(store)
+    stats = PathStats()
     clock = StepClock()
     rt = Runtime(config, store, stats, ReaderPool(store, config.readers, stats, config.help_reads,
                                                   clock), fills=FillPoints(clock))
@@ -110,19 +108,11 @@ def build_runtime(config: EngineConfig, store: ExpertStore) -> Runtime:
                 continue
             if (i, kind) not in shared:
                 if kind == "exact":
-                    shared[(i, kind)] = ExactPath(store, i, step_clock=clock)
+                    shared[(i, kind)] = ExactPath(store, i, step_clock=clock, stats=stats)
                 elif kind == "hot":
                     shared[(i, kind)] = HotPath(store, i, rt.hot, rt.fills)
                 else:
                     shared[(i, kind)] = StagedPath(store, i, rt.readers, stats,
                                                    config.staged_headroom, rt.fills)
             rt.paths[(i, phase)] = shared[(i, kind)]
-    store.runtime = rt
-    close = store.close
-
-    def close_all() -> None:  # the store's owner closes the store; readers go with it
-        rt.close()
-        close()
-
-    store.close = close_all
     return rt

@@ -22,15 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from engine.capture import capture
+from engine.engine import Engine
 from engine.recorder import Recorder, engine_info, run_info
 
 ARMS = ("off", "on")
 
 
 def measure_overhead(
-    model,
-    tokenizer,
-    store,
+    engine: Engine,
     prompts: list[str],
     max_tokens: int,
     rounds: int = 5,
@@ -41,7 +40,7 @@ def measure_overhead(
 ) -> dict[str, Any]:
     opts = dict(recorder_opts or {})
     tmp = Path(tempfile.mkdtemp(prefix="trace-overhead-", dir=workdir))
-    engine = engine_info(model, store)
+    info = engine_info(engine)
     runs: list[dict[str, Any]] = []  # one per (round, arm)
     gens: list[dict[str, Any]] = []  # one per (round, prompt, arm)
     try:
@@ -49,10 +48,10 @@ def measure_overhead(
             """Generate `prompt`, traced when `recorder` -> (decode steps, decode seconds)."""
             step0 = 0
             if recorder is not None:
-                recorder.attach(model, store)
+                recorder.attach(engine)
                 step0 = recorder.steps
             try:
-                results = capture(model, tokenizer, store, [prompt], max_tokens,
+                results = capture(engine, [prompt], max_tokens,
                                   recorder=recorder, step0=step0, request0=request)
             finally:
                 if recorder is not None:
@@ -61,13 +60,13 @@ def measure_overhead(
             return steps, sum(r.decode_s for r in results)
 
         # Warm-up, excluded.
-        warm = Recorder(tmp / "warmup", run_info(store.manifest, engine), **opts)
+        warm = Recorder(tmp / "warmup", run_info(engine.manifest, info), **opts)
         one(warm, prompts[0], 0)
         one(None, prompts[0], 0)
         warm.close()
 
         for rnd in range(rounds):
-            rec = Recorder(tmp / f"round{rnd}", run_info(store.manifest, engine), **opts)
+            rec = Recorder(tmp / f"round{rnd}", run_info(engine.manifest, info), **opts)
             for p, prompt in enumerate(prompts):
                 order = ARMS if (rnd + p) % 2 == 0 else ARMS[::-1]
                 for arm in order:

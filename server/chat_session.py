@@ -9,9 +9,9 @@ from server.chat_template import render
 
 
 class ChatSession:
-    def __init__(self, model, tokenizer, store, loads: list[dict], max_tokens: int = 128,
-                 temp: float = 0.8, seed: int = 0):
-        self.model, self.tokenizer, self.store, self.loads = model, tokenizer, store, loads
+    def __init__(self, engine, loads: list[dict], max_tokens: int = 128, temp: float = 0.8,
+                 seed: int = 0):
+        self.engine, self.tokenizer, self.loads = engine, engine.tokenizer, loads
         self.max_tokens, self.temp, self.seed = max_tokens, temp, seed
         self.messages: list[dict[str, str]] = []
         self.last: dict | None = None
@@ -21,14 +21,12 @@ class ChatSession:
         self.messages = []
 
     def reply(self, text: str, show: Callable[[str], None]) -> str:
-        from engine.generate import generate
-
         self.messages.append({"role": "user", "content": text})
         prompt = render(self.tokenizer, self.messages)
-        stats = self.store.runtime.stats
+        stats = self.engine.stats
         before, first_load = stats.snapshot(), len(self.loads)
-        r = generate(self.model, self.tokenizer, prompt, self.max_tokens, temp=self.temp,
-                     seed=self.seed + self.replies, store=self.store, on_text=show)
+        r = self.engine.generate(prompt, self.max_tokens, temp=self.temp,
+                                 seed=self.seed + self.replies, on_text=show)
         self.replies += 1
         self.messages.append({"role": "assistant", "content": r.text})
         d = stats.delta(stats.snapshot(), before)

@@ -64,8 +64,9 @@ def describe(err: BaseException) -> dict:
 
 
 class Worker:
-    def __init__(self, model, tokenizer, store, recorder=None):
-        self.model, self.tokenizer, self.store, self.recorder = model, tokenizer, store, recorder
+    def __init__(self, engine, recorder=None):
+        self.engine, self.recorder = engine, recorder
+        self.tokenizer = engine.tokenizer
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.running: Job | None = None
         self.next_step = 0  # trace step numbers continue across requests
@@ -119,7 +120,6 @@ class Worker:
                 self.running = None
 
     def _generate(self, job: Job) -> dict:
-        from engine.generate import generate
 
         p = job.params
         matcher = StopMatcher(p.stops)
@@ -161,10 +161,10 @@ class Worker:
 
         hooks = self.recorder.hooks() if self.recorder is not None else {}
         t0 = time.perf_counter()
-        r = generate(self.model, self.tokenizer, p.prompt, p.max_tokens, temp=p.temp,
-                     top_p=p.top_p, top_k=p.top_k, seed=p.seed, logprobs=p.logprobs,
-                     store=self.store, request=job.number, step0=self.next_step,
-                     on_text=on_text, on_token=on_token, stop_check=stop_check, **hooks)
+        r = self.engine.generate(p.prompt, p.max_tokens, temp=p.temp, top_p=p.top_p,
+                                 top_k=p.top_k, seed=p.seed, logprobs=p.logprobs,
+                                 request=job.number, step0=self.next_step, on_text=on_text,
+                                 on_token=on_token, stop_check=stop_check, **hooks)
         if r.steps:
             self.next_step = r.steps[-1]["step"] + 1
         if not matcher.stopped and r.finish_reason != "cancelled":

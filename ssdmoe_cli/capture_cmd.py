@@ -124,7 +124,7 @@ def capture(
     from traces.regime import decode_routing
 
     texts = read_prompts(prompts)
-    lm, tokenizer, store, config = load_engine(
+    engine = load_engine(
         model, preset=preset, o_direct=o_direct, page_cache_mb=page_cache_mb,
         page_cache_fraction=page_cache_fraction, verify=verify, lookahead=lookahead,
         prerouter=prerouter, lead=lead, top_k=top_k,
@@ -133,14 +133,14 @@ def capture(
         try:
             out = prepare_out_dir(out, force)
         except BaseException:
-            store.close()
+            engine.close()
             raise
     for n, text in enumerate(texts, 1):
-        if not tokenizer.encode(text):
+        if not engine.tokenizer.encode(text):
             raise BadInput(f"{prompts}:{n}: prompt encodes to no tokens")
     try:
         if overhead:
-            _overhead(model, lm, tokenizer, store, texts, max_tokens, rounds, report, progress)
+            _overhead(model, engine, texts, max_tokens, rounds, report, progress)
             return
         _sigterm_as_interrupt()
         with ReadThrottle(model, throttle) as th:
@@ -150,14 +150,14 @@ def capture(
                                  "prefill_step_size": prefill_step_size,
                                  "stop_at_eos": stop_at_eos},
                      "throttle": th.record()}
-            rec = start_recorder(out, lm, store, config=config, extra=extra)
+            rec = start_recorder(out, engine, extra=extra)
             with rec, _progress(progress, len(texts) * max(max_tokens - 1, 1)) as bar:
-                results = run_capture(lm, tokenizer, store, texts, max_tokens, recorder=rec,
+                results = run_capture(engine, texts, max_tokens, recorder=rec,
                                       temp=temp, seed=seed,
                                       prefill_step_size=prefill_step_size,
                                       stop_at_eos=stop_at_eos, on_step=bar)
     finally:
-        store.close()
+        engine.close()
     from engine.capture import decode_tok_s
 
     prefill_tokens = sum(r.prompt_tokens for r in results)
@@ -199,7 +199,7 @@ def _span(span) -> str:
     return "n/a" if not span else f"{span[0]:.1f}..{span[1]:.1f}%"
 
 
-def _overhead(model_dir, lm, tokenizer, store, texts, max_tokens, rounds, report, progress):
+def _overhead(model_dir, engine, texts, max_tokens, rounds, report, progress):
     from rich.console import Console
     from rich.table import Table
 
@@ -212,7 +212,7 @@ def _overhead(model_dir, lm, tokenizer, store, texts, max_tokens, rounds, report
         if progress:
             err.print(f"round {row['round']} {row['arm']:>3}: {row['decode_tok_s']:.2f} tok/s")
 
-    result = measure_overhead(lm, tokenizer, store, texts, max_tokens, rounds, on_run=show)
+    result = measure_overhead(engine, texts, max_tokens, rounds, on_run=show)
     result.update(model=str(model_dir), command=list(sys.argv),
                   machine=machine_info(model_dir), packages=package_versions())
     table = Table(title=f"tracing overhead: {model_dir} ({len(texts)} prompts x {max_tokens} "

@@ -111,7 +111,6 @@ def generate(
     if page_cache_mb is not None and page_cache_mb <= 0:
         raise BadInput(f"--page-cache-mb: must be > 0, got {page_cache_mb}")
     from contract.engine_config import EngineConfig
-    from engine.generate import generate as run_generate
     from engine.loader import load_streaming
 
     if trace is not None:
@@ -123,25 +122,25 @@ def generate(
                                       lookahead=lookahead, top_k=top_k,
                                       prerouter=None if prerouter is None else str(prerouter),
                                       lora=served_lora(model, lora, no_lora, prerouter, top_k))
-    lm, tokenizer, store = load_streaming(model, verify=verify, config=config)
-    if not tokenizer.encode(prompt):
+    engine = load_streaming(model, verify=verify, config=config)
+    if not engine.tokenizer.encode(prompt):
         raise BadInput("--prompt: encodes to no tokens")
 
     def show(segment: str) -> None:
         sys.stdout.write(segment)
         sys.stdout.flush()
 
-    rec = None if trace is None else start_recorder(trace, lm, store, config=config)
+    rec = None if trace is None else start_recorder(trace, engine)
     try:
-        result = run_generate(lm, tokenizer, prompt, max_tokens, temp=temp, seed=seed,
-                              store=store, on_text=None if json_out else show,
-                              **(rec.hooks() if rec is not None else {}))
+        result = engine.generate(prompt, max_tokens, temp=temp, seed=seed,
+                                 on_text=None if json_out else show,
+                                 **(rec.hooks() if rec is not None else {}))
     except BaseException:
         if rec is not None:
             rec.close(complete=False)  # keeps what was captured; run.json says incomplete
         raise
     finally:
-        store.close()
+        engine.close()
     if rec is not None:
         rec.close()
     if json_out:

@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
 def load_served(model: Path, preset: str, prerouter: Path | None, no_prerouter: bool,
                 lora: Path | None, no_lora: bool, top_k: int | None, trace: Path | None = None,
                 force: bool = False, on_load=None):
-    """-> (model, tokenizer, store, config): the engine as `serve` and `chat` run it."""
+    """-> the Engine as `serve` and `chat` run it."""
     from contract.engine_config import EngineConfig
     from engine.loader import load_streaming
     from ssdmoe_cli.train_cmds import heads_dir
@@ -49,8 +49,7 @@ def load_served(model: Path, preset: str, prerouter: Path | None, no_prerouter: 
     config = EngineConfig.from_preset(
         preset, top_k=top_k, prerouter=None if prerouter is None else str(prerouter),
         lora=served_lora(model, lora, no_lora, prerouter, top_k))
-    lm, tok, store = load_streaming(model, config=config, on_load=on_load)
-    return lm, tok, store, config
+    return load_streaming(model, config=config, on_load=on_load)
 
 
 def serve(
@@ -96,10 +95,11 @@ def serve(
     from server.app import ServeConfig, create_app
     from server.worker import Worker
 
-    lm, tok, store, config = load_served(model, preset, prerouter, no_prerouter, lora, no_lora,
-                                         top_k, trace, force)
-    rec = None if trace is None else start_recorder(trace, lm, store, config=config)
-    m = store.manifest
+    engine = load_served(model, preset, prerouter, no_prerouter, lora, no_lora, top_k, trace,
+                         force)
+    config = engine.config
+    rec = None if trace is None else start_recorder(trace, engine)
+    m = engine.manifest
     cfg = ServeConfig(
         model_id=name or Path(model).resolve().name, max_tokens=max_tokens,
         context=int(m.config.get("max_position_embeddings") or 4096), max_body_bytes=max_body,
@@ -107,7 +107,7 @@ def serve(
         metadata={"preset": config.preset, "prerouter": config.prerouter, "lora": config.lora,
                   "top_k": m.top_k,
                   "fingerprint": sha256_file(m.path(MANIFEST_FILE))[:12]})
-    worker = Worker(lm, tok, store, rec)
+    worker = Worker(engine, rec)
     app = create_app(worker, cfg)
     typer.echo(f"serving {cfg.model_id} on http://{host}:{port}/v1 (preset {config.preset}, "
                f"heads {config.prerouter or 'none'}, lora {config.lora or 'none'})", err=True)
@@ -125,7 +125,7 @@ def serve(
         worker.close()
         if rec is not None:
             rec.close()  # the trace keeps every finished step
-        store.close()
+        engine.close()
     typer.echo("server stopped", err=True)
 
 
@@ -148,9 +148,10 @@ def chat(
     from server.chat_session import ChatSession
 
     loads: list[dict] = []
-    lm, tok, store, config = load_served(model, preset, prerouter, no_prerouter, lora, no_lora,
-                                         top_k, on_load=loads.append)
-    session = ChatSession(lm, tok, store, loads, max_tokens=max_tokens, temp=temp, seed=seed)
+    engine = load_served(model, preset, prerouter, no_prerouter, lora, no_lora, top_k,
+                         on_load=loads.append)
+    config = engine.config
+    session = ChatSession(engine, loads, max_tokens=max_tokens, temp=temp, seed=seed)
     out = sys.stdout
     out.write(f"ssdmoe chat: {Path(model).name} (preset {config.preset}, heads "
               f"{config.prerouter or 'none'}, lora {config.lora or 'none'}); /reset /stats "
@@ -172,4 +173,4 @@ def chat(
                 session.reply(line, lambda s: (out.write(s), out.flush()))
                 out.write("\n")
     finally:
-        store.close()
+        engine.close()

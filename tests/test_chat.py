@@ -30,17 +30,18 @@ def _chat(model: Path, lines: str) -> str:
 
 def test_chat_replies_stats_and_reset(tiny_random_converted):
     out = _chat(tiny_random_converted, "hello there\n/stats\n/reset\nhello there\n/quit\n")
-    model, tok, store = load_streaming(tiny_random_converted)
+    eng = load_streaming(tiny_random_converted)
+    model, tok = eng.model, eng.tokenizer
     user = {"role": "user", "content": "hello there"}
 
     def reply(messages: list[dict], seed: int) -> str:
         return generate(model, tok, render(tok, messages), 12, temp=0.8, seed=seed,
-                        store=store).text
+                        runtime=eng.runtime).text
 
     first = reply([user], 4)
     after_reset = reply([user], 5)  # the seed moves on per reply
     without_reset = reply([user, {"role": "assistant", "content": first}, user], 5)
-    store.close()
+    eng.close()
     assert first and after_reset != without_reset
     assert f"> {first}\n> last reply:" in out
     assert f"> (history cleared)\n> {after_reset}\n" in out

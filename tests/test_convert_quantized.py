@@ -60,12 +60,13 @@ def _mlx_lm_tokens(src: Path, n: int = 16) -> list[int]:
 
 
 def _engine_tokens(dst: Path, preset: str, n: int = 16, **config) -> list[int]:
-    model, tok, store = load_streaming(dst, config=EngineConfig.from_preset(preset, **config))
+    eng = load_streaming(dst, config=EngineConfig.from_preset(preset, **config))
+    model, tok = eng.model, eng.tokenizer
     try:
         return generate(model, tok, PROMPT, n, temp=1.0, seed=11, stop_at_eos=False,
-                        store=store).tokens
+                        runtime=eng.runtime).tokens
     finally:
-        store.close()
+        eng.close()
 
 
 def _expert_source(src: Path, layer: int, attr: str = "switch_mlp") -> dict[str, np.ndarray]:

@@ -50,8 +50,8 @@ def test_streaming_equals_resident(arch, arch_model):
     identical logits, for a prompt long enough to take mlx-lm's sorted (prefill) branch."""
     _, dst = arch_model(arch)
     routed: list[tuple[int, tuple]] = []
-    sm, tok, store = load_streaming(dst, on_routing=lambda i, inds, w: routed.append(
-        (i, tuple(inds.shape))))
+    eng = load_streaming(dst, on_routing=lambda i, inds, w: routed.append((i, tuple(inds.shape))))
+    sm, tok, store = eng.model, eng.tokenizer, eng.store
     rm, _ = load_resident(dst)
     blocks = streaming_blocks(sm)
     assert sorted(blocks) == store.manifest.moe_layers
@@ -60,7 +60,7 @@ def test_streaming_equals_resident(arch, arch_model):
     assert prompt.size * store.manifest.top_k >= 64
     assert np.array_equal(np.array(a), np.array(b)), float(mx.abs(a - b).max())
     assert [i for i, _ in routed] == store.manifest.moe_layers
-    store.close()
+    eng.close()
 
 
 @pytest.mark.parametrize("arch", tuple(ARCHS))
@@ -84,10 +84,11 @@ def test_decode_equals_mlx_lm_every_arch(arch, arch_model):
                                               sampler=make_sampler(1.0))]
     assert len(set(want)) > 3, f"{arch}: the reference collapsed ({want})"
     for preset in ("on-demand", "staged"):
-        sm, tok2, store = load_streaming(dst, config=EngineConfig.from_preset(preset))
+        eng = load_streaming(dst, config=EngineConfig.from_preset(preset))
+        sm, tok2 = eng.model, eng.tokenizer
         try:
             got = generate(sm, tok2, prompt, 16, temp=1.0, seed=11, stop_at_eos=False,
-                           store=store).tokens
+                           runtime=eng.runtime).tokens
         finally:
-            store.close()
+            eng.close()
         assert got == want, (arch, preset)

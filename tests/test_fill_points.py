@@ -25,33 +25,32 @@ N = 16
 @pytest.fixture(scope="module")
 def reference(tiny_random_converted):
     """Greedy tokens of the exact path (on-demand preset): the correctness baseline."""
-    model, tok, store = load_streaming(tiny_random_converted,
-                                       config=EngineConfig.from_preset("on-demand"))
-    out = generate(model, tok, PROMPT, N, stop_at_eos=False, store=store).tokens
-    store.close()
+    eng = load_streaming(tiny_random_converted, config=EngineConfig.from_preset("on-demand"))
+    model, tok = eng.model, eng.tokenizer
+    out = generate(model, tok, PROMPT, N, stop_at_eos=False, runtime=eng.runtime).tokens
+    eng.close()
     return out
 
 
 @pytest.fixture
 def staged(tiny_random_converted):
-    model, tok, store = load_streaming(tiny_random_converted,
-                                       config=EngineConfig.from_preset("staged"))
-    yield model, tok, store
-    store.close()
+    eng = load_streaming(tiny_random_converted, config=EngineConfig.from_preset("staged"))
+    yield eng
+    eng.close()
 
 
 @pytest.mark.parametrize("preset", ["staged", "hot"])
 @pytest.mark.parametrize("lookahead", [True, False])
 def test_decode_defers_every_sync_and_matches_exact(preset, lookahead, reference,
                                                     tiny_random_converted):
-    model, tok, store = load_streaming(tiny_random_converted,
-                                       config=EngineConfig.from_preset(preset))
-    generate(model, tok, PROMPT, 4, stop_at_eos=False, store=store)  # prefill loads aside
+    eng = load_streaming(tiny_random_converted, config=EngineConfig.from_preset(preset))
+    model, tok, store = eng.model, eng.tokenizer, eng.store
+    generate(model, tok, PROMPT, 4, stop_at_eos=False, runtime=eng.runtime)  # prefill loads aside
     loads: list[dict] = []
     store.on_load = loads.append
-    before = store.runtime.stats.snapshot()
-    r = generate(model, tok, PROMPT, N, stop_at_eos=False, store=store, lookahead=lookahead)
-    d = store.runtime.stats.delta(store.runtime.stats.snapshot(), before)
+    before = eng.runtime.stats.snapshot()
+    r = generate(model, tok, PROMPT, N, stop_at_eos=False, runtime=eng.runtime, lookahead=lookahead)
+    d = eng.runtime.stats.delta(eng.runtime.stats.snapshot(), before)
     assert r.tokens == reference
     single = sum(1 for s in r.steps if s["tokens"] == 1)  # the last prompt token + decode
     layers = len(store.manifest.moe_layers)
@@ -60,7 +59,7 @@ def test_decode_defers_every_sync_and_matches_exact(preset, lookahead, reference
     # every routed expert of every single-token call was a hit or a miss that was read
     assert d["cache_hits"] + d["cache_misses"] == single * layers * store.manifest.top_k
     assert d["cache_misses"] == sum(1 for r in loads if r["expert"] >= 0)
-    store.close()
+    eng.close()
 
 
 def test_unresolved_fill_points_would_corrupt_the_output(staged, tiny_random_converted):
@@ -69,8 +68,10 @@ def test_unresolved_fill_points_would_corrupt_the_output(staged, tiny_random_con
     fully resident mlx-lm model's."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    model, tok, store = staged
-    fills = store.runtime.fills
+    eng = staged
+
+    model, tok = eng.model, eng.tokenizer
+    fills = eng.runtime.fills
     resident, _ = load_resident(tiny_random_converted)
     token = mx.array([[tok.encode(PROMPT)[0]]])
     want = np.array(resident(token, cache=make_prompt_cache(resident)))
@@ -83,7 +84,7 @@ def test_unresolved_fill_points_would_corrupt_the_output(staged, tiny_random_con
     with fills.collecting():
         logits = model(token, cache=make_prompt_cache(model))
     points = fills.take()
-    assert len(points) == len(store.runtime.staged())
+    assert len(points) == len(eng.runtime.staged())
     resolve(points)
     assert np.array_equal(np.array(logits), want)
 
@@ -91,19 +92,21 @@ def test_unresolved_fill_points_would_corrupt_the_output(staged, tiny_random_con
 def test_outside_the_loop_staged_syncs_at_build(staged, tiny_random_converted):
     from mlx_lm.models.cache import make_prompt_cache
 
-    model, tok, store = staged
+    eng = staged
+
+    model, tok = eng.model, eng.tokenizer
     resident, _ = load_resident(tiny_random_converted)
     token = mx.array([[tok.encode(PROMPT)[1]]])
-    before = store.runtime.stats.snapshot()
+    before = eng.runtime.stats.snapshot()
     got = np.array(model(token, cache=make_prompt_cache(model)))
-    d = store.runtime.stats.delta(store.runtime.stats.snapshot(), before)
-    assert d["route_syncs"] == len(store.runtime.staged()) and d["deferred_syncs"] == 0
+    d = eng.runtime.stats.delta(eng.runtime.stats.snapshot(), before)
+    assert d["route_syncs"] == len(eng.runtime.staged()) and d["deferred_syncs"] == 0
     assert np.array_equal(got, np.array(resident(token, cache=make_prompt_cache(resident))))
 
 
-def _hook_order(model, tok, store) -> list[tuple[str, int]]:
+def _hook_order(model, tok, eng) -> list[tuple[str, int]]:
     events: list[tuple[str, int]] = []
-    generate(model, tok, PROMPT, 6, stop_at_eos=False, store=store,
+    generate(model, tok, PROMPT, 6, stop_at_eos=False, runtime=eng.runtime,
              on_step_start=lambda s, ph, n: events.append(("start", s)),
              on_step=lambda row: events.append(("end", row["step"])))
     return events
@@ -116,22 +119,22 @@ def test_lookahead_builds_the_next_step_before_the_token_arrives(preset, overlap
     """Order of hooks: with lookahead (staged, hot) step t+1 starts before step t ends; a
     preset whose decode path syncs while the graph is built (exact) runs steps one after the
     other."""
-    model, tok, store = load_streaming(tiny_random_converted,
-                                       config=EngineConfig.from_preset(preset))
-    events = _hook_order(model, tok, store)
+    eng = load_streaming(tiny_random_converted, config=EngineConfig.from_preset(preset))
+    model, tok = eng.model, eng.tokenizer
+    events = _hook_order(model, tok, eng)
     ends = [s for kind, s in events if kind == "end"]
     for s in ends[-5:-1]:  # decode steps that have a successor
         starts_next = events.index(("start", s + 1))
         assert (starts_next < events.index(("end", s))) == overlapped, events
     assert ("start", ends[-1] + 1) not in events  # no step built past max_tokens
-    assert bool(store.runtime.syncs_at_build("decode")) == (not overlapped)
-    store.close()
+    assert bool(eng.runtime.syncs_at_build("decode")) == (not overlapped)
+    eng.close()
 
 
 def test_lookahead_trace_windows_tile_the_decode(staged, reference, tmp_path):
-    model, tok, store = staged
-    rec = start_recorder(tmp_path / "t", model, store)
-    results = capture(model, tok, store, [PROMPT], N, recorder=rec)
+    eng = staged
+    rec = start_recorder(tmp_path / "t", eng)
+    results = capture(eng, [PROMPT], N, recorder=rec)
     rec.close()
     assert results[0].tokens == reference
     trace = read_trace(tmp_path / "t")
@@ -146,34 +149,36 @@ def test_lookahead_trace_windows_tile_the_decode(staged, reference, tmp_path):
     # routing rows are keyed by the step that ran them although steps overlap: each decode
     # step's routed experts equal what its slots served (hits + misses = K per layer)
     r = trace.routing.filter(pl.col("step").is_in(d["step"].to_list()))
-    assert r.group_by("step").len()["len"].to_list() == [len(store.runtime.staged())] * len(d)
+    assert r.group_by("step").len()["len"].to_list() == [len(eng.runtime.staged())] * len(d)
     loads = trace.loads.filter(pl.col("source") == "demand")
     assert set(loads["step"].to_list()) <= set(s["step"].to_list())
 
 
 def test_stop_at_eos_drops_the_step_built_ahead(staged, reference):
-    model, tok, store = staged
+    eng = staged
+    model, tok = eng.model, eng.tokenizer
     eos = reference[5]
     stop = reference.index(eos)
     saved = tok.eos_token_ids
     tok.eos_token_ids = [eos]
     try:
-        r = generate(model, tok, PROMPT, N, store=store, step0=100)
+        r = generate(model, tok, PROMPT, N, runtime=eng.runtime, step0=100)
     finally:
         tok.eos_token_ids = saved
     assert r.finish_reason == "stop" and r.tokens == reference[:stop]
     steps = [s["step"] for s in r.steps]
     assert steps == list(range(100, 100 + len(steps)))  # the dropped step left no gap
-    fills = store.runtime.fills
+    fills = eng.runtime.fills
     assert not fills.backlog and not fills.pending  # nothing of it is left to resolve
-    again = generate(model, tok, PROMPT, N, stop_at_eos=False, store=store)
+    again = generate(model, tok, PROMPT, N, stop_at_eos=False, runtime=eng.runtime)
     assert again.tokens == reference  # the engine is consistent after the drop
 
 
 def test_sampling_is_the_same_with_and_without_lookahead(staged):
-    model, tok, store = staged
-    a = generate(model, tok, PROMPT, N, temp=0.8, seed=7, stop_at_eos=False, store=store)
-    b = generate(model, tok, PROMPT, N, temp=0.8, seed=7, stop_at_eos=False, store=store,
+    eng = staged
+    model, tok = eng.model, eng.tokenizer
+    a = generate(model, tok, PROMPT, N, temp=0.8, seed=7, stop_at_eos=False, runtime=eng.runtime)
+    b = generate(model, tok, PROMPT, N, temp=0.8, seed=7, stop_at_eos=False, runtime=eng.runtime,
                  lookahead=False)
     assert a.tokens == b.tokens
 

@@ -26,26 +26,28 @@ def test_greedy_64_equals_mlx_lm(fixture, request, tmp_path):
     ref_model, ref_tok = mlx_lm.load(str(export_mlx(converted, tmp_path / "resident")))
     ref = [t for t, _ in generate_step(mx.array(ref_tok.encode(PROMPT)), ref_model,
                                        max_tokens=64)]
-    model, tok, store = load_streaming(converted)
+    eng = load_streaming(converted)
+    model, tok, store = eng.model, eng.tokenizer, eng.store
     steps, loads = [], []
     store.on_load = loads.append
-    result = generate(model, tok, PROMPT, 64, stop_at_eos=False, store=store,
+    result = generate(model, tok, PROMPT, 64, stop_at_eos=False, runtime=eng.runtime,
                       on_step=steps.append)
     assert result.tokens == ref
     assert len(result.tokens) == 64 and result.decode_tok_s > 0 and result.prefill_tok_s > 0
     # mlx_lm.generate (stops at EOS) gives the same text as ours with EOS stopping.
     text = mlx_lm.generate(ref_model, ref_tok, PROMPT, max_tokens=64)
-    assert generate(model, tok, PROMPT, 64, store=store).text == text
+    assert generate(model, tok, PROMPT, 64, runtime=eng.runtime).text == text
     # hooks: prompt[:-1] in one prefill step, the last prompt token's step, 63 decode steps
     assert [s["phase"] for s in steps] == ["prefill"] * 2 + ["decode"] * 63
     assert [s["step"] for s in steps] == list(range(65))
     assert all(s["start_ns"] < s["end_ns"] for s in steps)
     assert {r["step"] for r in loads} == set(range(65))
-    store.close()
+    eng.close()
 
 
 def test_prefill_chunks_and_text_stream(tiny_random_converted):
-    model, tok, store = load_streaming(tiny_random_converted)
+    eng = load_streaming(tiny_random_converted)
+    model, tok = eng.model, eng.tokenizer
     pieces: list[str] = []
     starts: list[tuple] = []
     r = generate(model, tok, "x" * 11, 5, prefill_step_size=4, stop_at_eos=False,
@@ -53,7 +55,7 @@ def test_prefill_chunks_and_text_stream(tiny_random_converted):
     assert [(p, n) for _, p, n in starts] == [("prefill", 4), ("prefill", 4), ("prefill", 2),
                                                ("prefill", 1)] + [("decode", 1)] * 4
     assert "".join(pieces) == r.text and r.prompt_tokens == 11
-    store.close()
+    eng.close()
 
 
 def test_cli_generate_json(tiny_random_converted, ssdmoe_subprocess):

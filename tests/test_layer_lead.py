@@ -67,12 +67,13 @@ def test_layer_lead_equals_mlx_lm_rewired(tiny_random_converted, lookahead):
     ref_model, tok = _rewired_resident(tiny_random_converted)
     want = _mlx_lm_sampled(ref_model, tok, PROMPT, 12)
     config = EngineConfig.from_preset("staged", lead_kind="layer", lookahead=lookahead)
-    model, tok2, store = load_streaming(tiny_random_converted, config=config)
+    eng = load_streaming(tiny_random_converted, config=config)
+    model, tok2 = eng.model, eng.tokenizer
     try:
         got = generate(model, tok2, PROMPT, 12, temp=TEMP, seed=SEED, stop_at_eos=False,
-                       store=store)
+                       runtime=eng.runtime)
     finally:
-        store.close()
+        eng.close()
     assert got.tokens == want
     # negative control: the model's own routing gives other tokens on this prompt
     plain, tok3 = load_resident(tiny_random_converted)
@@ -84,10 +85,11 @@ def test_layer_lead_reads_start_at_previous_layer(tiny_random_converted):
     """Inside the decode loop layer N+1's reads are issued while layer N's fill point is
     resolved (before N's gather is queued), not at N+1's own point."""
     config = EngineConfig.from_preset("staged", lead_kind="layer")
-    model, tok, store = load_streaming(tiny_random_converted, config=config)
+    eng = load_streaming(tiny_random_converted, config=config)
+    model, tok = eng.model, eng.tokenizer
     events: list[tuple[str, int]] = []
     try:
-        rt = store.runtime
+        rt = eng.runtime
         for layer, path in rt.staged("decode").items():
             orig_stage, orig_settle = path._stage_predicted, path._settle
 
@@ -100,9 +102,9 @@ def test_layer_lead_reads_start_at_previous_layer(tiny_random_converted):
                 return _f(tickets)
 
             path._stage_predicted, path._settle = stage, settle
-        generate(model, tok, PROMPT, 6, stop_at_eos=False, store=store)
+        generate(model, tok, PROMPT, 6, stop_at_eos=False, runtime=eng.runtime)
     finally:
-        store.close()
+        eng.close()
     m = read_manifest(tiny_random_converted)
     first = m.moe_layers[0]
     decode = events[events.index(("issue", first + 1)):]
@@ -120,15 +122,16 @@ def test_top_k_equals_mlx_lm_at_that_k(tiny_random_converted, k):
     want = _mlx_lm_sampled(ref, tok, PROMPT, 10)
     for preset in ("on-demand", "staged"):
         config = EngineConfig.from_preset(preset, top_k=k)
-        model, tok2, store = load_streaming(tiny_random_converted, config=config)
+        eng = load_streaming(tiny_random_converted, config=config)
+        model, tok2 = eng.model, eng.tokenizer
         seen = []
         for b in streaming_blocks(model).values():
             b.on_routing = lambda layer, inds, w, s=seen: s.append(inds.shape[-1])
         try:
             got = generate(model, tok2, PROMPT, 10, temp=TEMP, seed=SEED, stop_at_eos=False,
-                           store=store)
+                           runtime=eng.runtime)
         finally:
-            store.close()
+            eng.close()
         assert set(seen) == {k}
         assert got.tokens == want, preset
     native = _mlx_lm_sampled(*load_resident(tiny_random_converted), PROMPT, 10)

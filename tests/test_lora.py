@@ -103,14 +103,14 @@ def test_every_preset_gives_the_resident_adapted_tokens(arch, arch_model, tmp_pa
     assert generate(plain, tok, PROMPT, 10, stop_at_eos=False).tokens != want or arch == \
         "mixtral"  # (one tiny random fixture's greedy tokens survive the adapter)
     for preset in ("on-demand", "hot", "staged"):
-        model, tok, store = load_streaming(conv, config=EngineConfig.from_preset(
-            preset, lora=str(ad)))
+        eng = load_streaming(conv, config=EngineConfig.from_preset(preset, lora=str(ad)))
+        model, tok = eng.model, eng.tokenizer
         try:
-            got = generate(model, tok, PROMPT, 10, stop_at_eos=False, store=store)
+            got = generate(model, tok, PROMPT, 10, stop_at_eos=False, runtime=eng.runtime)
             assert got.tokens == want, preset
-            assert store.runtime.lora.nbytes > 0
+            assert eng.runtime.lora.nbytes > 0
         finally:
-            store.close()
+            eng.close()
 
 
 def test_adapter_works_with_heads_on_every_path(tiny_random_converted, tmp_path):
@@ -121,12 +121,13 @@ def test_adapter_works_with_heads_on_every_path(tiny_random_converted, tmp_path)
     tokens = {}
     for preset in ("on-demand", "hot", "staged"):
         for adapter in (None, str(ad)):
-            model, tok, store = load_streaming(tiny_random_converted, config=EngineConfig
-                                               .from_preset(preset, prerouter=str(heads),
-                                                            lora=adapter))
+            eng = load_streaming(tiny_random_converted, config=EngineConfig
+                                 .from_preset(preset, prerouter=str(heads),
+                                 lora=adapter))
+            model, tok = eng.model, eng.tokenizer
             tokens[(preset, adapter)] = generate(model, tok, PROMPT, 12, stop_at_eos=False,
-                                                 store=store).tokens
-            store.close()
+                                                 runtime=eng.runtime).tokens
+            eng.close()
     for adapter in (None, str(ad)):
         assert len({tuple(tokens[(p, adapter)]) for p in ("on-demand", "hot", "staged")}) == 1
     assert tokens[("staged", None)] != tokens[("staged", str(ad))]
@@ -238,13 +239,13 @@ def test_the_simulator_accounts_for_the_adapter(tiny_random_converted, model_cop
     params = sum(v.size for v in arrays.values())
     assert profile_from_manifest(root)["lora_bytes"][0] == 4 * params
     out = tmp_path / "trace"
-    lm, tok, store, config = load_engine(tiny_random_converted, preset="staged", lora=ad)
-    rec = start_recorder(out, lm, store, config=config, command=["test"])
+    eng = load_engine(tiny_random_converted, preset="staged", lora=ad)
+    rec = start_recorder(out, eng, command=["test"])
     try:
-        capture(lm, tok, store, [PROMPT], 6, recorder=rec)
+        capture(eng, [PROMPT], 6, recorder=rec)
     finally:
         rec.close()
-        store.close()
+        eng.close()
     trace = read_trace(out)
     assert trace.run["engine"]["lora"] == str(ad)
     sc, derived, notes = scenario_for(trace)

@@ -88,23 +88,26 @@ def test_presets_and_mixes_same_tokens_as_resident(name, tiny_random_converted):
     ids = tok.encode(PROMPT)
     ref = [t for t, _ in generate_step(mx.array(ids), rm, max_tokens=24)]
     config = CONFIGS[name](read_manifest(tiny_random_converted).bundle_bytes)
-    model, tok, store = load_streaming(tiny_random_converted, config=config)
+    eng = load_streaming(tiny_random_converted, config=config)
+    model, tok = eng.model, eng.tokenizer
     # logits of a multi-token forward (prefill paths) equal the resident model's
     x = mx.array(ids)[None]
     assert np.array_equal(np.array(model(x)), np.array(rm(x)))
     for _ in range(2):  # second request reuses warm slots / LRU rows
-        r = generate(model, tok, ids, 24, stop_at_eos=False, prefill_step_size=7, store=store)
+        r = generate(model, tok, ids, 24, stop_at_eos=False, prefill_step_size=7,
+                     runtime=eng.runtime)
         assert r.tokens == ref
-    store.close()
+    eng.close()
 
 
 @pytest.mark.parametrize("preset", ["hot", "staged"])
 def test_grouped_routing_presets_same_tokens(preset, tiny_grouped_converted):
     """sigmoid-group routing, a dense first layer and a shared expert (bailing_moe)."""
-    model, tok, store = load_streaming(tiny_grouped_converted)
-    ref = generate(model, tok, PROMPT, 16, stop_at_eos=False, store=store).tokens
-    store.close()
-    model, tok, store = load_streaming(tiny_grouped_converted,
-                                       config=EngineConfig.from_preset(preset))
-    assert generate(model, tok, PROMPT, 16, stop_at_eos=False, store=store).tokens == ref
-    store.close()
+    eng = load_streaming(tiny_grouped_converted)
+    model, tok = eng.model, eng.tokenizer
+    ref = generate(model, tok, PROMPT, 16, stop_at_eos=False, runtime=eng.runtime).tokens
+    eng.close()
+    eng = load_streaming(tiny_grouped_converted, config=EngineConfig.from_preset(preset))
+    model, tok = eng.model, eng.tokenizer
+    assert generate(model, tok, PROMPT, 16, stop_at_eos=False, runtime=eng.runtime).tokens == ref
+    eng.close()

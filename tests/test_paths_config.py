@@ -45,8 +45,9 @@ def test_bad_config(kwargs, match):
 def test_runtime_builds_paths_per_layer_and_phase(tiny_random_converted):
     config = EngineConfig.from_preset("staged", layers={0: {"decode": "hot"},
                                                         3: {"prefill": "exact"}})
-    _, _, store = load_streaming(tiny_random_converted, config=config)
-    rt = store.runtime
+    eng = load_streaming(tiny_random_converted, config=config)
+    store = eng.store
+    rt = eng.runtime
     assert rt.config is config
     assert isinstance(rt.path(0, "decode"), HotPath)
     assert isinstance(rt.path(1, "decode"), StagedPath)
@@ -59,7 +60,7 @@ def test_runtime_builds_paths_per_layer_and_phase(tiny_random_converted):
         store.manifest.bundle_bytes
     with pytest.raises(BadInput, match="layer 9 is not a MoE layer"):
         load_streaming(tiny_random_converted, config=EngineConfig(layers={9: {"decode": "hot"}}))
-    store.close()
+    eng.close()
 
 
 def test_cli_generate_preset_same_tokens(tiny_random_converted, ssdmoe):

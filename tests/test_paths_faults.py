@@ -52,9 +52,9 @@ def test_eio_fails_request_names_it_engine_survives(preset, phase, tiny_random_c
     m = read_manifest(tiny_random_converted)
     layer = m.moe_layers[2]
     file = tiny_random_converted / m.layers[layer].file
-    model, tok, store = load_streaming(tiny_random_converted,
-                                       config=EngineConfig.from_preset(preset))
-    ref = generate(model, tok, PROMPT, 12, stop_at_eos=False, store=store).tokens
+    eng = load_streaming(tiny_random_converted, config=EngineConfig.from_preset(preset))
+    model, tok, store = eng.model, eng.tokenizer, eng.store
+    ref = generate(model, tok, PROMPT, 12, stop_at_eos=False, runtime=eng.runtime).tokens
     fault = Fault(monkeypatch, file)
     store.drop_page_cache()  # so that warm slots / LRU rows are not the only copy read
 
@@ -63,18 +63,18 @@ def test_eio_fails_request_names_it_engine_survives(preset, phase, tiny_random_c
             fault.armed = fault.fired == 0
 
     if preset == "hot":  # a fresh, empty LRU would not read on decode otherwise: make room
-        store.runtime.hot.clear()
+        eng.runtime.hot.clear()
     with pytest.raises(ExpertReadError) as err:
         for _ in range(3):  # slots / LRU rows may be warm for a while: keep decoding
-            generate(model, tok, PROMPT + " " * _, 24, stop_at_eos=False, store=store,
+            generate(model, tok, PROMPT + " " * _, 24, stop_at_eos=False, runtime=eng.runtime,
                      on_step_start=arm)
     msg = str(err.value)
     assert str(file) in msg and f"layer {layer}" in msg and "Input/output error" in msg
     assert ("whole layer" if phase == "prefill" and preset != "on-demand" else "expert ") in msg
     assert fault.fired == 1
-    again = generate(model, tok, PROMPT, 12, stop_at_eos=False, store=store).tokens
+    again = generate(model, tok, PROMPT, 12, stop_at_eos=False, runtime=eng.runtime).tokens
     assert again == ref
-    store.close()
+    eng.close()
 
 
 def test_truncated_file_under_running_engine(tiny_random_converted, model_copy):
@@ -82,17 +82,18 @@ def test_truncated_file_under_running_engine(tiny_random_converted, model_copy):
     m = read_manifest(root)
     layer = m.moe_layers[1]
     file = root / m.layers[layer].file
-    model, tok, store = load_streaming(root, config=EngineConfig.from_preset("staged"))
-    ref = generate(model, tok, PROMPT, 8, stop_at_eos=False, store=store).tokens
+    eng = load_streaming(root, config=EngineConfig.from_preset("staged"))
+    model, tok = eng.model, eng.tokenizer
+    ref = generate(model, tok, PROMPT, 8, stop_at_eos=False, runtime=eng.runtime).tokens
     data = file.read_bytes()
     os.truncate(file, len(data) // 3)
     try:
         with pytest.raises(ExpertReadError, match=rf"{file}: read of layer {layer} .*short read"):
-            generate(model, tok, PROMPT, 8, stop_at_eos=False, store=store)
+            generate(model, tok, PROMPT, 8, stop_at_eos=False, runtime=eng.runtime)
     finally:
         file.write_bytes(data)
-    assert generate(model, tok, PROMPT, 8, stop_at_eos=False, store=store).tokens == ref
-    store.close()
+    assert generate(model, tok, PROMPT, 8, stop_at_eos=False, runtime=eng.runtime).tokens == ref
+    eng.close()
 
 
 def test_budgets_below_working_set_name_the_minimum(tiny_random_converted):

@@ -129,22 +129,23 @@ def test_unstaged_expert_is_an_error_not_a_silent_drop(env):
 def test_one_token_ahead_no_host_sync_same_tokens(tiny_random_converted, headroom):
     config = EngineConfig.from_preset("staged", lead=1, help_reads=False,
                                       staged_headroom=headroom)
-    model, tok, store = load_streaming(tiny_random_converted, config=config)
-    rt = store.runtime
-    ref = generate(model, tok, PROMPT, 20, stop_at_eos=False, store=store)
+    eng = load_streaming(tiny_random_converted, config=config)
+    model, tok, store = eng.model, eng.tokenizer, eng.store
+    rt = eng.runtime
+    ref = generate(model, tok, PROMPT, 20, stop_at_eos=False, runtime=eng.runtime)
     # record the routing of an identical run, then replay it one token ahead
     replay = RoutingReplay()
     on_start, on_routing, finish = replay.recorder()
     for block in streaming_blocks(model).values():
         block.on_routing = on_routing
-    generate(model, tok, PROMPT, 20, stop_at_eos=False, store=store, on_step_start=on_start)
+    generate(model, tok, PROMPT, 20, stop_at_eos=False, runtime=eng.runtime, on_step_start=on_start)
     finish()
     for block in streaming_blocks(model).values():
         block.on_routing = None
     loads: list[dict] = []
     store.on_load = loads.append
     before = rt.stats.snapshot()
-    out = generate(model, tok, PROMPT, 20, stop_at_eos=False, store=store,
+    out = generate(model, tok, PROMPT, 20, stop_at_eos=False, runtime=eng.runtime,
                    on_step_start=replay.driver(rt.staged()))
     for p in rt.staged().values():
         p.verify()
@@ -155,7 +156,7 @@ def test_one_token_ahead_no_host_sync_same_tokens(tiny_random_converted, headroo
     assert bundle_loads and all(r["source"] == "prefetch" for r in bundle_loads)
     assert all(r["thread"].startswith("reader-") for r in bundle_loads)
     assert sum(r["wait_ns"] for r in loads if r["thread"] != "main") == d["blocked_ns"]
-    store.close()
+    eng.close()
 
 
 def test_main_thread_helps_only_with_unstarted_reads(env, monkeypatch):

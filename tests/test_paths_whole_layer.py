@@ -14,14 +14,15 @@ from engine.loader import load_streaming, streaming_blocks
 def test_reads_whole_layers_one_layer_ahead(tiny_random_converted):
     config = EngineConfig(prefill="whole-layer", decode="exact", help_reads=False)
     loads: list[dict] = []
-    model, tok, store = load_streaming(tiny_random_converted, config=config, on_load=loads.append)
+    eng = load_streaming(tiny_random_converted, config=config, on_load=loads.append)
+    model, tok, store = eng.model, eng.tokenizer, eng.store
     m = store.manifest
     routed_at: dict[int, int] = {}
     for block in streaming_blocks(model).values():
         block.on_routing = lambda i, inds, w: routed_at.__setitem__(i, time.perf_counter_ns())
-    before = store.runtime.stats.snapshot()
+    before = eng.runtime.stats.snapshot()
     mx.eval(model(mx.array(tok.encode("whole layers, read ahead " * 3))[None]))
-    blocked = store.runtime.stats.blocked_ns - before["blocked_ns"]
+    blocked = eng.runtime.stats.blocked_ns - before["blocked_ns"]
     assert [r["layer"] for r in loads] == m.moe_layers
     for r in loads:
         t = m.layers[r["layer"]].tensors
@@ -35,4 +36,4 @@ def test_reads_whole_layers_one_layer_ahead(tiny_random_converted):
     for a, b in zip(m.moe_layers, m.moe_layers[1:], strict=False):
         assert routed_at[a] < by_layer[b]["issued_ns"] < routed_at[b]
     assert sum(r["wait_ns"] for r in loads) == blocked
-    store.close()
+    eng.close()

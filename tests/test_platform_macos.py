@@ -88,12 +88,14 @@ def test_stand_ins_do_what_macos_does(tmp_path, macos):
 def test_same_tokens_as_linux(tiny_random_converted, monkeypatch, preset, o_direct):
     def run() -> list[int]:
         config = EngineConfig.from_preset(preset, o_direct=o_direct)
-        model, tok, store = load_streaming(tiny_random_converted, config=config)
+        eng = load_streaming(tiny_random_converted, config=config)
+        model, tok, store = eng.model, eng.tokenizer, eng.store
+        model, tok, store = eng.model, eng.tokenizer, eng.store
         try:
             return generate(model, tok, PROMPT, 10, temp=1.0, seed=5, stop_at_eos=False,
-                            store=store).tokens, store
+                            runtime=eng.runtime).tokens, store
         finally:
-            store.close()
+            eng.close()
 
     linux, linux_store = run()
     previous = platform.use(platform.MacOS(fcntl=platform.linux_stand_in_fcntl))

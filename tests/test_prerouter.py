@@ -53,9 +53,10 @@ def _spec(m) -> PrerouterSpec:
 def _heads(root: Path, out: Path, seed: int = 0) -> Path:
     """Warm-started heads, then perturbed so that they differ from the next router."""
     m = read_manifest(root)
-    model, _, store = load_streaming(root)
+    eng = load_streaming(root)
+    model = eng.model
     routers = {i: router_weight(b.gate) for i, b in streaming_blocks(model).items()}
-    store.close()
+    eng.close()
     pre = Prerouter.warm_started(_spec(m), routers, seed=seed)
     rng = np.random.default_rng(seed)
     for n in pre.spec.owners:
@@ -99,10 +100,11 @@ def test_decode_routes_consumers_by_the_previous_tokens_head(tiny_random_convert
     numpy; the first MoE layer keeps its router."""
     heads = _heads(tiny_random_converted, tmp_path / "pre")
     pre = Prerouter.load(heads)
-    model, tok, store = load_streaming(tiny_random_converted,
-                                       config=EngineConfig.from_preset("on-demand",
-                                                                       prerouter=str(heads)))
-    link = store.runtime.preroute
+    eng = load_streaming(tiny_random_converted,
+                         config=EngineConfig.from_preset("on-demand",
+                         prerouter=str(heads)))
+    model, tok = eng.model, eng.tokenizer
+    link = eng.runtime.preroute
     seen: list[dict[int, tuple[np.ndarray, np.ndarray]]] = []
     observe = link.observe
 
@@ -114,8 +116,8 @@ def test_decode_routes_consumers_by_the_previous_tokens_head(tiny_random_convert
         observe(layer, x, inds)
 
     link.observe = spy
-    r = generate(model, tok, PROMPT, 6, stop_at_eos=False, store=store, lookahead=False)
-    store.close()
+    r = generate(model, tok, PROMPT, 6, stop_at_eos=False, runtime=eng.runtime, lookahead=False)
+    eng.close()
     assert len(r.tokens) == 6 and len(seen) >= 7
     k = pre.spec.top_k
     checked = 0
@@ -140,12 +142,13 @@ def test_every_path_gives_the_same_tokens_under_prerouting(fixture, request, tmp
     heads = _heads(root, tmp_path / "pre", seed=1)
     tokens, stats = {}, {}
     for preset in ("on-demand", "hot", "staged"):
-        model, tok, store = load_streaming(root, config=EngineConfig.from_preset(
-            preset, prerouter=str(heads)))
-        tokens[preset] = generate(model, tok, PROMPT, 12, stop_at_eos=False, store=store).tokens
-        stats[preset] = store.runtime.stats.snapshot()
-        assert store.runtime.config.lead == 1
-        store.close()
+        eng = load_streaming(root, config=EngineConfig.from_preset(preset, prerouter=str(heads)))
+        model, tok = eng.model, eng.tokenizer
+        tokens[preset] = generate(model, tok, PROMPT, 12, stop_at_eos=False,
+                                  runtime=eng.runtime).tokens
+        stats[preset] = eng.runtime.stats.snapshot()
+        assert eng.runtime.config.lead == 1
+        eng.close()
     assert tokens["hot"] == tokens["on-demand"] == tokens["staged"]
     # Staged consumers never bring router ids to the host: per single-token call only the
     # MoE layers without a head before them sync (12 tokens = 12 single-token calls).
@@ -175,8 +178,9 @@ def test_staged_prerouter_equals_the_resident_model_fed_the_same_routing(
     from mlx_lm.models.cache import make_prompt_cache
 
     heads = _heads(tiny_random_converted, tmp_path / "pre", seed=2)
-    model, tok, store = load_streaming(tiny_random_converted, config=EngineConfig.from_preset(
-        "staged", prerouter=str(heads)))
+    eng = load_streaming(tiny_random_converted, config=EngineConfig.from_preset(
+                         "staged", prerouter=str(heads)))
+    model, tok = eng.model, eng.tokenizer
     blocks = streaming_blocks(model)
     routes: list[dict[int, tuple[mx.array, mx.array]]] = []
 
@@ -187,8 +191,8 @@ def test_staged_prerouter_equals_the_resident_model_fed_the_same_routing(
 
     for b in blocks.values():
         b.on_routing = on_routing
-    r = generate(model, tok, PROMPT, 8, stop_at_eos=False, store=store, lookahead=False)
-    store.close()
+    r = generate(model, tok, PROMPT, 8, stop_at_eos=False, runtime=eng.runtime, lookahead=False)
+    eng.close()
     mx.eval([a for call in routes for pair in call.values() for a in pair])
     resident, _ = load_resident(tiny_random_converted)
     call = [0]
@@ -211,11 +215,12 @@ def test_staged_prerouter_equals_the_resident_model_fed_the_same_routing(
 def test_new_request_starts_without_predictions(tiny_random_converted, tmp_path):
     heads = _heads(tiny_random_converted, tmp_path / "pre", seed=3)
     cfg = EngineConfig.from_preset("staged", prerouter=str(heads))
-    model, tok, store = load_streaming(tiny_random_converted, config=cfg)
-    a = generate(model, tok, [5], 8, stop_at_eos=False, store=store).tokens
-    generate(model, tok, PROMPT, 8, stop_at_eos=False, store=store)
-    b = generate(model, tok, [5], 8, stop_at_eos=False, store=store).tokens
-    store.close()
+    eng = load_streaming(tiny_random_converted, config=cfg)
+    model, tok = eng.model, eng.tokenizer
+    a = generate(model, tok, [5], 8, stop_at_eos=False, runtime=eng.runtime).tokens
+    generate(model, tok, PROMPT, 8, stop_at_eos=False, runtime=eng.runtime)
+    b = generate(model, tok, [5], 8, stop_at_eos=False, runtime=eng.runtime).tokens
+    eng.close()
     assert a == b
 
 
@@ -307,10 +312,11 @@ def test_engine_decode_equals_the_sequence_forward_under_predicted_routing(
     from engine.train_heads import forward_prerouted
 
     heads = _heads(tiny_random_converted, tmp_path / "pre", seed=4)
-    model, tok, store = load_streaming(tiny_random_converted, config=EngineConfig.from_preset(
-        "staged", prerouter=str(heads)))
-    r = generate(model, tok, [7], 10, stop_at_eos=False, store=store)
-    store.close()
+    eng = load_streaming(tiny_random_converted, config=EngineConfig.from_preset(
+                         "staged", prerouter=str(heads)))
+    model, tok = eng.model, eng.tokenizer
+    r = generate(model, tok, [7], 10, stop_at_eos=False, runtime=eng.runtime)
+    eng.close()
     resident, _ = load_resident(tiny_random_converted)
     logits = forward_prerouted(resident, Prerouter.load(heads), mx.array([[7] + r.tokens[:-1]]))
     assert np.array(logits[0].argmax(-1)).tolist() == r.tokens
@@ -324,12 +330,13 @@ def test_predicted_layers_read_ahead_and_label_loads_with_their_step(tiny_random
     only the layers without a head read on demand."""
     heads = _heads(tiny_random_converted, tmp_path / "pre", seed=5)
     loads: list[dict] = []
-    model, tok, store = load_streaming(tiny_random_converted, on_load=loads.append,
-                                       config=EngineConfig.from_preset("staged",
-                                                                       prerouter=str(heads)))
+    eng = load_streaming(tiny_random_converted, on_load=loads.append,
+                         config=EngineConfig.from_preset("staged",
+                         prerouter=str(heads)))
+    model, tok = eng.model, eng.tokenizer
     steps: list[dict] = []
-    generate(model, tok, PROMPT, 10, stop_at_eos=False, store=store, on_step=steps.append)
-    store.close()
+    generate(model, tok, PROMPT, 10, stop_at_eos=False, runtime=eng.runtime, on_step=steps.append)
+    eng.close()
     decode = {s["step"] for s in steps if s["tokens"] == 1}
     consumers = set(Prerouter.load(heads).spec.consumers)
     rows = [r for r in loads if r["step"] in decode]
@@ -347,13 +354,13 @@ def test_sim_compare_replays_a_prerouter_trace(tiny_random_converted, tmp_path):
 
     heads = _heads(tiny_random_converted, tmp_path / "pre", seed=6)
     out = tmp_path / "trace"
-    lm, tok, store, config = load_engine(tiny_random_converted, preset="staged", prerouter=heads)
-    rec = start_recorder(out, lm, store, config=config, command=["test"])
+    eng = load_engine(tiny_random_converted, preset="staged", prerouter=heads)
+    rec = start_recorder(out, eng, command=["test"])
     try:
-        capture(lm, tok, store, [PROMPT], 9, recorder=rec)
+        capture(eng, [PROMPT], 9, recorder=rec)
     finally:
         rec.close()
-        store.close()
+        eng.close()
     trace = read_trace(out)
     assert trace.run["engine"]["prerouter"] == str(heads)
     sc, derived, notes = scenario_for(trace)
@@ -401,10 +408,11 @@ def test_predicted_routing_and_expert_outputs_against_float64(tiny_random_conver
     m = read_manifest(tiny_random_converted)
     d, k = m.config["hidden_size"], pre.spec.top_k
     normalize = bool(m.config.get("norm_topk_prob", False))
-    model, tok, store = load_streaming(tiny_random_converted,
-                                       config=EngineConfig.from_preset("staged",
-                                                                       prerouter=str(heads)))
-    link = store.runtime.preroute
+    eng = load_streaming(tiny_random_converted,
+                         config=EngineConfig.from_preset("staged",
+                         prerouter=str(heads)))
+    model, tok = eng.model, eng.tokenizer
+    link = eng.runtime.preroute
     calls: list[dict[int, dict]] = []
     observe = link.observe
 
@@ -426,8 +434,8 @@ def test_predicted_routing_and_expert_outputs_against_float64(tiny_random_conver
                 calls[-1][_l]["out"] = out
                 return out
             path.predicted = predicted
-    generate(model, tok, PROMPT, 6, temp=1.0, seed=2, stop_at_eos=False, store=store)
-    store.close()
+    generate(model, tok, PROMPT, 6, temp=1.0, seed=2, stop_at_eos=False, runtime=eng.runtime)
+    eng.close()
     experts = {n: load_file(str(tiny_random_converted / m.layers[n].file)) for n in m.moe_layers}
     checked = 0
     for c in range(2, len(calls)):

@@ -42,14 +42,15 @@ def _plan(tok, prompt: str) -> list[tuple[str, int]]:
 @pytest.fixture(scope="module")
 def traced(tiny_random_converted, tmp_path_factory):
     """A capture of PROMPTS on tiny-random (on-demand / exact path) and its trace."""
-    model, tok, store = load_streaming(tiny_random_converted)
+    eng = load_streaming(tiny_random_converted)
+    tok = eng.tokenizer
     out = tmp_path_factory.mktemp("trace") / "t"
-    rec = start_recorder(out, model, store, page_cache_every=1)
-    results = capture(model, tok, store, PROMPTS, MAX_TOKENS, recorder=rec,
+    rec = start_recorder(out, eng, page_cache_every=1)
+    results = capture(eng, PROMPTS, MAX_TOKENS, recorder=rec,
                       prefill_step_size=CHUNK)
     rec.close()
     plans = [_plan(tok, p) for p in PROMPTS]
-    store.close()
+    eng.close()
     return read_trace(out), results, plans
 
 
@@ -162,7 +163,8 @@ def test_routing_equals_a_resident_forward(traced, tiny_random_converted):
 
 
 def test_cold_loads_after_dropping_the_page_cache(tiny_random_converted, tmp_path):
-    model, tok, store = load_streaming(tiny_random_converted)
+    eng = load_streaming(tiny_random_converted)
+    store = eng.store
 
     def drop() -> None:
         """The premise: no page of the expert files resident. DONTNEED leaves pages that are
@@ -174,18 +176,18 @@ def test_cold_loads_after_dropping_the_page_cache(tiny_random_converted, tmp_pat
                 return
             time.sleep(0.2)
         left = store.page_cache_bytes()
-        store.close()
+        eng.close()
         pytest.skip(f"the page cache kept {left} bytes of the expert files after "
                     "POSIX_FADV_DONTNEED (tmpfs, or pages pinned elsewhere)")
 
     drop()
-    rec = start_recorder(tmp_path / "t", model, store, page_cache_every=1)
-    capture(model, tok, store, PROMPTS[:1], 3, recorder=rec, prefill_step_size=CHUNK)
+    rec = start_recorder(tmp_path / "t", eng, page_cache_every=1)
+    capture(eng, PROMPTS[:1], 3, recorder=rec, prefill_step_size=CHUNK)
     drop()  # the second prompt starts cold again
-    capture(model, tok, store, PROMPTS[1:], 3, recorder=rec, prefill_step_size=CHUNK,
+    capture(eng, PROMPTS[1:], 3, recorder=rec, prefill_step_size=CHUNK,
             step0=rec.steps, request0=1)
     rec.close()
-    store.close()
+    eng.close()
     trace = read_trace(tmp_path / "t")
     s = trace.steps.sort("step")
     first = [s.filter(pl.col("request") == r).row(0, named=True) for r in (0, 1)]
@@ -208,12 +210,11 @@ def test_cold_loads_after_dropping_the_page_cache(tiny_random_converted, tmp_pat
 def test_staged_preset_traces_cache_counters(tiny_random_converted, tmp_path):
     from contract.engine_config import EngineConfig
 
-    model, tok, store = load_streaming(tiny_random_converted,
-                                       config=EngineConfig.from_preset("staged"))
-    rec = start_recorder(tmp_path / "t", model, store)
-    capture(model, tok, store, PROMPTS[:1], 8, recorder=rec, prefill_step_size=CHUNK)
+    eng = load_streaming(tiny_random_converted, config=EngineConfig.from_preset("staged"))
+    rec = start_recorder(tmp_path / "t", eng)
+    capture(eng, PROMPTS[:1], 8, recorder=rec, prefill_step_size=CHUNK)
     rec.close()
-    store.close()
+    eng.close()
     trace = read_trace(tmp_path / "t")
     d = trace.steps.filter(pl.col("phase") == "decode")
     # staged: every routed expert of a decode step is a slot hit or a miss that was read
@@ -228,17 +229,18 @@ def test_staged_preset_traces_cache_counters(tiny_random_converted, tmp_path):
 
 
 def test_recorder_context_keeps_an_interrupted_step(tiny_random_converted, tmp_path):
-    model, tok, store = load_streaming(tiny_random_converted)
+    eng = load_streaming(tiny_random_converted)
+    model = eng.model
     stop_at = 3
 
     def boom(row):
         if row["step"] == stop_at:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt), start_recorder(tmp_path / "t", model, store) as rec:
-        capture(model, tok, store, PROMPTS[:1], MAX_TOKENS, recorder=rec,
+    with pytest.raises(KeyboardInterrupt), start_recorder(tmp_path / "t", eng) as rec:
+        capture(eng, PROMPTS[:1], MAX_TOKENS, recorder=rec,
                 prefill_step_size=CHUNK, on_step=boom)
-    store.close()
+    eng.close()
     trace = read_trace(tmp_path / "t")
     assert not trace.complete
     assert trace.steps["step"].to_list() == list(range(stop_at + 1))

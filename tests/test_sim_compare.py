@@ -26,13 +26,13 @@ def captured(tiny_random_converted, tmp_path_factory):
     from engine.capture import capture, load_engine, start_recorder
 
     out = tmp_path_factory.mktemp("compare") / "trace"
-    model_, tok, store, config = load_engine(tiny_random_converted, preset="on-demand")
-    rec = start_recorder(out, model_, store, config=config, command=["test"])
+    eng = load_engine(tiny_random_converted, preset="on-demand")
+    rec = start_recorder(out, eng, command=["test"])
     try:
-        capture(model_, tok, store, ["def add(a, b):\n    return"], 9, recorder=rec)
+        capture(eng, ["def add(a, b):\n    return"], 9, recorder=rec)
     finally:
         rec.close()
-        store.close()
+        eng.close()
     return out
 
 

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine.paths.kernel import ExpertPath, Quant, alloc_stack, row_views, switch_glu
-from engine.paths.stats import host_routed, stats_for
+from engine.paths.stats import PathStats, host_routed
 from engine.step_clock import StepClock
 from engine.store import ExpertStore
 from traces.schema import DEMAND
@@ -19,8 +19,9 @@ class ExactPath(ExpertPath):
     name = "exact"
 
     def __init__(self, store: ExpertStore, layer: int, source: str = DEMAND,
-                 step_clock: StepClock | None = None):
+                 step_clock: StepClock | None = None, stats: PathStats | None = None):
         self.store = store
+        self.stats = stats if stats is not None else PathStats()
         self.step_clock = step_clock if step_clock is not None else StepClock()
         self.layer = layer
         self.source = source
@@ -37,7 +38,7 @@ class ExactPath(ExpertPath):
 
     def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
         # evaluates the graph up to this router: a host sync, timed as compute (not building)
-        host = host_routed(inds, stats_for(self.store))
+        host = host_routed(inds, self.stats)
         experts, local = np.unique(host, return_inverse=True)
         stack = self.fetch(experts)
         local_inds = mx.array(local.reshape(host.shape).astype(np.uint32))

@@ -122,7 +122,8 @@ class HotPath(ExpertPath):
         self.points = points
         self.quant = Quant.of(store.manifest)
         self.exact = ExactPath(store, layer,
-                               step_clock=points.clock if points is not None else None)
+                               step_clock=points.clock if points is not None else None,
+                               stats=self.stats)
 
     def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
         tokens = inds.size // inds.shape[-1]

@@ -84,7 +84,7 @@ class StagedPath(ExpertPath):
         self.queue: deque[list[int]] = deque()  # staged sets (sorted ids), one per future call
         self.checks: list[tuple[mx.array, list[int]]] = []  # (routed ids, staged set)
         self.in_use: set[int] = set()  # slots of the last call staged ahead (may still compute)
-        self.exact = ExactPath(store, layer, step_clock=self.points.clock)
+        self.exact = ExactPath(store, layer, step_clock=self.points.clock, stats=stats)
 
     # ------------------------------------------------------------ slot bookkeeping
 

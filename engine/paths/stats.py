@@ -5,7 +5,7 @@ Counters are cumulative and only ever grow; a consumer (the trace recorder, the 
 takes `snapshot()` at step start and end and keeps the difference (`delta`). Only the main
 thread updates them (paths run on the main thread; readers never touch them).
 
-Reach them from the store every path holds: `stats_for(store)`."""
+The runtime makes one and hands it to every path it builds (engine.runtime)."""
 
 from __future__ import annotations
 
@@ -30,15 +30,6 @@ class PathStats:
     @staticmethod
     def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
         return {k: after[k] - before.get(k, 0) for k in after}
-
-
-def stats_for(store) -> PathStats:
-    """The PathStats shared by every path reading through `store` (created on first use)."""
-    stats = getattr(store, "path_stats", None)
-    if stats is None:
-        stats = PathStats()
-        store.path_stats = stats
-    return stats
 
 
 def host_routed(inds, stats: PathStats, deferred: bool = False):

@@ -59,13 +59,15 @@ def main() -> None:
 
     prompts = load_prompts(PROMPTS, 2)
     resident = (*load_resident(args.model), None)
-    staged = load_streaming(args.model, config=EngineConfig.from_preset("staged"))
-    m = staged[2].manifest
-    all_hit = load_streaming(args.model, config=EngineConfig.from_preset(
+    staged_engine = load_streaming(args.model, config=EngineConfig.from_preset("staged"))
+    m = staged_engine.manifest
+    all_hit_engine = load_streaming(args.model, config=EngineConfig.from_preset(
         "staged", staged_headroom=m.num_experts - m.top_k))
+    staged = (staged_engine.model, staged_engine.tokenizer, staged_engine.runtime)
+    all_hit = (all_hit_engine.model, all_hit_engine.tokenizer, all_hit_engine.runtime)
     main_tid = str(os.getpid())
 
-    def run(model, tok, store) -> dict[str, float]:
+    def run(model, tok, runtime) -> dict[str, float]:
         first: list = []
 
         def on_start(step: int, phase: str, tokens: int) -> None:
@@ -76,7 +78,7 @@ def main() -> None:
         wall = steps = 0
         for p in prompts:
             first.clear()
-            r = generate(model, tok, p, args.tokens, stop_at_eos=False, store=store,
+            r = generate(model, tok, p, args.tokens, stop_at_eos=False, runtime=runtime,
                          on_step_start=on_start)
             after, t1 = sched(), time.perf_counter_ns()
             before, t0 = first[0]
@@ -97,8 +99,9 @@ def main() -> None:
     arms = {"engine-resident": resident, "staged": staged, "staged-all-hit": all_hit}
     heads = Path(args.model, "prerouter")
     if (heads / "prerouter.json").is_file():
-        arms["staged-prerouter"] = load_streaming(args.model, config=EngineConfig.from_preset(
+        pre = load_streaming(args.model, config=EngineConfig.from_preset(
             "staged", prerouter=str(heads)))
+        arms["staged-prerouter"] = (pre.model, pre.tokenizer, pre.runtime)
     for arm in arms.values():  # warm-up: JIT kernels, fill slots
         run(*arm)
     rounds: dict[str, list[dict]] = {a: [] for a in arms}
@@ -120,8 +123,8 @@ def main() -> None:
                                "loadavg": os.getloadavg(), "medians": med, "rounds": rounds},
                               indent=1) + "\n")
     print(f"wrote {OUT}")
-    for _, _, store in (staged, all_hit):
-        store.close()
+    for loaded in (staged_engine, all_hit_engine):
+        loaded.close()
 
 
 if __name__ == "__main__":

@@ -45,27 +45,28 @@ def main() -> None:
 
     resident, rtok = load_resident(args.model)
     staged = load_streaming(args.model, config=EngineConfig.from_preset("staged"))
-    experts = staged[2].manifest.num_experts
-    k = staged[2].manifest.top_k
+    experts = staged.manifest.num_experts
+    k = staged.manifest.top_k
     all_hit = load_streaming(args.model, config=EngineConfig.from_preset(
         "staged", staged_headroom=experts - k))
 
     prompts = load_prompts(PROMPTS, 2)  # the benchmark's (`ssdmoe bench`)
     inline = engine.readers.INLINE_WARM_BYTES
 
-    def run(model, tok, store=None, inline_bytes: int = inline) -> float:
+    def run(model, tok, runtime=None, inline_bytes: int = inline) -> float:
         engine.readers.INLINE_WARM_BYTES = inline_bytes
         steps, seconds = 0, 0.0
         for p in prompts:
-            r = generate(model, tok, p, args.tokens, stop_at_eos=False, store=store)
+            r = generate(model, tok, p, args.tokens, stop_at_eos=False, runtime=runtime)
             steps += sum(1 for s in r.steps if s["phase"] == "decode")
             seconds += r.decode_s
         return steps / seconds
 
     arms = {"engine-resident": lambda: run(resident, rtok),
-            "staged": lambda: run(*staged),
-            "staged-readers": lambda: run(*staged, inline_bytes=0),
-            "staged-all-hit": lambda: run(*all_hit)}
+            "staged": lambda: run(staged.model, staged.tokenizer, staged.runtime),
+            "staged-readers": lambda: run(staged.model, staged.tokenizer, staged.runtime,
+                                          inline_bytes=0),
+            "staged-all-hit": lambda: run(all_hit.model, all_hit.tokenizer, all_hit.runtime)}
     for arm in arms.values():  # warm-up: JIT kernels, fill slots
         arm()
         arm()
@@ -76,13 +77,13 @@ def main() -> None:
             rounds[a].append(arms[a]())
     loads = {}
     engine.readers.INLINE_WARM_BYTES = inline
-    for name, (model, tok, store) in {"staged": staged, "staged-all-hit": all_hit}.items():
+    for name, loaded in {"staged": staged, "staged-all-hit": all_hit}.items():
         rows: list[dict] = []
-        store.on_load = rows.append
+        loaded.store.on_load = rows.append
         n_loads = n_steps = 0
         for p in prompts:
             rows.clear()
-            r = generate(model, tok, p, args.tokens, stop_at_eos=False, store=store)
+            r = loaded.generate(p, args.tokens, stop_at_eos=False)
             decode = {s["step"] for s in r.steps if s["phase"] == "decode"}
             n_loads += sum(1 for x in rows if x["step"] in decode)
             n_steps += len(decode)
@@ -104,8 +105,8 @@ def main() -> None:
                                "model": args.model, "tokens": args.tokens,
                                "loadavg": os.getloadavg(), "arms": out}, indent=1) + "\n")
     print(f"wrote {OUT}")
-    for _, _, store in (staged, all_hit):
-        store.close()
+    for loaded in (staged, all_hit):
+        loaded.close()
 
 
 if __name__ == "__main__":

@@ -29,16 +29,15 @@ sys.path.insert(0, str(ROOT / "tests"))
 DIRECT = """
 import json, sys, time
 from pathlib import Path
-from engine.generate import generate
 from ssdmoe_cli.serve_cmd import load_served
-lm, tok, store, _ = load_served(Path(sys.argv[1]), sys.argv[2], None, True, None, True, None)
+engine = load_served(Path(sys.argv[1]), sys.argv[2], None, True, None, True, None)
 print("ready", flush=True)
 for line in sys.stdin:
     req = json.loads(line)
     first = []
     t0 = time.perf_counter()
-    r = generate(lm, tok, req["prompt"], req["n"], temp=req["temp"], seed=req["seed"],
-                 store=store, on_token=lambda *a: first or first.append(time.perf_counter()))
+    r = engine.generate(req["prompt"], req["n"], temp=req["temp"], seed=req["seed"],
+                        on_token=lambda *a: first or first.append(time.perf_counter()))
     t2 = time.perf_counter()
     print(json.dumps({"ttft_s": first[0] - t0, "decode_s": t2 - first[0],
                       "tokens": len(r.tokens), "text": r.text}), flush=True)
