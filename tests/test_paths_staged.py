@@ -58,7 +58,7 @@ def test_sticky_slots_and_table(env, tiny_random_converted):
     rows.clear()
     _call(path, store, [7, 8, 9, 10], rng)  # 2 empty slots, then the 2 least recently used
     assert stats.cache_evictions == 2 and 1 not in path.resident() and 2 not in path.resident()
-    table = np.array(path.table)
+    table = np.array(path.slot_table.table)
     for e, s in path.resident().items():
         assert table[e] == s
     assert all(table[e] == path.sentinel for e in (1, 2))

@@ -3,9 +3,10 @@ preallocated once. A slot table (an MLX uint32 array [E], expert id -> slot) map
 to slots on the device with `take`, so the gather never needs the ids on the host. Experts
 that stay routed keep their slot ("sticky"); only changed slots are rewritten, in place, by
 reader threads doing `os.preadv` straight into the slot rows (the paper's incr_stack without
-its main-thread copy).
+its main-thread copy). The slots and their table are engine.paths.slot_table's; this module
+is how they get filled.
 
-Two ways the slots get filled:
+Three ways the slots get filled:
 - on demand (no prerouter): the router's ids come to the host, the missing experts are read
   into free slots and waited for, then the gather runs. The sync is the honest price of not
   knowing the routing ahead. Inside the decode loop (`FillPoints.collecting`) the call only
@@ -43,15 +44,12 @@ import numpy as np
 
 from engine.fill_points import FillPoint, FillPoints
 from engine.paths.exact import ExactPath
-from engine.paths.kernel import ExpertPath, Quant, alloc_stack, row_views, switch_glu
+from engine.paths.kernel import ExpertPath, Quant, switch_glu
+from engine.paths.slot_table import SlotTable, StagingError
 from engine.paths.stats import PathStats, host_routed
 from engine.readers import ReaderPool, Ticket
 from engine.store import ExpertStore
 from traces.schema import DEMAND, PREFETCH
-
-
-class StagingError(RuntimeError):
-    """The routing that a call executed was not what was staged for it."""
 
 
 class StagedPath(ExpertPath):
@@ -67,80 +65,31 @@ class StagedPath(ExpertPath):
         self.headroom = self.k if headroom is None else int(headroom)
         if self.headroom < 0:
             raise ValueError(f"staged headroom must be >= 0, got {self.headroom}")
-        self.slots = self.k + self.headroom
         self.quant = Quant.of(store.manifest)
-        # Slot rows 0..S-1 plus the zero row S that absent experts map to.
-        self.arrays, self.views = alloc_stack(store.expert_shapes(layer), self.slots + 1)
-        self.sentinel = self.slots
-        self.table = mx.full((m.num_experts,), self.sentinel, dtype=mx.uint32)
-        mx.eval(self.table)
-        self.table_np = np.asarray(self.table)  # zero-copy: host writes land in MLX memory
-        self.rows = [row_views(self.views, s) for s in range(self.slots)]  # read targets
-        # Host bookkeeping in plain lists: K is small, numpy per-call overhead is not.
-        self.expert_in = [-1] * self.slots  # slot -> expert (-1 empty)
-        self.ticket_of: dict[int, Ticket] = {}  # slot -> fill in flight / not yet waited
-        self.used_at = [0] * self.slots  # recency, for the victim choice
-        self.clock = 0
+        self.slot_table = SlotTable(store, layer, readers, stats, self.k, self.headroom)
+        self.slots, self.sentinel, self.views = \
+            self.slot_table.slots, self.slot_table.sentinel, self.slot_table.views
         self.queue: deque[list[int]] = deque()  # staged sets (sorted ids), one per future call
         self.checks: list[tuple[mx.array, list[int]]] = []  # (routed ids, staged set)
         self.in_use: set[int] = set()  # slots of the last call staged ahead (may still compute)
         self.exact = ExactPath(store, layer, step_clock=self.points.clock, stats=stats)
 
-    # ------------------------------------------------------------ slot bookkeeping
+    # ------------------------------------------------------------ the slot table's
 
     def resident(self) -> dict[int, int]:
         """{expert: slot} of filled slots (fills in flight included)."""
-        return {e: s for s, e in enumerate(self.expert_in) if e >= 0}
+        return self.slot_table.resident()
 
     def _place(self, wanted: list[int], protected: set[int], source: str) -> list[Ticket]:
-        """Give every expert of `experts` a slot: survivors keep theirs, missing ones are read
-        into the least recently used slots outside `protected`, the survivors and slots with a
-        read in flight. Returns the tickets to wait on before these slots may be used."""
-        self.clock += 1
-        where = self.resident()
-        keep = {where[e] for e in wanted if e in where}
-        missing = [e for e in wanted if e not in where]
-        self.stats.cache_hits += len(wanted) - len(missing)
-        self.stats.cache_misses += len(missing)
-        banned = keep | protected | set(self.ticket_of)
-        order = sorted(range(self.slots), key=self.used_at.__getitem__)
-        free = [s for s in order if s not in banned and self.expert_in[s] < 0]
-        free += [s for s in order if s not in banned and self.expert_in[s] >= 0]
-        if len(free) < len(missing):
-            raise StagingError(
-                f"layer {self.layer}: {len(missing)} experts to stage but only {len(free)} free "
-                f"slots of {self.slots} (K={self.k} + headroom {self.headroom}); raise the "
-                "staged headroom")
-        for e, s in zip(missing, free, strict=False):
-            old = self.expert_in[s]
-            if old >= 0:
-                self.table_np[old] = self.sentinel
-                self.stats.cache_evictions += 1
-            self.expert_in[s] = e  # the table entry stays at the sentinel until the read lands
-            self.ticket_of[s] = self.readers.submit_bundle(self.layer, e, self.rows[s],
-                                                           source=source,
-                                                           now=source == DEMAND)
-            where[e] = s
-        slots = [where[e] for e in wanted]
-        for slot in slots:
-            self.used_at[slot] = self.clock
-        return [self.ticket_of[s] for s in slots if s in self.ticket_of]
+        return self.slot_table.place(wanted, protected, source)
 
     def _settle(self, tickets: list[Ticket]) -> None:
-        """Wait for `tickets`; publish landed experts in the table; empty slots whose read
-        failed. Raises the first read error (after all of them are done)."""
-        mine = {id(t) for t in tickets}
-        try:
-            self.readers.wait(tickets)
-        finally:
-            for s, t in list(self.ticket_of.items()):
-                if id(t) not in mine:
-                    continue
-                del self.ticket_of[s]
-                if t.error is None:
-                    self.table_np[t.expert] = s
-                else:
-                    self.expert_in[s] = -1
+        self.slot_table.settle(tickets)
+
+    def _all_published(self, experts) -> list[int] | None:
+        return self.slot_table.all_published(experts)
+
+
 
     # ------------------------------------------------------------ ahead (prerouter) side
 
@@ -220,10 +169,7 @@ class StagedPath(ExpertPath):
         self.queue.clear()
         self.checks.clear()
         self.in_use = set()
-        try:
-            self._settle(list(self.ticket_of.values()))
-        except Exception:  # noqa: BLE001 - the failed request already reported it
-            pass
+        self.slot_table.settle_all()
 
     # ------------------------------------------------------------ the call
 
@@ -238,7 +184,8 @@ class StagedPath(ExpertPath):
                 where = self.resident()
                 slots = [where[e] for e in staged]
                 self.in_use = set(slots)
-                tickets = [self.ticket_of[s] for s in slots if s in self.ticket_of]
+                in_flight = self.slot_table.ticket_of
+                tickets = [in_flight[s] for s in slots if s in in_flight]
                 self.checks.append((inds, staged))
                 if self.points.active and any(not t.done() for t in tickets):
                     fill = FillPoint(lambda _inds: self._settle(tickets))
@@ -264,7 +211,7 @@ class StagedPath(ExpertPath):
 
     def _gather(self, x: mx.array, inds: mx.array, fill: FillPoint | None) -> mx.array:
         """The experts through the slot table; with `fill`, registered as its fill point."""
-        out = switch_glu(x, self.arrays, mx.take(self.table, inds), self.quant)
+        out = switch_glu(x, self.slot_table.arrays, self.slot_table.slot_ids(inds), self.quant)
         if fill is not None:
             self._defer(inds, fill, out)
         return out
@@ -278,18 +225,6 @@ class StagedPath(ExpertPath):
         if self._all_published(experts) is None:
             self._settle(self._place(sorted(experts), set(), source=DEMAND))
 
-    def _all_published(self, experts) -> list[int] | None:
-        """The short path of a fill: when every expert is already published in a slot, count
-        the hits, refresh the slots' recency and return them; else None (nothing touched)."""
-        table, sentinel = self.table_np, self.sentinel
-        slots = [int(table[e]) for e in experts]
-        if sentinel in slots:
-            return None
-        self.clock += 1
-        for s in slots:
-            self.used_at[s] = self.clock
-        self.stats.cache_hits += len(slots)
-        return slots
 
     def _defer(self, inds: mx.array, point: FillPoint, out: mx.array) -> None:
         """Register `point` as a fill point (its loads labelled with this call's step); a

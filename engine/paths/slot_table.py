@@ -1,0 +1,121 @@
+"""The staged path's slot table: per layer a fixed stack of S = K + headroom slots, and an MLX
+uint32 table [E] (expert id -> slot) that the gather indexes on the device. A slot keeps its
+expert while it stays routed; a missing expert is read by the reader threads straight into the
+least recently used slot outside the protected ones, and published in the table once its read
+lands. Row S is all zeros and every absent expert maps to it. The fill strategies (on demand,
+staged ahead and verified, predicted) are engine.paths.staged's."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from engine.paths.kernel import alloc_stack, row_views
+from engine.paths.stats import PathStats
+from engine.readers import ReaderPool, Ticket
+from engine.store import ExpertStore
+from traces.schema import DEMAND
+
+
+class StagingError(RuntimeError):
+    """The routing that a call executed was not what was staged for it (or no room to stage
+    it)."""
+
+
+class SlotTable:
+    def __init__(self, store: ExpertStore, layer: int, readers: ReaderPool, stats: PathStats,
+                 k: int, headroom: int):
+        m = store.manifest
+        self.layer, self.readers, self.stats = layer, readers, stats
+        self.k, self.headroom = k, headroom
+        self.slots = k + headroom
+        # Slot rows 0..S-1 plus the zero row S that absent experts map to.
+        self.arrays, self.views = alloc_stack(store.expert_shapes(layer), self.slots + 1)
+        self.sentinel = self.slots
+        self.table = mx.full((m.num_experts,), self.sentinel, dtype=mx.uint32)
+        mx.eval(self.table)
+        self.table_np = np.asarray(self.table)  # zero-copy: host writes land in MLX memory
+        self.rows = [row_views(self.views, s) for s in range(self.slots)]  # read targets
+        # Host bookkeeping in plain lists: K is small, numpy per-call overhead is not.
+        self.expert_in = [-1] * self.slots  # slot -> expert (-1 empty)
+        self.ticket_of: dict[int, Ticket] = {}  # slot -> fill in flight / not yet waited
+        self.used_at = [0] * self.slots  # recency, for the victim choice
+        self.clock = 0
+
+    def resident(self) -> dict[int, int]:
+        """{expert: slot} of filled slots (fills in flight included)."""
+        return {e: s for s, e in enumerate(self.expert_in) if e >= 0}
+
+    def place(self, wanted: list[int], protected: set[int], source: str) -> list[Ticket]:
+        """Give every expert of `experts` a slot: survivors keep theirs, missing ones are read
+        into the least recently used slots outside `protected`, the survivors and slots with a
+        read in flight. Returns the tickets to wait on before these slots may be used."""
+        self.clock += 1
+        where = self.resident()
+        keep = {where[e] for e in wanted if e in where}
+        missing = [e for e in wanted if e not in where]
+        self.stats.cache_hits += len(wanted) - len(missing)
+        self.stats.cache_misses += len(missing)
+        banned = keep | protected | set(self.ticket_of)
+        order = sorted(range(self.slots), key=self.used_at.__getitem__)
+        free = [s for s in order if s not in banned and self.expert_in[s] < 0]
+        free += [s for s in order if s not in banned and self.expert_in[s] >= 0]
+        if len(free) < len(missing):
+            raise StagingError(
+                f"layer {self.layer}: {len(missing)} experts to stage but only {len(free)} free "
+                f"slots of {self.slots} (K={self.k} + headroom {self.headroom}); raise the "
+                "staged headroom")
+        for e, s in zip(missing, free, strict=False):
+            old = self.expert_in[s]
+            if old >= 0:
+                self.table_np[old] = self.sentinel
+                self.stats.cache_evictions += 1
+            self.expert_in[s] = e  # the table entry stays at the sentinel until the read lands
+            self.ticket_of[s] = self.readers.submit_bundle(self.layer, e, self.rows[s],
+                                                           source=source,
+                                                           now=source == DEMAND)
+            where[e] = s
+        slots = [where[e] for e in wanted]
+        for slot in slots:
+            self.used_at[slot] = self.clock
+        return [self.ticket_of[s] for s in slots if s in self.ticket_of]
+
+    def settle(self, tickets: list[Ticket]) -> None:
+        """Wait for `tickets`; publish landed experts in the table; empty slots whose read
+        failed. Raises the first read error (after all of them are done)."""
+        mine = {id(t) for t in tickets}
+        try:
+            self.readers.wait(tickets)
+        finally:
+            for s, t in list(self.ticket_of.items()):
+                if id(t) not in mine:
+                    continue
+                del self.ticket_of[s]
+                if t.error is None:
+                    self.table_np[t.expert] = s
+                else:
+                    self.expert_in[s] = -1
+
+    def all_published(self, experts) -> list[int] | None:
+        """The short path of a fill: when every expert is already published in a slot, count
+        the hits, refresh the slots' recency and return them; else None (nothing touched)."""
+        table, sentinel = self.table_np, self.sentinel
+        slots = [int(table[e]) for e in experts]
+        if sentinel in slots:
+            return None
+        self.clock += 1
+        for s in slots:
+            self.used_at[s] = self.clock
+        self.stats.cache_hits += len(slots)
+        return slots
+
+    def slot_ids(self, inds: mx.array) -> mx.array:
+        """The routed ids' slots, on the device (absent experts: the zero row)."""
+        return mx.take(self.table, inds)
+
+    def settle_all(self) -> None:
+        """Wait for every read in flight (errors ignored: the caller is cleaning up)."""
+        try:
+            self.settle(list(self.ticket_of.values()))
+        except Exception:  # noqa: BLE001 - the failed request already reported it
+            pass
