@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.calibration_values import ALIGN, DEFAULT_SIZES, MIB, StorageResult, cost
+from contract.thresholds import ALIGN
+from sim.calibration_values import DEFAULT_SIZES, MIB, StorageResult, cost
 
 
 def _drop(fd: int) -> None:

@@ -1,4 +1,4 @@
-"""Thresholds the engine and the simulator must agree on (both import them from here).
+"""Thresholds and sizes the engine and the simulator must agree on (both import them here).
 
 INLINE_WARM_BYTES: a demand miss that the page cache holds, up to this size, is copied by the
 engine's main thread itself when it must wait for it (engine.readers.ReaderPool.wait;
@@ -11,3 +11,12 @@ Imports nothing of ours."""
 from __future__ import annotations
 
 INLINE_WARM_BYTES = 256 << 10
+
+# The streaming layout's alignment: every tensor's data starts on this boundary, so O_DIRECT
+# reads (offset, length and buffer aligned) can read whole tensors (engine.safetensors_io,
+# engine.store; sim.calibration_values' O_DIRECT probes).
+ALIGN = 4096
+# The page the page cache and the engine's budget round a read's ranges out to (mmap.PAGESIZE
+# on the machine: 4 KiB on x86-64 Linux; Apple Silicon's is 16 KiB). The engine uses the
+# machine's own; the simulator uses this unless a profile says otherwise.
+PAGE = 4096

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from contract.errors import BadInput
+from contract.thresholds import ALIGN
 from engine.manifest import FileEntry
 
-ALIGN = 4096
 _ST_DTYPES = {
     "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
     "uint8": "U8", "uint16": "U16", "uint32": "U32", "uint64": "U64",

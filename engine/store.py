@@ -49,13 +49,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from contract.errors import BadInput, IOFault
+from contract.thresholds import ALIGN  # O_DIRECT alignment of offset, length, buffer
 from engine import platform
 from engine.manifest import LayerEntry, Manifest
 from engine.page_cache_budget import PageCacheBudget
 from engine.platform import PAGE, ResidencyProbe, map_for_residency, unmap
 from traces.schema import DEMAND, WHOLE_LAYER, WHOLE_LAYER_EXPERT
 
-ALIGN = 4096  # O_DIRECT alignment of offset, length and buffer address
 LoadCallback = Callable[[dict], None]
 
 class ExpertReadError(IOFault):

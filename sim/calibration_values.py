@@ -36,7 +36,6 @@ import numpy as np
 from sim.scenario import HARDWARE_KEYS
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
-ALIGN = 4096
 DEFAULT_SIZES = (4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 2 * MIB, 4 * MIB, 8 * MIB)
 BUNDLE_RANGES = 9  # {gate,up,down} x {weight,scales,biases}: reads per bundle in the engine
 COST_QUANTILE = 0.1

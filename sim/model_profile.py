@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import BadInput, read_json_object
+from contract.thresholds import PAGE
 from sim.scenario import MODEL_KEYS
 
 MANIFEST = "manifest.json"
@@ -80,7 +81,6 @@ def resident_figures(path: Path, bits: int | None) -> tuple[int, int, int]:
     return nbytes, params, embed
 
 
-PAGE = 4096
 
 
 def paged_bundle_bytes(manifest: dict[str, Any]) -> float:

@@ -47,6 +47,12 @@ def test_engine_and_simulator_share_one_vocabulary():
     assert sim.compare.SYNC_AT_BUILD is contract_config.SYNC_AT_BUILD
     source = (ROOT / "sim" / "compare.py").read_text()
     assert "HOT_FRACTION = " not in source and "frozenset(" not in source
+    import contract.thresholds as thresholds
+    import engine.safetensors_io
+    import sim.model_profile
+
+    assert engine.safetensors_io.ALIGN is thresholds.ALIGN  # the layout's alignment, once
+    assert sim.model_profile.PAGE is thresholds.PAGE
 
 
 def test_nothing_below_the_cli_imports_it():
