@@ -89,8 +89,6 @@ class StagedPath(ExpertPath):
     def _all_published(self, experts) -> list[int] | None:
         return self.slot_table.all_published(experts)
 
-
-
     # ------------------------------------------------------------ ahead (prerouter) side
 
     def stage(self, experts) -> None:
@@ -224,7 +222,6 @@ class StagedPath(ExpertPath):
         experts = set(host_routed(inds, self.stats, deferred=True).ravel().tolist())
         if self._all_published(experts) is None:
             self._settle(self._place(sorted(experts), set(), source=DEMAND))
-
 
     def _defer(self, inds: mx.array, point: FillPoint, out: mx.array) -> None:
         """Register `point` as a fill point (its loads labelled with this call's step); a
