@@ -58,12 +58,20 @@ def test_cold_after_drop_then_warm_same_bytes(method, tiny_random_converted, mod
         m = s.manifest
         picks = ((m.moe_layers[0], 5), (m.moe_layers[-1], m.num_experts - 1))
         refs = {k: _file_bytes(root, s, *k) for k in [*picks, (m.moe_layers[1], 9)]}
-        s.drop_page_cache()  # plain reads cached pages (with readahead)
         for layer, e in picks:
             ref = refs[layer, e]
-            assert s.residency(layer, e) == 0.0
-            buf = _buffers(s, layer)
-            assert s.read_bundle(layer, e, buf)["cold"] is True
+            # Dropped pages can come back before the read: once in ~10 fresh-clone runs a read
+            # right after mincore found none resident came back warm (the kernel's page-cache
+            # internals, not the store). Up to 3 tries, each checking its premise; a store
+            # that never classes a cold read cold still fails.
+            for _ in range(3):
+                s.drop_page_cache()  # plain reads cached pages (with readahead)
+                assert s.residency(layer, e) == 0.0
+                buf = _buffers(s, layer)
+                if s.read_bundle(layer, e, buf)["cold"]:
+                    break
+            else:
+                pytest.fail(f"layer {layer} expert {e}: never read cold after a drop")
             _assert_bytes(buf, ref)
             assert s.residency(layer, e) == 1.0  # mincore agrees the read cached it
             buf = _buffers(s, layer)
