@@ -28,6 +28,9 @@ SYNC_AT_BUILD = frozenset({"exact"})
 #          layer N's post-attention state gives N+1's set, read while layer N's experts
 #          compute; that prediction IS N+1's routing (engine.layer_lead)
 LEADS = ("none", "token", "layer")
+# The float dtype the engine computes in (engine.device): float32 on MLX's CPU backend and
+# the checkpoint's own on Metal/CUDA ("auto"), or either one forced.
+DTYPES = ("auto", "float32", "source")
 PHASES = ("prefill", "decode")
 HOT_FRACTION = 0.25  # default hot LRU budget: this fraction of all expert bytes
 
@@ -59,7 +62,7 @@ class EngineConfig:
     lead: int = 0  # tokens of staged lookahead (1 with a prerouter); 0 = fill on demand
     lead_kind: str = "none"  # LEADS; "token" whenever lead is 1
     top_k: int | None = None  # route at this K instead of the model's own (routing studies)
-    dtype: str = "auto"  # engine.device.DTYPES: float32 on the CPU backend, else the source's
+    dtype: str = "auto"  # DTYPES: float32 on the CPU backend, else the source's
     lookahead: bool = True  # decode loop builds step t+1's graph while step t computes
     # (mlx-lm's generate_step does the same); in effect only when no decode layer syncs at
     # build (exact): see engine.generate
@@ -101,9 +104,9 @@ class EngineConfig:
         if self.lead_kind == "layer" and self.decode != "staged":
             raise BadInput(f"engine config: lead 'layer' runs on the staged decode path "
                            f"(preset staged), not {self.decode!r}")
-        if self.dtype not in ("auto", "float32", "source"):  # engine.device.DTYPES (no MLX here)
-            raise BadInput(f"engine config: dtype {self.dtype!r} unknown (one of: auto, "
-                           "float32, source)")
+        if self.dtype not in DTYPES:
+            raise BadInput(f"engine config: dtype {self.dtype!r} unknown (one of: "
+                           f"{', '.join(DTYPES)})")
         if self.top_k is not None and self.top_k < 1:
             raise BadInput(f"engine config: K (--top-k) must be >= 1, got {self.top_k}")
         if self.staged_headroom is not None and self.staged_headroom < 0:

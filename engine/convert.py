@@ -240,7 +240,7 @@ def convert(src: Path, dst: Path, bits: int | None = None, group_size: int | Non
         dst / RESIDENT_FILE, specs, lambda k: _evaluated(weights.pop(k), where.get(k, src), k))
 
     # Routed experts, one file per MoE layer.
-    entries, stored = {}, {}
+    entries, scales_dtype = {}, None
     num_experts = int(cfg[ARCHS[mt].experts_key])
     for n, i in enumerate(sorted(layers), 1):
         say(f"layer {i}: experts ({n}/{len(layers)})")
@@ -248,13 +248,14 @@ def convert(src: Path, dst: Path, bits: int | None = None, group_size: int | Non
         shard = where.get(f"{layers[i]}.gate_proj.weight", src)
         tensors = expert_quant.layer_tensors(weights, layers[i], switch_glu_of(model, mt, i),
                                              quant)
-        stored[i] = {k: v for k, v in tensors.items() if k.endswith(".scales")}
+        scales_dtype = dtype_name(tensors["gate_proj.scales"].dtype)
         specs = [(k, tuple(v.shape), dtype_name(v.dtype)) for k, v in tensors.items()]
         files[rel], offsets = write_safetensors(
             dst / rel, specs, lambda k, t=tensors, f=shard: _evaluated(t.pop(k), f, k))
-        entries[i] = LayerEntry(i, ARCHS[mt].moe_attr, rel, {
-            k: TensorEntry(offsets[k], nbytes_of(shape[1:], dt), list(shape), dt)
-            for k, shape, dt in specs}, sum(nbytes_of(s[1:], dt) for _, s, dt in specs))
+        entry = {k: TensorEntry(offsets[k], nbytes_of(shape[1:], dt), list(shape), dt)
+                 for k, shape, dt in specs}
+        entries[i] = LayerEntry(i, ARCHS[mt].moe_attr, rel, entry,
+                                sum(t.stride for t in entry.values()))
     mx.clear_cache()
 
     # Config, tokenizer, manifest.
@@ -263,8 +264,9 @@ def convert(src: Path, dst: Path, bits: int | None = None, group_size: int | Non
     for name in [CONFIG_FILE, *_copy_side_files(src, dst)]:
         files[name] = _file_entry(dst / name)
     manifest = Manifest(
-        model_type=mt, config=out_cfg, quantization=expert_quant.manifest_entry(quant, stored),
-        num_experts=num_experts, top_k=int(cfg["num_experts_per_tok"]), layers=entries,
+        model_type=mt, config=out_cfg,
+        quantization=expert_quant.manifest_entry(quant, scales_dtype), num_experts=num_experts,
+        top_k=int(cfg["num_experts_per_tok"]), layers=entries,
         files=files, resident_quantization=src_q, source=str(src), root=dst,
     )
     write_manifest(manifest, dst)

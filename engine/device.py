@@ -8,9 +8,9 @@ the CPU to run the accelerator's arithmetic)."""
 
 from __future__ import annotations
 
+from contract.engine_config import DTYPES
 from contract.errors import BadInput
 
-DTYPES = ("auto", "float32", "source")
 DEVICES = ("cpu", "gpu")
 
 

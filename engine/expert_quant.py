@@ -116,12 +116,8 @@ def layer_tensors(weights: dict, prefix: str, sw, q: ExpertQuant) -> dict:
     return out
 
 
-def manifest_entry(q: ExpertQuant, layers: dict[int, dict]) -> dict:
+def manifest_entry(q: ExpertQuant, scales_dtype: str) -> dict:
     """The manifest's `quantization`: mode, bits, group size, the scales' stored dtype and
     whether the checkpoint's own quantized experts were redone."""
-    from engine.safetensors_io import dtype_name
-
-    first = next(iter(layers.values()))
     return {"bits": q.bits, "group_size": q.group_size, "mode": q.mode,
-            "scales_dtype": dtype_name(first["gate_proj.scales"].dtype),
-            "requantized": q.requantized}
+            "scales_dtype": scales_dtype, "requantized": q.requantized}

@@ -300,12 +300,11 @@ class StepLoop:
     def abandon(self, b: _Built) -> None:
         """A step built ahead that will not run (EOS): drop its staging, reuse its number."""
         self.next_step = b.step
-        self.fills.abort()  # its fill points never run: only its first router was queued
-        if self.runtime is not None:
-            self.runtime.reset()
+        self.reset()  # its fill points never run: only its first router was queued
 
     def reset(self) -> None:
-        """After a failure: forget every fill point, settle reads, drop staging."""
+        """Forget every fill point, settle reads, drop staging (after a failure, or for a
+        step that will not run)."""
         self.fills.abort()
         if self.runtime is not None:
             self.runtime.reset()

@@ -15,6 +15,7 @@ from contract.engine_config import EngineConfig
 from contract.errors import BadInput
 from engine.archs import ARCHS, routing_spec
 from engine.convert import build_skeleton, moe_layers, quantize_like_source, switch_glu_of
+from engine.device import upcasts
 from engine.engine import Engine
 from engine.manifest import (
     CONFIG_FILE,
@@ -44,14 +45,11 @@ def open_manifest(converted_dir: Path, verify: bool | None = None) -> Manifest:
     return manifest
 
 
-def _resident_weights(manifest: Manifest, upcast: bool | str) -> dict:
-    """resident.safetensors, float tensors as float32 when `upcast` (a bool, or an
-    engine.device dtype policy)."""
+def _resident_weights(manifest: Manifest, upcast: bool) -> dict:
+    """resident.safetensors, float tensors as float32 when `upcast`."""
     import mlx.core as mx
 
-    from engine.device import upcasts
-
-    dtype = mx.float32 if (upcasts(upcast) if isinstance(upcast, str) else upcast) else None
+    dtype = mx.float32 if upcast else None
     path = manifest.path(RESIDENT_FILE)
     read_safetensors_header(path)
     try:
@@ -153,7 +151,7 @@ def load_streaming(
                                           page_cache_budget=page_cache_budget)
     manifest = routed_at(open_manifest(converted_dir, verify), config.top_k)
     config.validate(manifest)
-    weights = _resident_weights(manifest, config.dtype if float32 is None else float32)
+    weights = _resident_weights(manifest, upcasts(config.dtype) if float32 is None else float32)
     model, layers = _model(manifest, weights)
     store = ExpertStore(manifest, o_direct=config.o_direct,
                         page_cache_budget=config.page_cache_budget, on_load=on_load)
@@ -236,7 +234,7 @@ def load_resident(converted_dir: Path, *, verify: bool | None = None,
     import mlx.nn as nn
 
     manifest = routed_at(open_manifest(converted_dir, verify), top_k)
-    weights = _resident_weights(manifest, "auto" if float32 is None else float32)
+    weights = _resident_weights(manifest, upcasts() if float32 is None else float32)
     model, layers = _model(manifest, weights)
     q = manifest.quantization
     prefixes = tuple(f"{p}." for p in layers.values())

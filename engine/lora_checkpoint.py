@@ -17,6 +17,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from contract.errors import BadInput
 from engine import lora
+from traces.writer import write_atomic
 
 
 class Checkpoint:
@@ -85,6 +86,6 @@ class Checkpoint:
 
 
 def atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text + "\n")
-    tmp.replace(path)
+    """`text` written whole under a temporary name and renamed (traces.writer.write_atomic;
+    no fsync: it guards against a killed run, as the training state's writes do)."""
+    write_atomic(path, lambda tmp: tmp.write_text(text + "\n"), durable=False)

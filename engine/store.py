@@ -81,7 +81,6 @@ class ExpertStore:
     ):
         self.manifest = manifest
         self.on_load = on_load
-        self.page_cache_budget = page_cache_budget
         if page_cache_budget is not None:
             platform.require_page_drop("page-cache budget")
         self.platform = platform.current()

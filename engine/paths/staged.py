@@ -67,14 +67,25 @@ class StagedPath(ExpertPath):
             raise ValueError(f"staged headroom must be >= 0, got {self.headroom}")
         self.quant = Quant.of(store.manifest)
         self.slot_table = SlotTable(store, layer, readers, stats, self.k, self.headroom)
-        self.slots, self.sentinel, self.views = \
-            self.slot_table.slots, self.slot_table.sentinel, self.slot_table.views
         self.queue: deque[list[int]] = deque()  # staged sets (sorted ids), one per future call
         self.checks: list[tuple[mx.array, list[int]]] = []  # (routed ids, staged set)
         self.in_use: set[int] = set()  # slots of the last call staged ahead (may still compute)
         self.exact = ExactPath(store, layer, step_clock=self.points.clock, stats=stats)
 
     # ------------------------------------------------------------ the slot table's
+
+    @property
+    def slots(self) -> int:
+        return self.slot_table.slots
+
+    @property
+    def sentinel(self) -> int:
+        """The zero row absent experts map to."""
+        return self.slot_table.sentinel
+
+    @property
+    def views(self):
+        return self.slot_table.views
 
     def resident(self) -> dict[int, int]:
         """{expert: slot} of filled slots (fills in flight included)."""
