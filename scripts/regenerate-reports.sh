@@ -34,7 +34,7 @@ run uv run ssdmoe trace summary runs/regime-greedy --json > reports/routing-regi
 
 # calibrates this machine (scenarios/hardware/this-machine.toml, scenarios/models/tiny-trained.toml,
 # scenarios/this-machine-tiny-trained.toml), then measures and predicts the matrix
-run uv run ssdmoe validate "$M" --fresh
+run uv run ssdmoe validate "$M" --fresh --rounds 3    # the median of 3 rotated rounds: a noisy machine
 
 if [ $bench = 1 ]; then
     A=resident,engine-resident,resident-sync,on-demand,hot,staged,staged-oracle,staged-layer,staged-prerouter
