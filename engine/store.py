@@ -38,7 +38,6 @@ writable NumPy views (`np.asarray(mx_array)` is a zero-copy writable view of MLX
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import threading
 import time
@@ -49,11 +48,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from contract.errors import BadInput, IOFault
-from contract.thresholds import ALIGN  # O_DIRECT alignment of offset, length, buffer
 from engine import platform
 from engine.manifest import LayerEntry, Manifest
 from engine.page_cache_budget import PageCacheBudget
 from engine.platform import PAGE, ResidencyProbe, map_for_residency, unmap
+from engine.range_reads import (
+    DirectRefused,
+    RangeReadError,
+    aligned_span,
+    bounce_buffer,
+    read_buffered,
+    read_direct,
+    read_nowait,
+)
 from traces.schema import DEMAND, WHOLE_LAYER, WHOLE_LAYER_EXPERT
 
 LoadCallback = Callable[[dict], None]
@@ -355,11 +362,9 @@ class ExpertStore:
         """Read a range, first with RWF_NOWAIT. True when the page cache held all of it (one
         syscall); otherwise (`finish`) the rest is read blocking and the load is cold."""
         try:
-            n = os.preadv(f.fd, [view], off, self._nowait)
-        except OSError as err:
-            if err.errno != errno.EAGAIN:
-                raise self._fail(f, layer, expert, err.strerror or str(err)) from None
-            n = 0
+            n = read_nowait(f.fd, off, length, view, self._nowait)
+        except RangeReadError as err:
+            raise self._fail(f, layer, expert, str(err)) from None
         if n == length:
             return True
         if finish:
@@ -367,46 +372,20 @@ class ExpertStore:
         return False
 
     def _read_buffered(self, f: _File, off: int, length: int, view: np.ndarray, layer, expert,
-                       done: int = 0):
-        buf = None  # the whole view goes to preadv as is; a byte view only to finish a short read
-        while done < length:
-            if done and buf is None:
-                buf = memoryview(view).cast("B")
-            try:
-                n = os.preadv(f.fd, [buf[done:] if done else view], off + done)
-            except OSError as err:
-                raise self._fail(f, layer, expert, err.strerror or str(err)) from None
-            if n == 0:
-                raise self._fail(f, layer, expert, f"short read at byte {off + done} "
-                                 f"(file has {f.size} bytes; truncated?)")
-            done += n
-
-    def _bounce(self, n: int) -> mmap.mmap:
-        buf = getattr(self._local, "bounce", None)
-        if buf is None or len(buf) < n:
-            buf = mmap.mmap(-1, max(n, 1 << 20))  # anonymous maps are page aligned
-            self._local.bounce = buf
-        return buf
-
-    def _read_direct(self, f: _File, off: int, length: int, view: np.ndarray, layer, expert):
-        a0 = off - off % ALIGN
-        a1 = -(-(off + length) // ALIGN) * ALIGN
-        bounce = self._bounce(a1 - a0)
-        mv = memoryview(bounce)
+                       done: int = 0) -> None:
         try:
-            done = 0
-            while done < off + length - a0:
-                try:
-                    n = os.preadv(f.dfd, [mv[done:a1 - a0]], a0 + done)
-                except OSError as err:
-                    if err.errno == 22 and done == 0:  # EINVAL: this filesystem refuses it
-                        self._no_direct(f"O_DIRECT read of {f.path} failed: {err.strerror}")
-                        return self._read_buffered(f, off, length, view, layer, expert)
-                    raise self._fail(f, layer, expert, err.strerror or str(err)) from None
-                if n == 0:
-                    raise self._fail(f, layer, expert, f"short read at byte {a0 + done} "
-                                     f"(file has {f.size} bytes; truncated?)")
-                done += n
-            memoryview(view).cast("B")[:] = mv[off - a0: off - a0 + length]
-        finally:
-            mv.release()
+            read_buffered(f.fd, off, length, view, f.size, done)
+        except RangeReadError as err:
+            raise self._fail(f, layer, expert, str(err)) from None
+
+    def _read_direct(self, f: _File, off: int, length: int, view: np.ndarray, layer,
+                     expert) -> None:
+        local = self._local  # one bounce buffer per thread
+        local.bounce = bounce_buffer(getattr(local, "bounce", None), aligned_span(off, length))
+        try:
+            read_direct(f.dfd, off, length, view, f.size, local.bounce)
+        except DirectRefused as err:
+            self._no_direct(f"O_DIRECT read of {f.path} failed: {err}")
+            self._read_buffered(f, off, length, view, layer, expert)
+        except RangeReadError as err:
+            raise self._fail(f, layer, expert, str(err)) from None

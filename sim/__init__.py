@@ -11,6 +11,7 @@ schema as a measured one.
   gil.py             Python's interpreter lock: graph building vs readers' bookkeeping
   compute_stream.py  the accelerator's command stream (on a CPU backend: a thread on the cores)
   main_thread.py     the main thread's process: graph build, fills, syncs, waits
+  prefill.py         a prefill step: whole-layer loads overlapping the layers' compute
   readers.py         reader threads: processes on one priority queue, demand before prefetch
   loads.py           a load and its cost by where its bytes are (page cache, device) + CPU work
   storage.py         the device, closed form (queue depth, latency, shared bandwidth)
@@ -18,8 +19,9 @@ schema as a measured one.
   throttle.py        the kernel's block-I/O read throttle in front of it (a token bucket)
   memory.py          RAM budget: OS, engine, app caches; the page cache gets what is left
   swap.py            oversubscription: the engine's paged-out memory faulted back in
-  lru.py             byte-bounded LRU; page_cache.py (OS page cache), caches.py (LRU, slots)
-  policies.py        on-demand, hot, prerouter (lead one token or N layers)
+  lru.py             byte-bounded LRU; page_cache.py (OS page cache), caches.py (the bundle
+                     LRU, the staged path's per-layer slot tables)
+  policies.py        the engine's decode paths: exact, hot, staged (lead none, token, layer)
   routing_input.py, routing_synth.py   what is replayed; routing_fit.py: the generator's
                      reuse and skew (and their scaling with K) fitted to captured traces
   record.py          simulated run -> trace tables; replay.py: run_scenario()
@@ -37,12 +39,15 @@ names, thresholds) and traces/ (the schema, load sources):
   engine/readers.py (reader threads, help_reads)   readers.py, gil.py
   engine/store.py (reads, cold/warm, budget)       loads.py, page_cache.py, storage.py,
                                                    throttle.py (engine/throttle.py)
-  engine/paths/exact.py                            policies.py "on-demand" / "hot" with a
-                                                   one-bundle LRU (sim.compare)
-  engine/paths/hot.py                              policies.py "hot", lru.py
-  engine/paths/staged.py                           policies.py "hot" (slots as one LRU) or
-                                                   "prerouter" (predicted), caches.py
-  engine/prerouter.py, engine/layer_lead.py        policies.py "prerouter" (lead token / layer)
+  engine/paths/exact.py                            policies.py Exact (path "exact")
+  engine/paths/hot.py                              policies.py Hot (path "hot"), lru.py
+  engine/paths/staged.py, slot_table.py            policies.py Staged (path "staged"),
+                                                   caches.py SlotTables
+  engine/paths/staged_fill.py (demand, ahead,      main_thread.py (_router_layer, stage,
+    predicted fills)                                 _staged_layer)
+  engine/prerouter.py, engine/layer_lead.py        policies.py StagedTokenLead, StagedLayerLead
+                                                   (lead "token" / "layer")
+  engine/paths/whole_layer.py (prefill)            prefill.py
   engine/memory.py (RSS, MLX bytes)                memory.py, swap.py
   engine/lora.py (adapter bytes, build)            model_profile.lora_profile, main_thread.py
 """

@@ -1,11 +1,11 @@
-"""The engine's caches: a bundle LRU shared by all layers (bounded in bytes) and per-layer staged
-slots (double buffered: the set a layer computes with now, and the set being filled for the
-next token). Values in the LRU are the Load that brought the bundle in (None once settled), so a
-hit on a bundle still in flight waits for it instead of pretending it is there."""
+"""The engine's app caches: a bundle LRU shared by all layers (bounded in bytes) and the staged
+path's per-layer slot tables. Values are the Load that brought the bundle in (None once it is
+known to have landed), so a hit on a bundle still in flight waits for it instead of pretending
+it is there."""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 
 from sim.lru import LRU
 
@@ -14,24 +14,69 @@ class BundleLRU(LRU):
     """LRU of expert bundles keyed layer * experts + expert."""
 
 
-class StagedSlots:
-    """Per layer: `current` (experts the layer computed with last token, still in their slots)
-    and `pending` (expert -> Load or None per future token, oldest first: what was staged for
-    the next token; with the lookahead loop the token after it is staged before the next
-    token's layer has taken its set, as the engine's per-layer queue of staged sets allows)."""
+class SlotTables:
+    """Per layer, the staged path's slot table (engine.paths.slot_table): `capacity` slots, one
+    expert each. A missing expert takes the least recently used slot outside the protected ones
+    (the last call's, which may still compute, and sets staged for calls to come); survivors keep
+    theirs. `pending` holds, per layer and oldest first, the sets staged for future calls
+    (expert -> the Load bringing it in, or None when it was already held): with the lookahead
+    loop the token after next is staged before the next token's layer has taken its set, as the
+    engine's per-layer queue of staged sets allows."""
 
-    def __init__(self, layers: int) -> None:
-        self.current: list[frozenset[int]] = [frozenset()] * layers
+    def __init__(self, layers: int, capacity: int) -> None:
+        self.capacity = capacity
+        self.held: list[OrderedDict[int, object]] = [OrderedDict() for _ in range(layers)]
+        self.last_call: list[frozenset[int]] = [frozenset()] * layers
         self.pending: list[deque[dict[int, object]]] = [deque() for _ in range(layers)]
+        self.evictions = 0
+
+    def holds(self, layer: int, expert: int) -> bool:
+        return expert in self.held[layer]
+
+    def get(self, layer: int, expert: int) -> object:
+        """The Load still bringing a held expert in, or None."""
+        return self.held[layer].get(expert)
+
+    def protected(self, layer: int, last_call: bool) -> set[int]:
+        """Experts no new read may displace: those staged ahead and (`last_call`: its step may
+        still compute) the last call's."""
+        out = set(self.last_call[layer]) if last_call else set()
+        for staged in self.pending[layer]:
+            out.update(staged)
+        return out
+
+    def touch(self, layer: int, experts: list[int]) -> None:
+        held = self.held[layer]
+        for e in experts:
+            if e in held:
+                held.move_to_end(e)
+
+    def place(self, layer: int, expert: int, load: object, protected: set[int]) -> None:
+        """Give `expert` (not held) a slot, its read `load` in flight: an empty slot, else the
+        least recently used one outside `protected`. With every slot protected (the engine raises
+        StagingError; sim.profiles requires the headroom that rules it out) the oldest goes."""
+        held = self.held[layer]
+        if len(held) >= self.capacity:
+            victim = next((e for e in held if e not in protected), None)
+            if victim is None:
+                victim = next(iter(held))
+            del held[victim]
+            self.evictions += 1
+        held[expert] = load
+
+    def landed(self, layer: int, expert: int) -> None:
+        held = self.held[layer]
+        if expert in held:
+            held[expert] = None
 
     def stage(self, layer: int, staged: dict[int, object]) -> None:
         self.pending[layer].append(staged)
 
     def take(self, layer: int) -> dict[int, object] | None:
-        """Swap buffers: the oldest pending set becomes current; returns it (None if nothing
-        staged)."""
+        """The oldest set staged for this layer's next call (None if nothing staged)."""
         pending = self.pending[layer]
         return pending.popleft() if pending else None
 
     def settle(self, layer: int, experts: frozenset[int]) -> None:
-        self.current[layer] = experts
+        """The call ran with `experts`: they are the last call's set now."""
+        self.last_call[layer] = experts

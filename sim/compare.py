@@ -7,18 +7,19 @@ profile (scenarios/hardware/this-machine.toml) with the trace's model profile:
 scenarios/models/<model>.toml, else derived from the manifest the trace names (run.json
 model.path; sim.model_profile).
 
-The engine configuration in run.json `engine` maps onto scenario keys:
-  decode path exact (preset on-demand)  policy hot with a one-bundle LRU (no app cache, no sticky
-                                        slots: the LRU never hits), readers 0 (main-thread reads)
-  decode path hot                       policy hot, lru_bytes = hot_bytes (default 25% of the
+The engine configuration in run.json `engine` maps onto scenario keys, in the engine's own
+vocabulary (sim.policies):
+  decode path exact (preset on-demand)  path exact: every routed expert read on the main thread,
+                                        no app cache
+  decode path hot                       path hot, lru_bytes = hot_bytes (default 25% of the
                                         expert bytes, contract.engine_config.HOT_FRACTION), readers
-  decode path staged                    policy hot with a shared LRU of layers x (K + headroom)
-                                        bundles standing in for the per-layer sticky slots
-                                        (least recently used victim), readers
-  prerouter true                        policy prerouter, lead token
-  lead_kind layer                       policy prerouter, lead 1 (same token, one layer ahead),
-                                        every MoE layer after the first a consumer, predictor
-                                        bytes 0 (the next layer's own router, resident)
+  decode path staged                    path staged, staged_headroom as configured (per layer
+                                        K + headroom slots, least recently used victim), lead none,
+                                        no bundle LRU behind the slots, readers
+  prerouter true                        path staged, lead token
+  lead_kind layer                       path staged, lead layer, lead_layers 1, every MoE layer
+                                        after the first a consumer, predictor bytes 0 (the next
+                                        layer's own router, resident)
   extra.throttle                        throttle_read_mbps / throttle_read_iops (the kernel's
                                         token bucket, sim.throttle)
   lookahead                             lookahead=true when the config has it on (traces from
@@ -35,9 +36,10 @@ The engine configuration in run.json `engine` maps onto scenario keys:
   build_ms_per_layer                    the scenario's notes "build_ms_per_layer.<path>" when
                                         present (per-path main-thread CPU, from calibrate)
   compute_factor, load_overhead_ms,     the scenario's notes "compute_factor",
-  cold_overhead_ms                      "load_overhead_ms.in_decode" and (buffered reads)
-                                        "cold_overhead_ms.in_decode" when present (fitted
-                                        inside decode by ssdmoe validate's calibration subset)
+  handoff_ms, cold_overhead_ms          "load_overhead_ms.in_decode", "handoff_ms.in_decode"
+                                        and (buffered reads) "cold_overhead_ms.in_decode" when
+                                        present (fitted inside decode by ssdmoe validate's
+                                        calibration subset)
   cold_overhead_ms (O_DIRECT traces)    the scenario's notes "cold_overhead_ms.o_direct" when
                                         present (an O_DIRECT bundle read, from calibrate)
 Routing (and the step plan: prefill chunks, decode steps, requests) comes from the trace.
@@ -175,32 +177,23 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
         notes.append(f"decode paths differ per layer ({', '.join(in_use)}); simulated as {path}")
     readers = cfg.readers
     sets = [f"k={k}"]
+    staged = [f"staged_headroom={staged_headroom(cfg, k)}", f"readers={readers}", "lru_bytes=0"]
     if cfg.lead_kind == "layer":
-        sets += ["policy=prerouter", "lead=1", f"readers={readers}", "model.consumer_first=1",
+        sets += ["path=staged", "lead=layer", "lead_layers=1", *staged, "model.consumer_first=1",
                  f"model.consumer_last={m.layers - 1}", f"model.heads={m.layers - 1}",
                  "model.head_bytes=0"]
-        headroom = staged_headroom(cfg, k)
-        sets.append(f"lru_bytes={max(m.layers * headroom * m.bundle_bytes, m.bundle_bytes)}")
-        notes.append("same-token lead: layer N+1's set read after layer N's routing; the "
-                     f"other {headroom} slots per layer simulated as one shared LRU")
     elif cfg.prerouter:
-        sets += ["policy=prerouter", "lead=token", f"readers={readers}"]
-        if path == "staged":
-            headroom = staged_headroom(cfg, k)
-            sets.append(f"lru_bytes={max(m.layers * headroom * m.bundle_bytes, m.bundle_bytes)}")
-            notes.append(f"staged with heads: the last token's set stays in its slots; the other "
-                         f"{headroom} slots per layer simulated as one shared LRU of their bytes")
+        sets += ["path=staged", "lead=token", *staged]
+        if path != "staged":
+            notes.append(f"prerouter heads on decode path {path}: simulated as staged")
     elif path == "exact":
-        sets += ["policy=hot", f"lru_bytes={m.bundle_bytes}", "readers=0"]
+        sets += ["path=exact", "lead=none", "lru_bytes=0", "readers=0"]
     elif path == "hot":
         hot = cfg.hot_bytes if cfg.hot_bytes is not None else int(m.expert_bytes * HOT_FRACTION)
-        sets += ["policy=hot", f"lru_bytes={max(hot, m.bundle_bytes)}", f"readers={readers}"]
+        sets += ["path=hot", "lead=none", f"lru_bytes={max(hot, m.bundle_bytes)}",
+                 f"readers={readers}"]
     elif path == "staged":
-        headroom = staged_headroom(cfg, k)
-        slots = m.layers * (k + headroom) * m.bundle_bytes
-        sets += ["policy=hot", f"lru_bytes={slots}", f"readers={readers}"]
-        notes.append(f"staged: {k + headroom} slots per layer (least recently used victim) "
-                     "simulated as one shared LRU of the same bytes")
+        sets += ["path=staged", "lead=none", *staged]
     else:
         raise BadInput(f"run.json engine: decode path {path!r} has no simulator mapping")
     sets.append(f"lookahead={'true' if looked_ahead(engine) else 'false'}")
@@ -213,7 +206,8 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     if build is not None:
         sets.append(f"build_ms_per_layer={build}")
     fitted_keys = [("compute_factor", "compute_factor"),
-                   ("load_overhead_ms.in_decode", "load_overhead_ms")]
+                   ("load_overhead_ms.in_decode", "load_overhead_ms"),
+                   ("handoff_ms.in_decode", "handoff_ms")]
     if not o_direct:
         fitted_keys.append(("cold_overhead_ms.in_decode", "cold_overhead_ms"))
     for key, setting in fitted_keys:

@@ -8,9 +8,9 @@ graph is built, i.e. the exact and hot paths). Per decode step:
             thread performs them itself, synchronously, as the paper's stager does)
   per layer build the layer's graph (CPU; + a head's graph at head owners), queue its attention
             (+ head) work on the accelerator; unless the layer's routing is staged, sync on the
-            router (wait for the accelerator), then get every routed bundle (sticky slot, staged
-            slot, bundle LRU, else a demand load) and wait for those still in flight; queue the
-            expert work
+            router (wait for the accelerator), then get every routed bundle (its slot on the
+            staged path, the bundle LRU, else a demand load) and wait for those still in
+            flight; queue the expert work
   end       sync on the accelerator (sampling needs the token)
 
 Lookahead (lookahead true: our engine's staged decode loop, engine.generate / fill_points).
@@ -28,7 +28,8 @@ t's fill points. Per decode step t (a window of wall time, as the engine's trace
   The window is [end of the previous window, token t on the host]; build = step t+1's graph
   building in it, eval = the rest net of blocked (fill host work included).
 
-Per prefill step: whole-layer loads, layer L+1's load overlapping layer L's compute.
+Per prefill step: whole-layer loads, layer L+1's load overlapping layer L's compute
+(sim.prefill).
 
 The main thread is one SimPy process; the others are sim.compute_stream (the accelerator, or on
 a CPU backend a compute thread on the host's cores), sim.readers (reader threads) and the storage
@@ -42,35 +43,23 @@ the accelerator; build time = graph building (and, in the synchronous loop, slot
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any
 
 import simpy
 
-from sim.caches import BundleLRU, StagedSlots
+from sim.caches import BundleLRU, SlotTables
 from sim.compute_stream import ComputeStream
 from sim.cpu import Cores
 from sim.loads import Fetcher, Load
 from sim.policies import Policy
+from sim.prefill import whole_layer_prefill
 from sim.readers import DEMAND_PRIORITY, INLINE_WARM_BYTES, PREFETCH_PRIORITY, ReaderThreads
+from sim.record import StepLog
 from sim.scenario import Scenario
 from sim.swap import Swap
-from traces.schema import DEMAND, PREFETCH, WHOLE_LAYER
+from traces.schema import DEMAND, PREFETCH
 
 _ABSENT = object()
 MAIN_THREAD = "main"
-
-
-class StepLog:
-    """Per-step columns (the rest of the steps table is derived from the load log)."""
-
-    def __init__(self) -> None:
-        self.cols: dict[str, list[Any]] = {name: [] for name in (
-            "step", "request", "phase", "tokens", "start", "end", "build", "eval", "blocked",
-            "hits", "misses", "evictions", "lru_bytes", "page_cache_bytes")}
-
-    def add(self, **row: Any) -> None:
-        for name, value in row.items():
-            self.cols[name].append(value)
 
 
 class MainThread:
@@ -88,7 +77,7 @@ class MainThread:
         self.lru = lru
         self.swap = swap
         self.gil = fetcher.gil
-        self.slots = StagedSlots(m.layers)
+        self.slots = SlotTables(m.layers, sc.staged_slots)
         self.layers = m.layers
         self.experts = m.experts
         self.bundle_bytes = m.bundle_bytes
@@ -107,22 +96,21 @@ class MainThread:
         self.flops = hw.compute_tflops * 1e12 / hw.compute_factor
         self.mem_bw = bw
         self.slot_update_s = hw.slot_update_ms / 1e3
-        self.uses_slots = policy.sticky or sc.policy == "prerouter"
         self.lookahead = sc.lookahead
         self.log = StepLog()
         self.executed_log: list[list[int]] = []  # per decode step and layer, the executed set
         self.warnings: list[str] = []
-        self._reset()
+        self.begin_step()
 
     @property
     def now(self) -> float:
         return self.env.now
 
     # -- primitives (each a SimPy sub-process: `yield from`) --------------------------------
-    def _reset(self) -> None:
+    def begin_step(self) -> None:
         self.build = self.eval = self.blocked = 0.0
         self.hits = self.misses = 0
-        self.evictions0 = self.lru.evictions
+        self.evictions0 = self.lru.evictions + self.slots.evictions
 
     def cpu(self, seconds: float) -> Generator:
         """Graph building on the main thread (Python: it holds the GIL, sim.gil)."""
@@ -212,25 +200,29 @@ class MainThread:
 
     # -- caches -----------------------------------------------------------------------------
     def stage(self, step: int, layer: int, predicted: list[int]) -> Generator:
-        """Fill the next-token buffer of `layer` with `predicted` (prefetch what is missing)."""
-        current = self.slots.current[layer]
-        lru = self.lru
+        """Stage `predicted` for `layer`'s next call (engine.paths.staged_fill.PredictedFill):
+        held experts keep their slots, the others get one outside the last call's (which may
+        still compute), filled from the bundle LRU or by a prefetch."""
+        slots, lru = self.slots, self.lru
+        keep = slots.protected(layer, last_call=True) | set(predicted)
+        slots.touch(layer, predicted)
         staged: dict[int, object] = {}
         base = layer * self.experts
         for e in predicted:
-            if e in current:
-                staged[e] = None
+            if slots.holds(layer, e):
+                staged[e] = slots.get(layer, e)
                 continue
             key = base + e
             if lru.lookup(key):
-                staged[e] = lru.get(key)
+                load = lru.get(key)
             else:
                 load = yield from self.new_load(step, layer, e, key, self.bundle_bytes,
                                                 self.sc.prefetch_pieces, PREFETCH,
                                                 PREFETCH_PRIORITY)
                 lru.insert(key, load)
-                staged[e] = load
-        self.slots.stage(layer, staged)
+            slots.place(layer, e, load, keep)
+            staged[e] = load
+        slots.stage(layer, staged)
 
     def _staged_layer(self, step: int, row: int, layer: int) -> Generator:
         executed = self.policy.executed(row, layer)
@@ -241,6 +233,7 @@ class MainThread:
                 self.hits += 1
                 continue
             yield from self.wait(load)
+            self.slots.landed(layer, e)
             if load.step == step and load.source == PREFETCH:
                 self.misses += 1
             else:
@@ -248,35 +241,42 @@ class MainThread:
         return executed
 
     def _router_layer(self, step: int, row: int, layer: int) -> Generator:
-        policy, lru = self.policy, self.lru
+        policy, lru, slots = self.policy, self.lru, self.slots
         yield from self.gpu_sync()  # the router's indices must reach the host
         for target, predicted in policy.after_router(row, layer):
             yield from self.stage(step, target, predicted)
         executed = policy.executed(row, layer)
-        staged = self.slots.take(layer) or {}
-        current = self.slots.current[layer] if policy.sticky else ()
+        if policy.slots:
+            slots.take(layer)  # a set staged for this call (layer lead) is held in its slots
+            slots.touch(layer, executed)
+            keep = slots.protected(layer, last_call=False) | set(executed)
         base = layer * self.experts
         need: list[Load] = []
         held: list[Load] = []
         for e in executed:
-            if e in current:
-                self.hits += 1
-                yield from self.cache_hit(base + e)
-                continue
-            load = staged.get(e, _ABSENT)
-            if load is _ABSENT:
-                key = base + e
-                if lru.lookup(key):
-                    load = lru.get(key)
-                    if load is None:
-                        yield from self.cache_hit(key)
-                else:
-                    load = yield from self.new_load(step, layer, e, key, self.bundle_bytes,
-                                                    self.sc.demand_pieces, DEMAND,
-                                                    DEMAND_PRIORITY, hold=True)
-                    if not load.done.triggered:
-                        held.append(load)
+            key = base + e
+            if policy.slots and slots.holds(layer, e):
+                load = slots.get(layer, e)
+                if load is None:
+                    self.hits += 1
+                    yield from self.cache_hit(key)
+                    continue
+            elif policy.app_cache and lru.lookup(key):
+                load = lru.get(key)
+                if load is None:
+                    yield from self.cache_hit(key)
+                if policy.slots:
+                    slots.place(layer, e, load, keep)
+            else:
+                load = yield from self.new_load(step, layer, e, key, self.bundle_bytes,
+                                                self.sc.demand_pieces, DEMAND,
+                                                DEMAND_PRIORITY, hold=True)
+                if not load.done.triggered:
+                    held.append(load)
+                if policy.app_cache:
                     lru.insert(key, load)
+                if policy.slots:
+                    slots.place(layer, e, load, keep)
             if load is None:
                 self.hits += 1
                 continue
@@ -289,13 +289,16 @@ class MainThread:
             self._hand_out(held)
         for load in need:
             yield from self.wait(load)
+        if policy.slots:
+            for e in executed:
+                slots.landed(layer, e)
         return executed
 
     # -- steps ------------------------------------------------------------------------------
     def decode(self, step: int, request: int, row: int) -> Generator:
         """Decode step `step` (trace step index) executing routing row `row`, synchronous loop."""
         start = self.env.now
-        self._reset()
+        self.begin_step()
         policy = self.policy
         for layer, predicted in policy.boundary(row):
             yield from self.stage(step, layer, predicted)
@@ -307,7 +310,7 @@ class MainThread:
         if self.unembed_s:
             self.compute.submit(self.unembed_s)
         yield from self.gpu_sync()
-        self._record(step, request, "decode", 1, start)
+        self.record_step(step, request, "decode", 1, start)
 
     def decode_lookahead(self, step: int, request: int, row: int, built: bool,
                          next_row: int | None) -> Generator:
@@ -318,7 +321,7 @@ class MainThread:
         prefill token, which the sim's whole-layer prefill does not model; here that step builds
         its own graph at the start of its window (L x build once per request)."""
         start = self.env.now
-        self._reset()
+        self.begin_step()
         policy = self.policy
         if not built:  # the first decode step of a request: build it, then queue it
             for layer in range(self.layers):
@@ -349,7 +352,7 @@ class MainThread:
         yield from self.gpu_sync()  # token `step` on the host
         if next_row is not None:
             self._queue_attention(0, lazy=False)
-        self._record(step, request, "decode", 1, start)
+        self.record_step(step, request, "decode", 1, start)
 
     def _execute_layer(self, step: int, row: int, layer: int,
                        charge: Callable[[float], Generator]) -> Generator:
@@ -360,9 +363,9 @@ class MainThread:
             executed = yield from self._staged_layer(step, row, layer)
         else:
             executed = yield from self._router_layer(step, row, layer)  # syncs on the router
-        if self.uses_slots and self.slot_update_s:
-            current = self.slots.current[layer]
-            yield from charge(self.slot_update_s * sum(1 for e in executed if e not in current))
+        if self.policy.slots and self.slot_update_s:
+            last = self.slots.last_call[layer]
+            yield from charge(self.slot_update_s * sum(1 for e in executed if e not in last))
         self.slots.settle(layer, frozenset(executed))
         self.executed_log.append(executed)
 
@@ -376,35 +379,11 @@ class MainThread:
         seconds += self.swap.layer_fault_s(self.env.now)
         self.compute.submit(seconds, lazy)
 
-    def prefill(self, step: int, request: int, tokens: int) -> Generator:
-        start = self.env.now
-        self._reset()
-        m = self.sc.model
-        layer_bytes = self.experts * self.bundle_bytes
-        # distinct experts a layer's tokens touch (expected, uniform routing)
-        touched = self.experts * (1 - (1 - self.sc.k / self.experts) ** tokens)
-        compute = max(tokens * 2 * m.active_params / m.layers / self.flops,
-                      (m.resident_bytes / m.layers + touched * self.bundle_bytes) / self.mem_bw)
-
-        def whole(layer: int) -> Generator:
-            return self.new_load(step, layer, -1, -1, layer_bytes, m.whole_layer_reads,
-                                 WHOLE_LAYER, PREFETCH_PRIORITY)
-
-        upcoming = yield from whole(0)
-        for layer in range(self.layers):
-            yield from self.cpu(self.build_s)
-            yield from self.wait(upcoming)
-            self.compute.submit(compute + self.swap.layer_fault_s(self.env.now))
-            if layer + 1 < self.layers:
-                upcoming = yield from whole(layer + 1)  # overlaps this layer's compute
-        yield from self.gpu_sync()
-        self._record(step, request, "prefill", tokens, start)
-
-    def _record(self, step: int, request: int, phase: str, tokens: int, start: float) -> None:
+    def record_step(self, step: int, request: int, phase: str, tokens: int, start: float) -> None:
         self.log.add(step=step, request=request, phase=phase, tokens=tokens, start=start,
                      end=self.env.now, build=self.build, eval=self.eval, blocked=self.blocked,
                      hits=self.hits, misses=self.misses,
-                     evictions=self.lru.evictions - self.evictions0,
+                     evictions=self.lru.evictions + self.slots.evictions - self.evictions0,
                      lru_bytes=self.lru.used_bytes,
                      page_cache_bytes=self.fetcher.pc.used_bytes)
 
@@ -413,7 +392,7 @@ class MainThread:
         built = False  # lookahead: this decode step's graph was built in the previous window
         for step, (phase, tokens, request, row) in enumerate(plan):
             if phase == "prefill":
-                yield from self.prefill(step, request, tokens)
+                yield from whole_layer_prefill(self, step, request, tokens)
                 built = False
             elif self.lookahead:
                 nxt = plan[step + 1] if step + 1 < len(plan) else None

@@ -1,7 +1,7 @@
 """Memory budget: what is unreclaimable, and what is left for the OS page cache.
 
 RAM = OS reserve + engine (resident weights + KV cache + heads + adapter + bundle LRU + staged
-slots and their views + sticky slots + runtime) + page cache. The page cache gets what is left,
+slot tables and their views + runtime) + page cache. The page cache gets what is left,
 so every byte an app cache holds is a byte the page cache cannot: a bigger app cache can starve
 it.
 When what is left is below the kernel's floor for file pages (`page_cache_floor_gib`), the page
@@ -25,9 +25,8 @@ class MemoryBudget:
     heads: int
     adapter: int  # the recovery LoRA, unmerged
     lru: int
-    slots: int  # staged slot buffers (double buffered under the prerouter)
-    slot_views: int  # duplicate bundle views the stager keeps
-    sticky: int  # per-layer sticky slots of the on-demand path
+    slots: int  # the staged path's slot tables: K + headroom slots per layer
+    slot_views: int  # duplicate bundle views the stager keeps (the paper's, at consumer layers)
     runtime: int
     prefill_buffers: int  # whole-layer buffers while a prefill runs (transient)
 
@@ -35,7 +34,7 @@ class MemoryBudget:
     def engine(self) -> int:
         """What the engine holds at decode (the MLX allocation)."""
         return (self.resident + self.kv + self.heads + self.adapter + self.lru + self.slots
-                + self.slot_views + self.sticky + self.runtime)
+                + self.slot_views + self.runtime)
 
     @property
     def unreclaimable(self) -> int:
@@ -71,29 +70,25 @@ class MemoryBudget:
         return out
 
 
-def staged_layers(sc: Scenario) -> int:
-    return sc.model.consumer_count if sc.policy == "prerouter" else 0
+def predicted_layers(sc: Scenario) -> int:
+    """Layers whose routing the prediction heads stage (lead token): the consumers."""
+    return sc.model.consumer_count if sc.predicts and sc.lead == "token" else 0
 
 
 def budget(sc: Scenario) -> MemoryBudget:
     m, hw = sc.model, sc.hardware
-    staged = staged_layers(sc)
-    per_layer = (sc.k + sc.slot_headroom) * m.bundle_bytes
     tokens = sc.context_tokens + sc.prefill_tokens + sc.decode_steps
-    # Sticky K slots per layer on the on-demand path (filled from the router's own choice);
-    # under the prerouter the non-consumer layers keep them too.
-    sticky_layers = 0 if sc.policy == "hot" else m.layers - staged
+    heads = sc.predicts and sc.model.consumer_count > 0  # heads (or the layer lead's routers)
     return MemoryBudget(
         ram=int(hw.ram_gib * GIB),
         os_reserve=int(hw.os_reserve_gib * GIB),
         resident=m.resident_bytes,
         kv=m.kv_bytes_per_token * tokens,
-        heads=m.heads * m.head_bytes if sc.policy == "prerouter" else 0,
+        heads=m.heads * m.head_bytes if heads else 0,
         adapter=m.lora_bytes if sc.lora else 0,
         lru=sc.lru_bytes,
-        slots=2 * staged * per_layer,
-        slot_views=staged * per_layer if sc.stager_dup_views else 0,
-        sticky=sticky_layers * sc.k * m.bundle_bytes,
+        slots=m.layers * sc.staged_slots * m.bundle_bytes,
+        slot_views=predicted_layers(sc) * sc.k * m.bundle_bytes if sc.stager_dup_views else 0,
         runtime=int(sc.runtime_gib * GIB),
         prefill_buffers=2 * m.experts * m.bundle_bytes if sc.prefill_tokens else 0,
         page_cache_floor=int(hw.page_cache_floor_gib * GIB),

@@ -1,16 +1,25 @@
-"""Policies: which experts each layer executes, when their bundles are asked for, and who waits.
+"""Policies: the engine's decode paths (contract.engine_config.PATHS) and leads (LEADS) as the
+simulator runs them: which experts each layer executes, where their bundles are looked for,
+when they are asked for, and who waits.
 
-  on-demand  every layer runs its router, syncs the indices to the host, then loads what is not
-             in its sticky slots (last token's set) or the bundle LRU; the main thread waits.
-  hot        the same without sticky slots: the bundle LRU is the only cache (needs lru_bytes).
-  prerouter  lead "token" (the paper): at each step boundary the heads' predictions for every
-             consumer layer are flushed at once and staged (double-buffered slots), so the read
-             window is a whole step. With prediction_is_routing the staged set IS the executed
-             set (no router, no sync, no fallback loads); otherwise the router still runs and
-             routed experts that were not predicted become demand loads.
-             lead "N" (same token, N layers ahead, pre-gated style): after layer L's router the
-             set of layer L+N is predicted and staged; the router of L+N decides, misses are
-             demand loads. Layers outside the model's consumer range always run on demand.
+  exact   every layer runs its router, syncs the indices to the host, and reads every routed
+          expert on the main thread (no app cache; the page cache still holds what was read).
+  hot     the same through one byte-bounded bundle LRU shared by all layers (lru_bytes: the hot
+          budget), read by the reader threads.
+  staged  per layer a slot table of K + staged_headroom slots, least recently used victim
+          (engine.paths.slot_table, sim.caches.SlotTables); with lru_bytes a bundle LRU shared
+          by all layers sits behind the slots (the paper's engine has one, ours none). The lead
+          says how the routing becomes known (engine.paths.staged_fill):
+    none   on demand: the layer's router, synced to the host, then the missing experts are read.
+    token  prediction heads (the paper): at each step boundary the heads' predictions for every
+           consumer layer are flushed at once and staged, so the read window is a whole step.
+           With prediction_is_routing the staged set IS the executed set (no router, no sync, no
+           fallback loads); otherwise the router still runs and routed experts that were not
+           predicted become demand loads. Layers outside the model's consumer range run on
+           demand.
+    layer  same token, lead_layers ahead (pre-gated style; the engine's layer lead is 1): after
+           layer L's router the set of layer L+N is predicted and staged; the router of L+N
+           decides, misses are demand loads.
 Prediction accuracy comes from the trace's predicted sets when it has them; otherwise predicted
 sets are the routed sets with each expert kept with probability `prediction_accuracy` and
 otherwise replaced by a random expert outside the set (`perturb`).
@@ -24,7 +33,9 @@ from sim.scenario import Scenario
 
 
 class Policy:
-    sticky = True  # router-mode layers keep last token's set in their slots
+    """The exact path: the router's set, read on demand, nothing kept."""
+    slots = False  # experts stay in a per-layer slot table (the staged path)
+    app_cache = False  # looked up in the shared bundle LRU
 
     def __init__(self, sc: Scenario, router: np.ndarray, predicted: np.ndarray | None) -> None:
         self.sc = sc
@@ -51,15 +62,22 @@ class Policy:
         return False
 
 
-class OnDemand(Policy):
+class Exact(Policy):
     pass
 
 
 class Hot(Policy):
-    sticky = False
+    """The hot path: the shared LRU is the only app cache."""
+    app_cache = True
 
 
-class PrerouterToken(Policy):
+class Staged(Policy):
+    """The staged path filled on demand (lead none)."""
+    slots = True
+    app_cache = True  # the bundle LRU behind the slots (0 bytes: none, as in our engine)
+
+
+class StagedTokenLead(Staged):
     """One flush per step of all consumer layers' predictions, one token ahead."""
 
     def __init__(self, sc: Scenario, router: np.ndarray, predicted: np.ndarray | None) -> None:
@@ -88,7 +106,7 @@ class PrerouterToken(Policy):
         return layer in self.owners
 
 
-class PrerouterLayers(Policy):
+class StagedLayerLead(Staged):
     """Same-token lead of N layers: predict layer L+N right after layer L's router."""
 
     def __init__(self, sc: Scenario, router: np.ndarray, predicted: np.ndarray | None) -> None:
@@ -130,18 +148,20 @@ def perturb(router: np.ndarray, accuracy: float, experts: int, seed: int) -> np.
 
 
 def make_policy(sc: Scenario, router: np.ndarray, predicted: np.ndarray | None) -> Policy:
-    if sc.policy == "on-demand":
-        return OnDemand(sc, router, predicted)
-    if sc.policy == "hot":
+    if sc.path == "exact":
+        return Exact(sc, router, predicted)
+    if sc.path == "hot":
         return Hot(sc, router, predicted)
-    if sc.policy == "prerouter":
-        if predicted is None and sc.lead_layers == 0 and sc.prediction_is_routing:
-            # Prediction as routing with no measured predictions: the routing we were given is
-            # taken to be what the heads predicted (it is what executes either way).
-            predicted = router
-        elif predicted is None:
-            predicted = perturb(router, sc.prediction_accuracy, sc.model.experts, sc.seed + 1)
-        if sc.lead_layers == 0:
-            return PrerouterToken(sc, router, predicted)
-        return PrerouterLayers(sc, router, predicted)
-    raise ValueError(f"unknown policy {sc.policy!r}")
+    if sc.path != "staged":
+        raise ValueError(f"unknown path {sc.path!r}")
+    if sc.lead == "none":
+        return Staged(sc, router, predicted)
+    if predicted is None and sc.lead == "token" and sc.prediction_is_routing:
+        # Prediction as routing with no measured predictions: the routing we were given is
+        # taken to be what the heads predicted (it is what executes either way).
+        predicted = router
+    elif predicted is None:
+        predicted = perturb(router, sc.prediction_accuracy, sc.model.experts, sc.seed + 1)
+    if sc.lead == "token":
+        return StagedTokenLead(sc, router, predicted)
+    return StagedLayerLead(sc, router, predicted)

@@ -16,11 +16,13 @@ from typing import Any
 
 from contract.errors import BadInput
 from sim.scenario import (
+    DECODE_PATHS,
     HARDWARE_KEYS,
     HARDWARE_OPTIONAL,
     MODEL_KEYS,
-    POLICIES,
+    RENAMED,
     SCENARIO_KEYS,
+    SIM_LEADS,
     Hardware,
     ModelProfile,
     Scenario,
@@ -45,10 +47,6 @@ def _nonneg(v: Any) -> bool:
 
 def _fraction(v: Any) -> bool:
     return 0.0 <= v <= 1.0
-
-
-def _lead(v: Any) -> bool:
-    return v == "token" or (v.isdigit() and int(v) >= 1)
 
 
 # key -> (check, what it must be)
@@ -91,9 +89,11 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "whole_layer_reads": (_positive, "must be >= 1"),
     "unembed_bytes": (_nonneg, "must be >= 0"),
     "device_bundle_bytes": (_nonneg, "must be >= 0 (0 = bundle_bytes)"),
-    "policy": (lambda v: v in POLICIES, f"must be one of {', '.join(POLICIES)}"),
+    "path": (lambda v: v in DECODE_PATHS, f"must be one of {', '.join(DECODE_PATHS)} (the "
+             "engine's decode paths; whole-layer is simulated at prefill)"),
     "k": (_nonneg, "must be >= 1 (0 = the model's K)"),
-    "lead": (_lead, 'must be "token" or a number of layers >= 1'),
+    "lead": (lambda v: v in SIM_LEADS, f"must be one of {', '.join(SIM_LEADS)}"),
+    "lead_layers": (_positive, "must be >= 1"),
     "decode_steps": (_nonneg, "must be >= 0"),
     "prefill_tokens": (_nonneg, "must be >= 0"),
     "context_tokens": (_nonneg, "must be >= 0"),
@@ -107,7 +107,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "gil": (lambda v: True, ""),
     "lora": (lambda v: True, ""),
     "budget_evict_ms": (_nonneg, "must be >= 0"),
-    "slot_headroom": (_nonneg, "must be >= 0"),
+    "staged_headroom": (lambda v: v >= -1, "must be >= 0 (-1 = K)"),
     "runtime_gib": (_nonneg, "must be >= 0"),
     "overlap": (_fraction, "must be in [0, 1]"),
     "routing_stats": (lambda v: v in ("scenario", "model"), 'must be "scenario" or "model"'),
@@ -135,8 +135,6 @@ def coerce(where: str, key: str, value: Any, typ: Any) -> Any:
             raise BadInput(f"{where}: {key}: expected a number, got {value!r}")
         return float(value)
     if typ is str:
-        if key == "lead" and isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
         if not isinstance(value, str):
             raise BadInput(f"{where}: {key}: expected a string, got {value!r}")
         return value
@@ -180,6 +178,8 @@ def _fields(where: str, data: dict[str, Any], cls: type, keys: tuple[str, ...],
     types = _types(cls)
     allowed = set(keys) | {"name", "description"}
     for key in data:
+        if key in RENAMED and key not in allowed:
+            raise BadInput(f"{where}: {key}: renamed to {RENAMED[key]}")
         if key not in allowed:
             raise BadInput(f"{where}: {key}: unknown key (known: {', '.join(sorted(allowed))})")
     if required:
@@ -258,9 +258,19 @@ def check_scenario(sc: Scenario) -> None:
     if sc.routing_stats == "model" and sc.model.routing_reuse_at_k0 < 0:
         raise BadInput(f"{where}: routing_stats: \"model\" but model {sc.model.name!r} has no "
                        "fitted routing statistics (ssdmoe sim profile-model --trace TRACE)")
-    if sc.policy == "prerouter" and sc.model.consumer_count == 0:
-        raise BadInput(f"{where}: policy: model {sc.model.name!r} has no prediction heads "
-                       "(consumer_first = -1), so prerouter cannot run")
+    if sc.lead != "none" and sc.path != "staged":
+        raise BadInput(f"{where}: lead: {sc.lead!r} stages routing ahead, which only the staged "
+                       f"path does (path is {sc.path!r}; use lead = \"none\")")
+    if sc.predicts and sc.model.consumer_count == 0:
+        raise BadInput(f"{where}: lead: model {sc.model.name!r} has no prediction heads "
+                       "(consumer_first = -1), so a lead cannot run")
+    if sc.predicts and sc.headroom < sc.k:
+        raise BadInput(f"{where}: staged_headroom: {sc.headroom} < K ({sc.k}): staging the next "
+                       "call's set while the last call's is in use needs K slots of headroom "
+                       "(the engine raises StagingError)")
+    if sc.path == "exact" and sc.lru_bytes:
+        raise BadInput(f"{where}: lru_bytes: the exact path keeps no app cache (set it to 0, or "
+                       "path = \"hot\")")
 
 
 def load_scenario(name_or_path: str, sets: list[str] | None = None) -> Scenario:
@@ -332,6 +342,8 @@ def apply_overrides(sc: Scenario, sets: list[str]) -> Scenario:
                 setattr(obj, field, value)
                 break
         else:
+            if field in RENAMED:
+                raise BadInput(f"--set {key}: renamed to {RENAMED[field]}")
             known = sorted(set(SCENARIO_KEYS) | set(HARDWARE_KEYS) | set(MODEL_KEYS))
             raise BadInput(f"--set {key}: unknown key (known: {', '.join(known)})")
     if sc.k == 0:

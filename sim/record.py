@@ -9,13 +9,27 @@ step. Memory columns are the engine's allocation model (sim.memory), rss is unkn
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import polars as pl
 
 from sim.loads import Load
-from sim.main_thread import StepLog
 from sim.memory import MemoryBudget
 from traces.schema import LOAD_COLUMNS, ROUTING_COLUMNS, STEP_COLUMNS
+
+
+class StepLog:
+    """Per-step columns (the rest of the steps table is derived from the load log)."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[Any]] = {name: [] for name in (
+            "step", "request", "phase", "tokens", "start", "end", "build", "eval", "blocked",
+            "hits", "misses", "evictions", "lru_bytes", "page_cache_bytes")}
+
+    def add(self, **row: Any) -> None:
+        for name, value in row.items():
+            self.cols[name].append(value)
 
 
 def _ns(seconds: np.ndarray | list[float]) -> np.ndarray:

@@ -64,7 +64,7 @@ def check_memory(sc: Scenario, mem: MemoryBudget) -> list[str]:
 
 def _parts(mem: MemoryBudget) -> dict[str, int]:
     names = ("os_reserve", "resident", "kv", "heads", "adapter", "lru", "slots", "slot_views",
-             "sticky", "runtime")
+             "runtime")
     return {n: getattr(mem, n) for n in names if getattr(mem, n)}
 
 
@@ -85,24 +85,26 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
     m, hw = sc.model, sc.hardware
     mem = budget(sc)
     warnings = check_memory(sc, mem)
-    if sc.policy == "hot" and sc.lru_bytes < m.bundle_bytes:
-        raise BadInput(f"{sc.source or sc.name}: lru_bytes: policy hot needs a bundle LRU of at "
-                       f"least one bundle ({m.bundle_bytes} bytes)")
+    if sc.path == "hot" and sc.lru_bytes < m.bundle_bytes:
+        raise BadInput(f"{sc.source or sc.name}: lru_bytes: the hot path needs a bundle LRU of "
+                       f"at least one bundle ({m.bundle_bytes} bytes)")
     env = simpy.Environment()
     device = Device(hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9, hw.queue_depth)
     if hw.throttle_read_mbps > 0:
         device.throttle_bytes = TokenBucket(hw.throttle_read_mbps * 1e6, hw.throttle_burst_s)
     if hw.throttle_read_iops > 0:
         device.throttle_requests = TokenBucket(hw.throttle_read_iops, hw.throttle_burst_s)
-    threads = 1 + sc.readers + (1 if hw.compute_on_cpu else 0)  # main, readers, compute
+    # the exact path reads on the main thread (engine.paths.exact): no reader threads
+    reader_threads = 0 if sc.path == "exact" else sc.readers
+    threads = 1 + reader_threads + (1 if hw.compute_on_cpu else 0)  # main, readers, compute
     cores = Cores(env, hw.cpu_cores, hw.background_cores, threads)
     compute = ComputeStream(env, cores if hw.compute_on_cpu else None, hw.lazy_compute,
                             hw.sync_overhead_ms / 1e3)
     pc = PageCache(mem.page_cache, m.bundle_bytes, m.experts, enabled=not sc.o_direct)
     fetcher = Fetcher(env, hw, device, pc, cores, m.experts, m.bundle_bytes,
                       m.device_bundle_bytes, sc.budget_evict_ms, Gil(env, sc.gil))
-    readers = (ReaderThreads(env, sc.readers, fetcher, hw.handoff_ms / 1e3)
-               if sc.readers > 0 else None)
+    readers = (ReaderThreads(env, reader_threads, fetcher, hw.handoff_ms / 1e3)
+               if reader_threads > 0 else None)
     lru = BundleLRU(sc.lru_bytes, m.bundle_bytes)
     swap = Swap(mem.swapped, device, hw.cold_overhead_ms / 1e3,
                 (mem.resident + mem.kv) // m.layers)
@@ -122,9 +124,10 @@ def run_info(sc: Scenario, routing: RoutingInput, mem: MemoryBudget) -> RunInfo:
         model={"name": m.name, "architecture": "simulated", "layers": m.layers,
                "experts": m.experts, "k": sc.k, "bundle_bytes": m.bundle_bytes,
                "manifest_sha256": None},
-        engine={"policy": sc.policy, "k": sc.k, "lead": sc.lead, "lru_bytes": sc.lru_bytes,
+        engine={"decode": sc.path, "k": sc.k, "lead_kind": sc.lead, "lru_bytes": sc.lru_bytes,
                 "readers": sc.readers, "page_cache_budget": mem.page_cache,
-                "o_direct": sc.o_direct, "prerouter": sc.policy == "prerouter",
+                "staged_headroom": sc.headroom if sc.path == "staged" else None,
+                "o_direct": sc.o_direct, "prerouter": sc.predicts and sc.lead == "token",
                 "lora": None, "demand_pieces": sc.demand_pieces,
                 "prefetch_pieces": sc.prefetch_pieces, "lookahead": sc.lookahead},
         machine={"profile": hw.name, **asdict(hw)},

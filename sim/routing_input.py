@@ -39,7 +39,7 @@ def synthetic_params(sc: Scenario) -> SynthRouting:
     m = sc.model
     predicted_layers = None
     accuracy = None
-    if sc.policy == "prerouter" and not (sc.lead == "token" and sc.prediction_is_routing):
+    if sc.predicts and not (sc.lead == "token" and sc.prediction_is_routing):
         # predictions only matter where they are not the routing itself (see sim.policies)
         accuracy = sc.prediction_accuracy
         predicted_layers = [layer for layer in range(m.layers) if m.is_consumer(layer)] or None

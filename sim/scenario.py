@@ -9,10 +9,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from contract.engine_config import LEADS
+
 GIB = 1 << 30
 MIB = 1 << 20
 
-POLICIES = ("on-demand", "hot", "prerouter")
+# The engine's decode paths the simulator runs (contract.engine_config.PATHS; whole-layer is
+# simulated at prefill only) and how far ahead a staged layer's routing is known (LEADS).
+DECODE_PATHS = ("exact", "hot", "staged")
+SIM_LEADS = LEADS
+# Scenario keys of simulator v1, renamed to the engine's vocabulary: key -> what to write.
+RENAMED = {
+    "policy": "the engine's names: path = exact | hot | staged and lead = none | token | layer "
+              "(on-demand -> path staged, lead none; prerouter -> path staged, lead token; "
+              "prerouter with lead N -> lead layer, lead_layers N)",
+    "slot_headroom": "staged_headroom (staged slots per layer beyond K; -1 = K, as the engine)",
+}
 
 
 @dataclass
@@ -107,13 +119,16 @@ class Scenario:
     name: str
     hardware: Hardware
     model: ModelProfile
-    policy: str = "on-demand"  # on-demand | hot | prerouter
+    path: str = "staged"  # the engine's decode path: exact | hot | staged (sim.policies)
     k: int = 0  # experts per token; 0 = the model's native K
-    lead: str = "token"  # prerouter lead: "token" (one flush per step) or N layers, same token
+    lead: str = "none"  # staged path: none (the router, on demand) | token (prediction heads,
+    # one token ahead, one flush per step) | layer (same token, lead_layers ahead)
+    lead_layers: int = 1  # lead "layer": how many layers ahead (the engine's layer lead: 1)
     decode_steps: int = 200
     prefill_tokens: int = 0  # 0 = no prefill step
     context_tokens: int = 0  # KV cache already held (memory only)
-    lru_bytes: int = 0  # engine bundle LRU shared by all layers (0 = none)
+    lru_bytes: int = 0  # bundle LRU shared by all layers: the hot path's budget; behind the
+    # staged path's slots, the paper's engine's bundle LRU (ours has none: 0); exact: none
     readers: int = 0  # reader threads; 0 = every load runs synchronously on the main thread
     demand_pieces: int = 1  # reads per bundle on the demand path (tensor-wise partial reads)
     prefetch_pieces: int = 1  # reads per bundle on the prefetch path
@@ -121,7 +136,8 @@ class Scenario:
     prediction_accuracy: float = 1.0  # fraction of routed experts predicted (when not in trace)
     o_direct: bool = False  # bypass the page cache: every read is cold
     stager_dup_views: bool = False  # stager keeps bundle and stacked views (paper: ~0.45 GiB @K=8)
-    slot_headroom: int = 0  # staged slots per layer beyond K
+    staged_headroom: int = -1  # staged slots per layer = K + this; -1 = K (EngineConfig's
+    # default: room to stage the next call's set while the last call's is in use)
     budget_evict_ms: float = 0.0  # CPU per bundle the engine's page-cache budget drops (fadvise
     # DONTNEED on its ranges, engine.store), on the reading thread after its read: only where the
     # page cache is the engine's emulated budget (sim compare); 0 for a real OS page cache
@@ -149,9 +165,24 @@ class Scenario:
             self.k = self.model.k
 
     @property
-    def lead_layers(self) -> int:
-        """0 for a one-token lead, else the same-token lead in layers."""
-        return 0 if self.lead == "token" else int(self.lead)
+    def headroom(self) -> int:
+        return self.k if self.staged_headroom < 0 else self.staged_headroom
+
+    @property
+    def staged_slots(self) -> int:
+        """Slots per layer of the staged path's slot table (0 on the other paths)."""
+        return self.k + self.headroom if self.path == "staged" else 0
+
+    def arm(self) -> str:
+        """The engine arm in its own words: path, lead, readers."""
+        lead = {"none": "", "token": ", lead token",
+                "layer": f", lead {self.lead_layers} layer(s)"}[self.lead]
+        return f"path {self.path}{lead}, readers {self.readers}"
+
+    @property
+    def predicts(self) -> bool:
+        """Staged routing known ahead: prediction heads (lead token) or the layer lead."""
+        return self.path == "staged" and self.lead != "none"
 
 
 SCENARIO_KEYS = tuple(

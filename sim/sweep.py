@@ -12,7 +12,7 @@ A grid file (scenarios/grids/*.toml):
     seeds = [0, 1, 2]                     # optional: every point runs once per seed
     [axes]                                # key -> list of values, in plot order
     ram_gib = [8, 16, 24, 32]
-    policy = ["on-demand", "prerouter"]
+    lead = ["none", "token"]
     [hold]                                # optional: other axes' value in each axis's plot
     ram_gib = 16
 
@@ -289,37 +289,44 @@ def _numeric(values: list[Any]) -> bool:
 
 
 def plot_axis(grid: Grid, frame, axis: str, path: Path) -> None:
-    """`grid.metric` against `axis`: one line per policy when policy is another axis, other
-    axes held at `grid.hold` (default: their first value), mean over seeds with a min-max band."""
+    """`grid.metric` against `axis`: one line per combination of the other non-numeric axes
+    (path, lead, ...), numeric axes held at `grid.hold` (default: their first value), mean
+    over seeds with a min-max band. A combination whose every point failed draws no line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import polars as pl
 
-    others = [k for k in grid.axes if k != axis and k != "policy"]
-    held = {k: resolved(k, grid.hold.get(k, grid.axes[k][0])) for k in others}
+    def match(k: str, v: Any):
+        return pl.col(k) == (set_text(v) if frame[k].dtype == pl.Utf8 else v)
+
+    rest = [k for k in grid.axes if k != axis]
+    lines = [k for k in rest if not _numeric([resolved(k, v) for v in grid.axes[k]])]
+    held = {k: resolved(k, grid.hold.get(k, grid.axes[k][0])) for k in rest if k not in lines}
     part = frame.filter(pl.col("status") == STATUS_OK)
     for k, v in held.items():
-        part = part.filter(pl.col(k) == (set_text(v) if frame[k].dtype == pl.Utf8 else v))
-    by_policy = "policy" in grid.axes and axis != "policy"
+        part = part.filter(match(k, v))
     xs = [resolved(axis, v) for v in grid.axes[axis]]
     numeric = _numeric(xs)
     gib = numeric and axis.endswith("_bytes")
     positions = [x / 2**30 for x in xs] if gib else xs if numeric else list(range(len(xs)))
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    groups = grid.axes["policy"] if by_policy else [None]
-    for group in groups:
-        sub = part if group is None else part.filter(pl.col("policy") == group)
+    for combo in itertools.product(*(grid.axes[k] for k in lines)):
+        sub = part
+        for k, v in zip(lines, combo, strict=True):
+            sub = sub.filter(match(k, v))
         mean, lo, hi = [], [], []
         for x in xs:
-            key = set_text(x) if frame[axis].dtype == pl.Utf8 else x
-            vals = [v for v in sub.filter(pl.col(axis) == key)[grid.metric].to_list()
+            vals = [v for v in sub.filter(match(axis, x))[grid.metric].to_list()
                     if v is not None and math.isfinite(v)]
             mean.append(sum(vals) / len(vals) if vals else math.nan)
             lo.append(min(vals) if vals else math.nan)
             hi.append(max(vals) if vals else math.nan)
-        ax.plot(positions, mean, marker="o", label=group if group is not None else grid.metric)
+        if all(math.isnan(v) for v in mean):
+            continue
+        label = ", ".join(f"{k}={set_text(v)}" for k, v in zip(lines, combo, strict=True))
+        ax.plot(positions, mean, marker="o", label=label or grid.metric)
         if grid.seeds is not None and len(grid.seeds) > 1:
             ax.fill_between(positions, lo, hi, alpha=0.2)
     if not numeric:
@@ -332,8 +339,8 @@ def plot_axis(grid: Grid, frame, axis: str, path: Path) -> None:
         title += "\n" + ", ".join(f"{k}={set_text(v)}" for k, v in held.items())
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    if by_policy:
-        ax.legend(title="policy")
+    if lines:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

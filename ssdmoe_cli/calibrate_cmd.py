@@ -125,7 +125,6 @@ def _write_scenario(path: Path, hardware: str, model: str, cal: Any, command: st
     from sim.profiles import load_scenario, write_checked
 
     c = cal.compute
-    bundle = cal.model["bundle_bytes"][0]
     exact = c.path_build_ms_per_layer.get("exact", c.engine_build_ms_per_layer)
     lines = [
         f"# This machine running {model} through this project's engine, as `ssdmoe sim compare`",
@@ -137,9 +136,7 @@ def _write_scenario(path: Path, hardware: str, model: str, cal: Any, command: st
         f'model = "{model}"',
         f'description = "{Path(model).stem} on {Path(hardware).stem} through the ssdmoe engine '
         '(on-demand preset)"',
-        'policy = "hot"                # exact path = no sticky slots; the 1-bundle LRU below '
-        "never hits",
-        f"lru_bytes = {bundle}          # one bundle: the exact path keeps no app cache",
+        'path = "exact"                # the on-demand preset\'s decode path: no app cache',
         "readers = 0                   # exact path: reads on the main thread",
         "decode_steps = 200",
         "overlap = 0.24                # synthetic routing only: machine-notes held-out adjacent "

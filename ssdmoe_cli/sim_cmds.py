@@ -37,7 +37,7 @@ def run(
                                                "(default: synthetic routing).")] = None,
     sets: Annotated[list[str] | None, typer.Option(
         "--set", help="Override a scenario/hardware/model key: key=value (repeatable), e.g. "
-        "k=8, policy=on-demand, ram_gib=24, ssd_bandwidth_gbps=3, lru_bytes=1GiB, lead=2.")] = None,
+        "k=8, path=staged, lead=token, ram_gib=24, ssd_bandwidth_gbps=3, lru_bytes=1GiB.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print metrics as JSON.")] = False,
     chrome: Annotated[Path | None, typer.Option("--chrome", help="Also write a Chrome trace "
                                                 "of the simulated run.")] = None,
@@ -76,8 +76,7 @@ def _print(sc: Any, result: Any, chrome: Path | None, out: Path | None) -> None:
     from ssdmoe_cli.trace_cmds import format_metric, metrics_table
 
     console = Console()
-    title = (f"{sc.name}: {sc.model.name} K={sc.k} on {sc.hardware.name}, policy {sc.policy}"
-             f"{' lead ' + sc.lead if sc.policy == 'prerouter' else ''}, readers {sc.readers}")
+    title = (f"{sc.name}: {sc.model.name} K={sc.k} on {sc.hardware.name}, {sc.arm()}")
     console.print(metrics_table(title, {"simulated": result.metrics}))
     e, mem = result.figures, result.figures.memory
     table = Table(title="simulator")
@@ -194,7 +193,7 @@ def compare(
     sc = result.scenario
     console = Console(soft_wrap=True)
     title = (f"{trace}: measured vs simulated ({sc.model.name} K={sc.k} on {sc.hardware.name}, "
-             f"policy {sc.policy}, readers {sc.readers})")
+             f"{sc.arm()})")
     console.print(metrics_table(title, {"measured": result.measured,
                                         "simulated": result.simulated},
                                 ratio=("measured", "simulated")))

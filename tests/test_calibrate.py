@@ -75,7 +75,7 @@ def test_simulated_loads_cost_what_the_engine_measured():
     m = model(layers=1, experts=16, k=1, bundle_bytes=c.bundle_bytes, build_ms_per_layer=0.0)
     # every step routes expert 0 then 1 alternately: 2 cold loads, then warm ones (page cache)
     routing = routing_input(uniform_routing(40, 1, 2, 1, seed=1))
-    sc = scenario(hw=hw, m=m, policy="hot", lru_bytes=c.bundle_bytes, readers=0, decode_steps=40)
+    sc = scenario(hw=hw, m=m, path="hot", lru_bytes=c.bundle_bytes, readers=0, decode_steps=40)
     loads = run_scenario(sc, routing=routing).trace.loads
     ms = ((loads["finished_ns"] - loads["started_ns"]) / 1e6).to_list()
     cold = [t for t, is_cold in zip(ms, loads["cold"].to_list(), strict=True) if is_cold]
@@ -141,13 +141,13 @@ def test_lazy_compute_closed_form():
     attn = 3_000_000 / L / 1e9 * 1e3
     expert = 0.1 + 2 * 100_000 / 0.5e9 * 1e3
     want = L * (b + attn + expert) + (L + 1) * s
-    sc = scenario(hw=hw, m=m, policy="on-demand", decode_steps=20)
+    sc = scenario(hw=hw, m=m, path="staged", decode_steps=20)
     result = run_scenario(sc, routing=routing_input(uniform_routing(20, L, 16, 2, seed=2)))
     assert result.metrics["step_ms_p50"] == pytest.approx(want, abs=2e-6)
     eager = run_scenario(scenario(hw=hardware(sync_overhead_ms=0.0, ssd_latency_ms=0.0,
                                               ssd_bandwidth_gbps=1e9, mem_bandwidth_gbps=1.0,
                                               expert_gbps=0.5, expert_overhead_ms=0.1),
-                                  m=m, policy="on-demand", decode_steps=20),
+                                  m=m, path="staged", decode_steps=20),
                          routing=routing_input(uniform_routing(20, L, 16, 2, seed=2)))
     # eager: each layer's build overlaps the previous layer's experts
     assert eager.metrics["step_ms_p50"] == pytest.approx(want - (L + 1) * s - (L - 1) * b,

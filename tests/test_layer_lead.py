@@ -91,7 +91,8 @@ def test_layer_lead_reads_start_at_previous_layer(tiny_random_converted):
     try:
         rt = eng.runtime
         for layer, path in rt.staged("decode").items():
-            orig_stage, orig_settle = path._stage_predicted, path._settle
+            fills, table = path.predicted_fill, path.slot_table
+            orig_stage, orig_settle = fills.stage, table.settle
 
             def stage(inds, _l=layer, _f=orig_stage):
                 events.append(("issue", _l))
@@ -101,7 +102,7 @@ def test_layer_lead_reads_start_at_previous_layer(tiny_random_converted):
                 events.append(("wait", _l))
                 return _f(tickets)
 
-            path._stage_predicted, path._settle = stage, settle
+            fills.stage, table.settle = stage, settle
         generate(model, tok, PROMPT, 6, stop_at_eos=False, runtime=eng.runtime)
     finally:
         eng.close()

@@ -39,9 +39,10 @@ def test_engine_and_simulator_share_one_vocabulary():
     import contract.engine_config as contract_config
     import sim.compare
     import sim.main_thread
+    import sim.prefill
     import traces.schema as schema
 
-    sources = (sim.main_thread.DEMAND, sim.main_thread.PREFETCH, sim.main_thread.WHOLE_LAYER)
+    sources = (sim.main_thread.DEMAND, sim.main_thread.PREFETCH, sim.prefill.WHOLE_LAYER)
     assert sources == schema.LOAD_SOURCES
     assert sim.compare.HOT_FRACTION is contract_config.HOT_FRACTION
     assert sim.compare.SYNC_AT_BUILD is contract_config.SYNC_AT_BUILD

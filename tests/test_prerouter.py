@@ -346,7 +346,7 @@ def test_predicted_layers_read_ahead_and_label_loads_with_their_step(tiny_random
 
 
 def test_sim_compare_replays_a_prerouter_trace(tiny_random_converted, tmp_path):
-    """A trace captured with heads replays under the simulator's prerouter policy, its
+    """A trace captured with heads replays under the simulator's staged path with lead token, its
     consumer layers taken from the heads' prerouter.json; unreadable heads are bad input."""
     from engine.capture import capture, load_engine, start_recorder
     from sim.compare import compare, scenario_for
@@ -365,7 +365,7 @@ def test_sim_compare_replays_a_prerouter_trace(tiny_random_converted, tmp_path):
     assert trace.run["engine"]["prerouter"] == str(heads)
     sc, derived, notes = scenario_for(trace)
     owners = Prerouter.load(heads).spec.owners
-    assert sc.policy == "prerouter" and "lead=token" in derived
+    assert (sc.path, sc.lead) == ("staged", "token") and "lead=token" in derived
     assert (sc.model.consumer_first, sc.model.consumer_last) == (owners[0] + 1, owners[-1] + 1)
     assert sc.model.heads == len(owners) and any("prediction heads" in n for n in notes)
     assert compare(trace).simulated["decode_tok_s"] > 0

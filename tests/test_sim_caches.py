@@ -33,7 +33,7 @@ def _iid_hit_rate(capacity: int, lru_bundles: int, steps_n: int = 40000) -> floa
     # it does not: the last request, always of the other layer, is always cached, and the
     # hit rate is about (c - 0.3)/N; a loose tolerance once hid that.)
     m = model(layers=1, experts=64, k=1)
-    sc = scenario(m=m, policy="hot", lru_bytes=lru_bundles * MB, decode_steps=steps_n)
+    sc = scenario(m=m, path="hot", lru_bytes=lru_bundles * MB, decode_steps=steps_n)
     router = uniform_routing(steps_n, 1, 64, 1, seed=capacity)
     steps = _decode(run_scenario(sc, routing=routing_input(router)))
     assert int(steps["cache_evictions"].sum()) > 0
@@ -61,18 +61,38 @@ def test_replacement_is_lru_not_fifo_or_lfu(sequence, hits):
     """A trace with reuse whose hit counts differ by policy (worked out by hand above): the
     simulated bundle LRU gives exactly the LRU count."""
     m = model(layers=1, experts=8, k=1)
-    sc = scenario(m=m, policy="hot", lru_bytes=2 * MB, decode_steps=len(sequence))
+    sc = scenario(m=m, path="hot", lru_bytes=2 * MB, decode_steps=len(sequence))
     router = np.array(sequence, dtype=np.int16).reshape(-1, 1, 1)
     steps = _decode(run_scenario(sc, routing=routing_input(router)))
     assert int(steps["cache_hits"].sum()) == hits
 
 
+@pytest.mark.parametrize("sequence,hits,demand_steps", [
+    # 3 slots (K=1 + headroom 2), hand-worked:        LRU  FIFO
+    ([0, 1, 2, 0, 3, 0, 1], [0, 0, 0, 1, 0, 1, 0], [0, 1, 2, 4, 6]),  # 2  1 (FIFO drops 0 for 3)
+    ([0, 1, 2, 3, 1, 0], [0, 0, 0, 0, 1, 0], [0, 1, 2, 3, 5]),  # 1  1 (both drop 0 for 3)
+])
+def test_staged_slots_replace_the_least_recently_used(sequence, hits, demand_steps):
+    """The staged path's per-layer slot table (engine.paths.slot_table): a routed expert that
+    is held is a hit; a missing one is read into the least recently used slot. The first
+    sequence tells LRU from FIFO (worked out by hand above); no bundle LRU behind the slots."""
+    m = model(layers=1, experts=8, k=1)
+    sc = scenario(m=m, path="staged", staged_headroom=2, lru_bytes=0,
+                  decode_steps=len(sequence))
+    router = np.array(sequence, dtype=np.int16).reshape(-1, 1, 1)
+    result = run_scenario(sc, routing=routing_input(router))
+    steps = _decode(result)
+    assert steps["cache_hits"].to_list() == hits
+    demand = result.trace.loads.filter(pl.col("source") == "demand")
+    assert sorted(demand["step"].to_list()) == demand_steps
+
+
 def test_page_cache_hit_rate_closed_form_and_capacity_is_ram_minus_unreclaimable():
     # 1 layer x 64 experts, K=1. RAM 1 GiB - OS reserve 0.5 GiB - resident (0.5 GiB - 17 MiB)
-    # - the layer's one sticky slot (1 MiB) = a page cache of 16 bundles.
+    # - the layer's one staged slot (1 MiB: headroom 0) = a page cache of 16 bundles.
     m = model(layers=1, experts=64, k=1, resident_bytes=int(0.5 * GIB) - 17 * MB)
     hw = hardware(ram_gib=1.0, os_reserve_gib=0.5)
-    sc = scenario(hw=hw, m=m, policy="on-demand", decode_steps=8000)
+    sc = scenario(hw=hw, m=m, path="staged", staged_headroom=0, decode_steps=8000)
     # The sticky slot serves a repeat of the previous expert, so draw each token uniformly
     # among the 63 experts other than the previous one.
     rng = np.random.default_rng(3)
@@ -96,7 +116,7 @@ def _tok_s(ram_gib: float, lru_bundles: int, cold_ms: float) -> float:
     m = model(layers=4, experts=64, k=2)
     hw = hardware(ram_gib=ram_gib, ssd_latency_ms=cold_ms, ssd_bandwidth_gbps=10.0,
                   load_overhead_ms=0.2)
-    sc = scenario(hw=hw, m=m, policy="hot", lru_bytes=lru_bundles * MB, decode_steps=3000)
+    sc = scenario(hw=hw, m=m, path="hot", lru_bytes=lru_bundles * MB, decode_steps=3000)
     popularity = 1.0 / np.arange(1, 65) ** 0.8
     router = uniform_routing(3000, 4, 64, 2, seed=7, popularity=popularity)
     return run_scenario(sc, routing=routing_input(router)).metrics["decode_tok_s"]

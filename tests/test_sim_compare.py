@@ -49,7 +49,7 @@ def test_cli_output_has_every_key(captured, ssdmoe):
                 "load_entropy"):
         assert m[key]["simulated"] == pytest.approx(m[key]["measured"]), key
     assert m["decode_tok_s"]["measured"] > 0 and m["decode_tok_s"]["simulated"] > 0
-    assert "policy=hot" in out["settings"] and "readers=0" in out["settings"]
+    assert "path=exact" in out["settings"] and "readers=0" in out["settings"]
     table = ssdmoe("sim", "compare", str(captured))
     assert table.returncode == 0 and "simulated/measured" in table.stdout
 
@@ -74,9 +74,9 @@ def test_engine_configs_map_onto_scenario_keys():
     sc = scenario(m=m)
     sets, path, _ = engine_settings({"preset": "on-demand", "decode": "exact", "k": 2,
                                      "readers": 2, "o_direct": False}, sc)
-    assert path == "exact" and sets == ["k=2", "policy=hot", "lru_bytes=1000", "readers=0",
-                                        "lookahead=false", "help_reads=true", "gil=true",
-                                        "lora=false", "o_direct=false"]
+    assert path == "exact" and sets == ["k=2", "path=exact", "lead=none", "lru_bytes=0",
+                                        "readers=0", "lookahead=false", "help_reads=true",
+                                        "gil=true", "lora=false", "o_direct=false"]
     sets, _, _ = engine_settings({"decode": "exact", "k": 2, "lora": "/some/adapter"}, sc)
     assert "lora=true" in sets
     sets, _, _ = engine_settings({"decode": "exact", "k": 2, "help_reads": False}, sc)
@@ -86,8 +86,9 @@ def test_engine_configs_map_onto_scenario_keys():
     sets, _, notes = engine_settings({"decode": "staged", "k": 2, "readers": 2,
                                       "staged_headroom": None,
                                       "o_direct_effective": True}, sc)
-    assert sets[1:4] == ["policy=hot", "lru_bytes=16000", "readers=2"]  # 4 layers x 4 slots
-    assert "o_direct=true" in sets and notes
+    assert sets[1:6] == ["path=staged", "lead=none", "staged_headroom=2", "readers=2",
+                         "lru_bytes=0"]  # K + K slots per layer, no LRU behind them
+    assert "o_direct=true" in sets and not notes  # the engine's slot tables, no stand-in
     sc.notes["build_ms_per_layer.hot"] = "0.42"
     sc.notes["cold_overhead_ms.o_direct"] = "0.9"
     sc.notes["cold_overhead_ms.in_decode"] = "0.6"

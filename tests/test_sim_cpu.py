@@ -92,7 +92,7 @@ def _lookahead_run(cores: float, compute_on_cpu: bool, shortcut: bool = True):
                   ssd_bandwidth_gbps=1e12, load_overhead_ms=0.0, cold_overhead_ms=0.0,
                   memcpy_gbps=0.0, cpu_cores=cores, compute_on_cpu=compute_on_cpu)
     router = uniform_routing(200, 4, 16, 2, seed=3)
-    sc = scenario(hw=hw, m=m, policy="hot", lru_bytes=64 * 16 * MB, readers=1,
+    sc = scenario(hw=hw, m=m, path="hot", lru_bytes=64 * 16 * MB, readers=1,
                   decode_steps=200, lookahead=True)
     import sim.replay as replay
 

@@ -28,7 +28,7 @@ def _hot_miss_every_layer(h: float, layers: int, steps: int = 30):
     one demand load that the (idle) reader does."""
     m = model(layers=layers, experts=16, k=1, build_ms_per_layer=0.5)
     hw = hardware(handoff_ms=h, **IO)
-    sc = scenario(hw=hw, m=m, policy="hot", lru_bytes=MB, readers=1, o_direct=True,
+    sc = scenario(hw=hw, m=m, path="hot", lru_bytes=MB, readers=1, o_direct=True,
                   help_reads=False,
                   decode_steps=steps)
     router = np.array([[[(s + layer) % 16] for layer in range(layers)] for s in range(steps)],
@@ -64,7 +64,7 @@ def test_loads_finishing_together_wake_the_main_thread_once():
     m = model(layers=layers, experts=16, k=2, build_ms_per_layer=0.5)
     runs = {}
     for handoff in (0.0, h):
-        sc = scenario(hw=hardware(handoff_ms=handoff, **io), m=m, policy="hot", lru_bytes=MB,
+        sc = scenario(hw=hardware(handoff_ms=handoff, **io), m=m, path="hot", lru_bytes=MB,
                       readers=2, o_direct=True, decode_steps=steps, help_reads=False)
         runs[handoff] = run_scenario(
             sc, routing=routing_input(uniform_routing(steps, layers, 16, 2, seed=4)))
@@ -88,7 +88,8 @@ def test_no_handoff_for_prefetches_done_in_time_or_main_thread_reads():
         runs = {}
         for handoff in (0.0, h):
             sc = scenario(hw=hardware(handoff_ms=handoff, **dict(IO, queue_depth=2)), m=m,
-                          policy="prerouter", readers=readers, o_direct=True, decode_steps=40,
+                          path="staged", lead="token", readers=readers, o_direct=True,
+                          decode_steps=40,
                           help_reads=False)
             runs[handoff] = run_scenario(sc, routing=routing_input(router))
         slow = runs[h].trace.loads
@@ -124,7 +125,7 @@ def test_small_warm_demand_read_is_done_by_the_main_thread_without_handoff(bundl
     reader and costs overhead + h."""
     h, steps = 0.2, 12
     m = model(layers=1, experts=16, k=1, build_ms_per_layer=0.5, bundle_bytes=bundle)
-    sc = scenario(hw=hardware(handoff_ms=h, **IO), m=m, policy="hot", lru_bytes=bundle,
+    sc = scenario(hw=hardware(handoff_ms=h, **IO), m=m, path="hot", lru_bytes=bundle,
                   readers=1, decode_steps=steps, help_reads=False)
     router = np.array([[[s % 2]] for s in range(steps)], dtype=np.int16)
     result = run_scenario(sc, routing=routing_input(router))

@@ -71,7 +71,8 @@ def _rows_ms(result, col: str = "window") -> list[float]:
 
 def _run(b: float, lookahead: bool, lazy: bool = True, router=None, m=None, **over):
     router = _same_experts() if router is None else router
-    sc = scenario(hw=_hw(lazy), m=m or _model(b), policy=over.pop("policy", "on-demand"),
+    sc = scenario(hw=_hw(lazy), m=m or _model(b), path=over.pop("path", "staged"),
+                  lead=over.pop("lead", "none"),
                   decode_steps=len(router), lookahead=lookahead, **over)
     return run_scenario(sc, routing=routing_input(router))
 
@@ -138,7 +139,7 @@ def test_demand_loads_add_their_wait_in_the_gap(b, window):
     1 GB/s = 0.25 ms, so D = 0.5 ms per fill, blocked 4 D = 2 ms a step."""
     hw_io = dict(ssd_latency_ms=0.0, ssd_bandwidth_gbps=1.0, load_overhead_ms=0.0,
                  cold_overhead_ms=0.0, memcpy_gbps=0.0)
-    sc = scenario(hw=_hw(**hw_io), m=_model(b), policy="hot", lru_bytes=250_000,
+    sc = scenario(hw=_hw(**hw_io), m=_model(b), path="hot", lru_bytes=250_000,
                   o_direct=True, readers=0, decode_steps=STEPS, lookahead=True)
     result = run_scenario(sc, routing=routing_input(_alternating()))
     middle = _rows_ms(result)[1:-1]
@@ -175,10 +176,10 @@ def test_prerouter_staged_layers_skip_the_sync_and_stage_at_their_step():
     fill point."""
     m = _model(0.4, consumer_first=1, consumer_last=3, heads=3, head_bytes=200_000,
                head_build_ms=0.1)
-    la = _run(0.4, True, m=m, policy="prerouter", router=_cycling())
+    la = _run(0.4, True, m=m, lead="token", router=_cycling())
     window = 4 * C + 3 * 0.2 + 2 * S
     assert _rows_ms(la)[1:] == pytest.approx([window] * (STEPS - 1), abs=1e-6)
-    sync = _run(0.4, False, m=m, policy="prerouter", router=_cycling())
+    sync = _run(0.4, False, m=m, lead="token", router=_cycling())
     assert _rows_ms(sync) == pytest.approx([3 * 0.5 + 0.4 + window] * STEPS, abs=1e-6)
     steps = la.trace.steps.filter(pl.col("phase") == "decode")
     starts = dict(zip(steps["step"].to_list(), steps["start_ns"].to_list(), strict=True))
@@ -202,7 +203,7 @@ def test_requests_and_prefill_restart_the_lookahead():
     router = _same_experts(6)
     plan = [("prefill", 8, 0, -1)] + [("decode", 1, 0, i) for i in range(3)] + \
            [("prefill", 8, 1, -1)] + [("decode", 1, 1, i) for i in range(3, 6)]
-    sc = scenario(hw=_hw(), m=_model(0.4), policy="on-demand", decode_steps=6,
+    sc = scenario(hw=_hw(), m=_model(0.4), path="staged", decode_steps=6,
                   lookahead=True)
     result = run_scenario(sc, routing=RoutingInput(router, None, plan, "test"))
     window = L * (C + S) + S

@@ -26,7 +26,7 @@ def _fill_blocked(help_reads: bool):
     # 1 layer, K=2, every read cold (O_DIRECT): two misses at the layer's fill
     m = model(layers=1, experts=16, k=2, build_ms_per_layer=0.5)
     router = np.array([[[2 * (s % 4), 2 * (s % 4) + 1]] for s in range(8)], dtype=np.int16)
-    sc = scenario(hw=hardware(**IO), m=m, policy="hot", lru_bytes=MB, readers=1, o_direct=True,
+    sc = scenario(hw=hardware(**IO), m=m, path="hot", lru_bytes=MB, readers=1, o_direct=True,
                   decode_steps=8, help_reads=help_reads)
     res = run_scenario(sc, routing=routing_input(router))
     return res.trace.steps.filter(pl.col("phase") == "decode"), res.trace.loads
@@ -72,7 +72,7 @@ def test_the_budget_drops_pages_on_the_main_thread_after_each_cold_read():
     io = dict(IO, ram_gib=64.0, os_reserve_gib=64.0 - 2 / 1024)  # 2 MiB: the LRU + 1 bundle
     steps = {}
     for evict in (0.0, 0.3):
-        sc = scenario(hw=hardware(**io), m=m, policy="hot", lru_bytes=MB, decode_steps=20,
+        sc = scenario(hw=hardware(**io), m=m, path="hot", lru_bytes=MB, decode_steps=20,
                       budget_evict_ms=evict)
         assert budget(sc).page_cache == MB
         res = run_scenario(sc, routing=routing_input(router))

@@ -21,6 +21,12 @@ def _run(router, predicted=None, **over):
     return run_scenario(sc, routing=routing_input(router, predicted))
 
 
+def _lead(arm: str) -> dict:
+    """"token" or "layer:N" as scenario keys."""
+    lead, _, layers = arm.partition(":")
+    return {"lead": lead, **({"lead_layers": int(layers)} if layers else {})}
+
+
 def _demand_layers(result) -> set[int]:
     loads = result.trace.loads.filter(pl.col("source") == "demand")
     return set(loads["layer"].to_list())
@@ -38,7 +44,7 @@ def test_perturb_keeps_sets_and_hits_the_accuracy():
 def test_prediction_as_routing_never_loads_on_demand_in_consumer_layers():
     router = uniform_routing(300, 6, 32, 2, seed=3)
     predicted = perturb(router, 0.3, 32, seed=4)  # bad predictions: still executed, no fallback
-    result = _run(router, predicted, policy="prerouter")
+    result = _run(router, predicted, lead="token")
     assert _demand_layers(result) == {0, 1}
     prefetch = result.trace.loads.filter(pl.col("source") == "prefetch")
     assert set(prefetch["layer"].to_list()) == {2, 3, 4, 5}
@@ -47,12 +53,12 @@ def test_prediction_as_routing_never_loads_on_demand_in_consumer_layers():
     assert executed["router_experts"].to_list() == router[:, 3].tolist()
 
 
-@pytest.mark.parametrize("lead", ["token", "1", "2"])
+@pytest.mark.parametrize("lead", ["token", "layer:1", "layer:2"])
 def test_speculative_prefetch_falls_back_to_demand_loads_only_when_wrong(lead):
     router = uniform_routing(300, 6, 32, 2, seed=5)
-    exact = _run(router, router, policy="prerouter", lead=lead, prediction_is_routing=False)
+    exact = _run(router, router, **_lead(lead), prediction_is_routing=False)
     assert _demand_layers(exact) <= {0, 1}  # every consumer's routed set was staged
-    wrong = _run(router, perturb(router, 0.5, 32, seed=6), policy="prerouter", lead=lead,
+    wrong = _run(router, perturb(router, 0.5, 32, seed=6), **_lead(lead),
                  prediction_is_routing=False)
     assert _demand_layers(wrong) & {2, 3, 4, 5}  # mispredicted experts became demand loads
     executed = wrong.trace.routing.filter(pl.col("layer") == 4).sort("step")
@@ -63,7 +69,7 @@ def test_lookahead_accuracy_from_parameter_when_the_trace_has_none():
     router = uniform_routing(400, 6, 32, 2, seed=7)
     demand = []
     for accuracy in (1.0, 0.7, 0.3):
-        result = _run(router, None, policy="prerouter", lead="1", prediction_is_routing=False,
+        result = _run(router, None, lead="layer", lead_layers=1, prediction_is_routing=False,
                       prediction_accuracy=accuracy, seed=1)
         loads = result.trace.loads
         demand.append(loads.filter((pl.col("source") == "demand") & (pl.col("layer") >= 2))

@@ -91,15 +91,18 @@ def test_scenario_missing_model_and_unknown_key(tmp_path):
 
 def test_overrides_are_type_checked_and_routed_to_the_right_profile():
     sc = load_scenario("paper-m2-16gb")
-    sc2 = apply_overrides(sc, ["k=8", "policy=on-demand", "ram_gib=24", "lru_bytes=1.5GiB",
-                               "ssd_bandwidth_gbps=7", "lead=2", "readahead=false",
-                               "model.k=8"])
-    assert (sc2.k, sc2.policy, sc2.hardware.ram_gib, sc2.lru_bytes) == (8, "on-demand", 24.0,
-                                                                      int(1.5 * 2**30))
-    assert sc2.hardware.ssd_bandwidth_gbps == 7.0 and sc2.lead == "2" and sc2.lead_layers == 2
+    sc2 = apply_overrides(sc, ["k=8", "path=hot", "ram_gib=24", "lru_bytes=1.5GiB",
+                               "ssd_bandwidth_gbps=7", "lead=layer", "lead_layers=2",
+                               "readahead=false", "model.k=8"])
+    assert (sc2.k, sc2.path, sc2.hardware.ram_gib, sc2.lru_bytes) == (8, "hot", 24.0,
+                                                                    int(1.5 * 2**30))
+    assert sc2.hardware.ssd_bandwidth_gbps == 7.0 and sc2.lead == "layer" and sc2.lead_layers == 2
     assert sc2.hardware.readahead is False and sc2.model.k == 8
     assert sc.k == 4 and sc.hardware.ram_gib == 16.0  # the original is untouched
-    for bad, match in [("k=four", "k: expected an integer"), ("policy=magic", "policy: "),
+    for bad, match in [("k=four", "k: expected an integer"),
+                       ("path=magic", "path: 'magic' must be one of"),
+                       ("policy=on-demand", "policy: renamed to the engine's names"),
+                       ("lead=2", "lead: '2' must be one of none, token, layer"),
                        ("warp=1", "--set warp: unknown key"), ("ram_gib", "expected key=value"),
                        ("prediction_accuracy=1.5", "must be in"), ("gpu.x=1", "unknown section")]:
         with pytest.raises(BadInput, match=match):

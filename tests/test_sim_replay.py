@@ -15,7 +15,7 @@ from traces.reader import read_trace
 
 def test_replaying_a_simulated_trace_reproduces_it(tmp_path):
     m = model(layers=3, experts=32, k=2)
-    sc = scenario(m=m, policy="on-demand", decode_steps=200, lru_bytes=8 * MB)
+    sc = scenario(m=m, path="staged", decode_steps=200, lru_bytes=8 * MB)
     first = run_scenario(sc, routing=routing_input(uniform_routing(200, 3, 32, 2, seed=4)),
                          out=tmp_path / "a")
     again = run_scenario(sc, trace=read_trace(tmp_path / "a"))
@@ -29,12 +29,12 @@ def test_trace_with_predictions_replays_them_as_routing(tmp_path):
                           prediction_accuracy=0.5, predicted_layers=[1, 2, 3], seed=3)
     trace = synthetic_trace(params, bundle_bytes=MB)
     write_trace(trace, tmp_path / "t")
-    result = run_scenario(scenario(m=m, policy="prerouter"), trace=read_trace(tmp_path / "t"))
+    result = run_scenario(scenario(m=m, lead="token"), trace=read_trace(tmp_path / "t"))
     sim_routing = result.trace.routing.sort("step", "layer")
     src = trace.routing.sort("step", "layer")
     assert sim_routing["experts"].to_list() == src["experts"].to_list()
     assert sim_routing["source"].to_list() == src["source"].to_list()
-    on_demand = run_scenario(scenario(m=m, policy="on-demand"), trace=read_trace(tmp_path / "t"))
+    on_demand = run_scenario(scenario(m=m, path="staged"), trace=read_trace(tmp_path / "t"))
     assert on_demand.trace.routing.sort("step", "layer")["experts"].to_list() == \
         src["router_experts"].to_list()  # without the prerouter each router decides
 
@@ -58,7 +58,7 @@ def test_prefill_whole_layer_loads_overlap_compute_by_hand():
     c = T * 2 * 1e9 / 2 / 1e12
     b = 1e-3
     assert c > w + b  # compute-bound: layer 1's load hides under layer 0's compute
-    sc = scenario(hw=hw, m=m, policy="on-demand", prefill_tokens=T, decode_steps=5)
+    sc = scenario(hw=hw, m=m, path="staged", prefill_tokens=T, decode_steps=5)
     result = run_scenario(sc)  # synthetic routing: one prefill step, then 5 decode steps
     # load 0 (main, w), build 0, compute 0 queued; load 1 (main, w) and build 1 under it;
     # compute 1 starts when compute 0 ends
@@ -74,8 +74,8 @@ def test_prefill_whole_layer_loads_overlap_compute_by_hand():
 def test_thousand_decode_steps_of_edge0_35b_complete_with_every_layers_routing():
     """A paper-scale run completes: 1,000 decode steps x 40 layers of routing at K=4. (Its speed
     target, <= 5 s, is a benchmark: reports/sim/speed.py, not a timed test.)"""
-    for policy in ("on-demand", "prerouter"):
-        sc = load_scenario("paper-m2-16gb", ["decode_steps=1000", f"policy={policy}"])
+    for lead in ("none", "token"):
+        sc = load_scenario("paper-m2-16gb", ["decode_steps=1000", f"lead={lead}"])
         assert sc.model.layers == 40 and sc.k == 4
         result = run_scenario(sc)
         assert result.figures.decode_steps == 1000

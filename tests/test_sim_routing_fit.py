@@ -72,8 +72,11 @@ def test_the_fitted_generator_reproduces_captured_traces_within_10_percent():
         reuse, skew = scaled(sc, f.k, 64)
         assert reuse == pytest.approx(f.reuse, abs=0.01) and skew == pytest.approx(f.skew, abs=0.05)
     for f, (k, trace) in zip(fits, traces.items(), strict=True):
+        # one staged slot per expert routed (headroom 0): the caches see adjacent reuse and
+        # popularity, what the generator is fitted to; a K + K slot table also sees reuse two
+        # tokens back, which a chain with adjacent reuse does not reproduce (noted on issue 12)
         got = check(trace, f.reuse, f.skew, "this-machine-tiny-trained",
-                    sets=["policy=on-demand", "lru_bytes=0"])
+                    sets=["path=staged", "staged_headroom=0", "lru_bytes=0"])
         for name in ("mib_per_step", "page_cache_hit_rate", "app_cache_hit_rate"):
             measured, generated = got[name]["trace"], got[name]["generated"]
             if k == 2 and name == "page_cache_hit_rate":

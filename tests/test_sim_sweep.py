@@ -50,7 +50,7 @@ def base(tmp_path):
     (tmp_path / "m.toml").write_text(MODEL)
     path = tmp_path / "base.toml"
     path.write_text(f'hardware = "{tmp_path / "hw.toml"}"\nmodel = "{tmp_path / "m.toml"}"\n'
-                    'policy = "on-demand"\ndecode_steps = 30\nlru_bytes = 4194304\n')
+                    'path = "staged"\ndecode_steps = 30\nlru_bytes = 4194304\n')
     return path
 
 
@@ -62,18 +62,18 @@ def grid_file(tmp_path, base, body: str):
 
 def test_points_are_the_product_times_seeds(tmp_path, base):
     g = load_grid(grid_file(tmp_path, base, 'seeds = [0, 1, 2]\n[axes]\nk = [1, 2]\n'
-                            'policy = ["on-demand", "hot", "prerouter"]\n'))
+                            'path = ["exact", "hot", "staged"]\n'))
     points = g.points()
     assert len(points) == 2 * 3 * 3
-    assert points[0] == {"k": 1, "policy": "on-demand", "seed": 0}
-    assert points[-1] == {"k": 2, "policy": "prerouter", "seed": 2}
+    assert points[0] == {"k": 1, "path": "exact", "seed": 0}
+    assert points[-1] == {"k": 2, "path": "staged", "seed": 2}
     assert len({tuple(sorted(p.items())) for p in points}) == len(points)
 
 
 def test_failing_point_is_reported_and_the_others_run(tmp_path, base):
     g = load_grid(grid_file(tmp_path, base, 'set = ["decode_steps=20"]\n[axes]\n'
                             'ssd_bandwidth_gbps = [-1.0, 0.5, 2.0]\n'
-                            'policy = ["on-demand", "hot"]\n'))
+                            'path = ["staged", "hot"]\n'))
     seen = []
     rows = run_grid(g, workers=2, progress=lambda done, total: seen.append((done, total)))
     assert len(rows) == 6 and seen[-1] == (6, 6)
@@ -87,7 +87,7 @@ def test_failing_point_is_reported_and_the_others_run(tmp_path, base):
     # each worker's figures are what an in-process run of the same point gives
     for r in ok.iter_rows(named=True):
         sets = ["decode_steps=20", f"ssd_bandwidth_gbps={r['ssd_bandwidth_gbps']}",
-                f"policy={r['policy']}"]
+                f"path={r['path']}"]
         sc = load_scenario(str(base), sets)
         direct = run_scenario(sc).metrics
         for key in SUMMARY_KEYS:
@@ -95,32 +95,32 @@ def test_failing_point_is_reported_and_the_others_run(tmp_path, base):
                 assert r[key] is None, key
             else:
                 assert r[key] == pytest.approx(direct[key]), key
-    # slower storage never decodes faster, for each policy
-    for policy in ("on-demand", "hot"):
-        part = ok.filter(pl.col("policy") == policy).sort("ssd_bandwidth_gbps")
+    # slower storage never decodes faster, on each path
+    for path in ("staged", "hot"):
+        part = ok.filter(pl.col("path") == path).sort("ssd_bandwidth_gbps")
         assert part["decode_tok_s"][0] < part["decode_tok_s"][1]
 
 
 def test_outputs_parquet_pngs_readme(tmp_path, base):
     g = load_grid(grid_file(tmp_path, base, 'seeds = [0, 1]\n[axes]\n'
-                            'lru_bytes = ["0", "2MiB", "8MiB"]\npolicy = ["on-demand", "hot"]\n'))
+                            'lru_bytes = ["0", "2MiB", "8MiB"]\npath = ["staged", "hot"]\n'))
     rows = run_grid(g, workers=1)
     frame = results_frame(g, rows)
     out = tmp_path / "out"
     written = write_outputs(g, frame, out, "ssdmoe sim sweep g.toml")
     names = {p.name for p in written}
-    assert names == {"results.parquet", "lru_bytes.png", "policy.png", "README.md"}
+    assert names == {"results.parquet", "lru_bytes.png", "path.png", "README.md"}
     back = pl.read_parquet(out / "results.parquet")
     assert back.height == 3 * 2 * 2
-    for col in ("point", "lru_bytes", "policy", "seed", "status", "error", *SUMMARY_KEYS,
+    for col in ("point", "lru_bytes", "path", "seed", "status", "error", *SUMMARY_KEYS,
                 *EXTRA_KEYS):
         assert col in back.columns, col
     assert back["lru_bytes"].to_list()[::4] == [0, 2 << 20, 8 << 20]  # sizes resolved to bytes
     # hot needs an LRU: the lru_bytes=0 hot points fail, everything else runs
     failed = back.filter(pl.col("status") == "failed")
-    assert set(zip(failed["lru_bytes"], failed["policy"], strict=True)) == {(0, "hot")}
+    assert set(zip(failed["lru_bytes"], failed["path"], strict=True)) == {(0, "hot")}
     assert "at least one bundle" in failed["error"][0]
-    for png in ("lru_bytes.png", "policy.png"):
+    for png in ("lru_bytes.png", "path.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     readme = (out / "README.md").read_text()
     assert "ssdmoe sim sweep g.toml" in readme and "failed: " in readme

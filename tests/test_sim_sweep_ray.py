@@ -25,7 +25,7 @@ def test_ray_backend_gives_the_local_rows(tmp_path, base):  # noqa: F811
         pytest.skip("the ray extra is not installed")
     g = load_grid(grid_file(tmp_path, base, 'set = ["decode_steps=20"]\nseeds = [0, 1]\n'
                             '[axes]\nssd_bandwidth_gbps = [-1.0, 0.5, 2.0]\n'
-                            'policy = ["on-demand", "hot"]\n'))
+                            'path = ["staged", "hot"]\n'))
     local = run_grid(g, workers=1)
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:

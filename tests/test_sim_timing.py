@@ -24,7 +24,7 @@ def test_zero_latency_storage_gives_the_compute_bound_rate_on_demand():
     a, x, b = 200 * MB / 4 / B, 2 * MB / B, 1e-3
     assert x < b  # the accelerator is idle by the time the next layer syncs on its router
     router = uniform_routing(300, 4, 16, 2, seed=1)
-    result = run_scenario(scenario(hw=hw, m=m, policy="on-demand", decode_steps=300),
+    result = run_scenario(scenario(hw=hw, m=m, path="staged", decode_steps=300),
                           routing=routing_input(router))
     step = 4 * (b + a) + x  # each layer: build, then wait for its router; last: the experts
     assert result.metrics["decode_tok_s"] == pytest.approx(1 / step, rel=1e-9)
@@ -40,7 +40,7 @@ def test_zero_latency_storage_gives_the_compute_bound_rate_with_the_prerouter():
     B = 400e9
     a, x, hs, b, hb = 200 * MB / 4 / B, 2 * MB / B, 8 * MB / B, 1e-3, 0.25e-3
     router = uniform_routing(300, 4, 16, 2, seed=2)
-    result = run_scenario(scenario(hw=hw, m=m, policy="prerouter", decode_steps=300),
+    result = run_scenario(scenario(hw=hw, m=m, lead="token", decode_steps=300),
                           routing=routing_input(router))
     # layer 0 (owner, router): b+hb, wait a+hs; layers 1-2 (owners, staged): b+hb each;
     # layer 3 (staged): b; then the accelerator finishes layer 3's a+x
@@ -53,12 +53,13 @@ def test_zero_latency_storage_gives_the_compute_bound_rate_with_the_prerouter():
 
 @pytest.mark.parametrize("readahead", [True, False])
 def test_synchronous_cold_load_cost_by_hand(readahead):
-    # 1 layer, K=1, alternating experts (no sticky hit), no caches, O_DIRECT: every load cold.
+    # 1 layer, K=1, alternating experts, one staged slot (headroom 0: the last token's
+    # expert only, so no slot hit), no caches, O_DIRECT: every load cold.
     m = model(layers=1, experts=16, k=1, build_ms_per_layer=1.0)
     hw = hardware(ssd_latency_ms=0.1, ssd_bandwidth_gbps=1.0, load_overhead_ms=0.5,
                   cold_overhead_ms=0.3, mem_bandwidth_gbps=1e9, readahead=readahead)
     router = (pl.Series([0, 1] * 50).to_numpy().reshape(-1, 1, 1)).astype("int16")
-    sc = scenario(hw=hw, m=m, policy="on-demand", decode_steps=100, o_direct=True,
+    sc = scenario(hw=hw, m=m, path="staged", staged_headroom=0, decode_steps=100, o_direct=True,
                   demand_pieces=4)
     result = run_scenario(sc, routing=routing_input(router))
     steps = _decode(result)
@@ -82,7 +83,7 @@ def test_background_readers_take_prefetch_off_the_main_thread():
     router = uniform_routing(200, 8, 64, 4, seed=5)
     runs = {}
     for readers in (0, 2):
-        sc = scenario(hw=hw, m=m, policy="prerouter", decode_steps=200, readers=readers,
+        sc = scenario(hw=hw, m=m, lead="token", decode_steps=200, readers=readers,
                       o_direct=True, help_reads=False)
         runs[readers] = run_scenario(sc, routing=routing_input(router))
     sync, bg = runs[0].metrics, runs[2].metrics
@@ -106,9 +107,9 @@ def test_a_served_adapter_costs_its_bytes_and_build_time_by_hand():
     router = uniform_routing(300, 4, 16, 2, seed=1)
     rates = {}
     for served in (False, True):
-        sc = scenario(hw=hw, m=m, policy="on-demand", decode_steps=300, lora=served)
+        sc = scenario(hw=hw, m=m, path="staged", decode_steps=300, lora=served)
         rates[served] = run_scenario(sc, routing=routing_input(router)).metrics["decode_tok_s"]
-        extra = budget(sc).engine - budget(scenario(hw=hw, m=m, policy="on-demand")).engine
+        extra = budget(sc).engine - budget(scenario(hw=hw, m=m, path="staged")).engine
         assert extra == (40 * MB if served else 0)
     a0, x = 200 * MB / 4 / B, 2 * MB / B
     assert rates[False] == pytest.approx(1 / (4 * (1e-3 + a0) + x), rel=1e-9)

@@ -12,9 +12,9 @@ from sim.replay import run_scenario
 from sim.scenario import GIB
 
 SCENARIOS = {  # name -> arms (extra --set items)
-    "paper-m2-16gb": [["policy=on-demand"], ["policy=prerouter"]],
-    "paper-m4pro-24gb": [["policy=on-demand"], ["policy=prerouter"]],
-    "this-machine-tiny-trained": [[], ["policy=hot", "lru_bytes=4MiB", "readers=2",
+    "paper-m2-16gb": [["lead=none"], ["lead=token"]],
+    "paper-m4pro-24gb": [["lead=none"], ["lead=token"]],
+    "this-machine-tiny-trained": [[], ["path=hot", "lru_bytes=4MiB", "readers=2",
                                        "lookahead=true"]],
 }
 STEPS = 150
@@ -62,10 +62,11 @@ def test_decode_never_slows_with_more_ram_and_saturates_once_the_experts_fit(nam
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["paper-m2-16gb", "paper-m4pro-24gb"])
 def test_a_growing_app_cache_eventually_costs_at_fixed_ram(name):
-    sc = load_scenario(name, ["policy=hot", "readers=2"])
+    sc = load_scenario(name, ["path=hot", "lead=none", "readers=2"])
     room = (sc.hardware.ram_gib - sc.hardware.os_reserve_gib - sc.model.resident_bytes / GIB)
     sizes = [room * f for f in (0.05, 0.15, 0.3, 0.5, 0.7, 0.9, 1.1)]
-    runs = [_tok_s(name, ["policy=hot", "readers=2", f"lru_bytes={s:.3f}GiB"]) for s in sizes]
+    runs = [_tok_s(name, ["path=hot", "lead=none", "readers=2", f"lru_bytes={s:.3f}GiB"])
+            for s in sizes]
     speeds = [s for s, _ in runs]
     best = max(range(len(speeds)), key=speeds.__getitem__)
     assert best < len(speeds) - 1, speeds  # the biggest cache is not the best

@@ -25,8 +25,10 @@ def test_default_matrix_sweeps_every_axis_from_the_defaults():
     assert configs[:len(cal)] == cal and {c.path for c in cal} == {"on-demand", "hot", "staged"}
     warm = [c for c in cal if c.page_cache == "all"]  # one per path: its costs inside decode
     assert {c.path for c in warm} == {"on-demand", "hot", "staged"} and len(warm) == 3
-    cold = [c for c in cal if c.page_cache != "all"]  # one reading cold on the main thread
-    assert [(c.path, c.storage) for c in cold] == [("on-demand", "unthrottled")]
+    # one reading cold on the main thread, one reading cold through reader threads
+    cold = [c for c in cal if c.page_cache != "all"]
+    assert [(c.path, c.storage) for c in cold] == [("on-demand", "unthrottled"),
+                                                  ("hot", "unthrottled")]
     held = [c for c in configs if c.role == "held-out"]
     d = m.defaults
     for axis, values in m.axes.items():
@@ -126,7 +128,7 @@ def test_end_to_end_resume_and_missing(tmp_path, ssdmoe_subprocess, tiny_random_
     names = {x["config"]["name"] for x in doc["results"]}
     assert names == {"on-demand-pcall-unthrottled", "hot-pcall-unthrottled",
                      "staged-pcall-unthrottled", "on-demand-pc50-unthrottled",
-                     "on-demand-pc25-unthrottled",
+                     "hot-pc50-unthrottled", "on-demand-pc25-unthrottled",
                      "staged-layer-pc25-unthrottled", "on-demand-pc25-unthrottled-k2"}
     assert doc["missing"] == []
     for x in doc["results"]:
@@ -144,11 +146,12 @@ def test_end_to_end_resume_and_missing(tmp_path, ssdmoe_subprocess, tiny_random_
     lost = "staged-layer-pc25-unthrottled"
     shutil.rmtree(out / "traces" / lost)
     (out / "results" / f"{lost}.json").unlink()
-    before = (out / "results" / "on-demand-pc25-unthrottled.json").stat().st_mtime_ns
+    kept = out / "traces" / "on-demand-pc25-unthrottled" / "run.json"
+    before = kept.stat().st_mtime_ns
     r2 = ssdmoe_subprocess(*args)
     assert r2.returncode == 0, r2.stderr
     assert "kept (already measured)" in r2.stderr and f"{lost} (held-out): capturing" in r2.stderr
-    assert (out / "results" / "on-demand-pc25-unthrottled.json").stat().st_mtime_ns == before
+    assert kept.stat().st_mtime_ns == before  # not captured again (compared again on the fit)
     assert (out / "results" / f"{lost}.json").is_file()
 
 
@@ -183,6 +186,29 @@ def test_calibration_fit_by_hand(tmp_path):
     import tomllib
 
     assert tomllib.loads(sc.read_text())["notes"]["build_ms_per_layer.staged"] == "1.2000"
+
+
+def test_reader_handoff_fit_by_hand(tmp_path):
+    """handoff_ms.in_decode = isolated + (measured - simulated blocked) / reader waits per
+    step, from the calibration configuration whose readers read cold; held-out ones and
+    main-thread-only ones change nothing."""
+    from sim.profiles import load_hardware
+    from validation.calibration import current_note, fit_handoff
+
+    sc = tmp_path / "s.toml"
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n')
+    isolated = load_hardware("this-machine").handoff_ms
+    hot = {"config": {"name": "hot-pc50-unthrottled", "path": "hot", "page_cache": "1/2",
+                      "storage": "unthrottled", "role": "calibration"},
+           "measured": {"blocked_ms_per_step": 5.0},
+           "simulated": {"blocked_ms_per_step": 3.0, "reader_waits_per_step": 4.0}}
+    held = {**hot, "config": {**hot["config"], "page_cache": "1/4", "role": "held-out"},
+            "measured": {"blocked_ms_per_step": 50.0}}
+    main_only = {**hot, "config": {**hot["config"], "path": "on-demand"}}
+    got = fit_handoff([hot, held, main_only], sc, isolated)
+    assert got == {"handoff_ms.in_decode": {"before": isolated,
+                                            "after": pytest.approx(isolated + 0.5)}}
+    assert current_note(sc, "handoff_ms.in_decode") == pytest.approx(isolated + 0.5, abs=1e-4)
 
 
 def test_throttle_axis_values():

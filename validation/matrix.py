@@ -182,11 +182,13 @@ def default_matrix(quick: bool = False, throttles: list[str] | None = None) -> M
                     Config(path="staged", k="2"), Config(path="on-demand", k="8")]
     # one per decode path, every expert in the page cache (no storage effects): they fit
     # each path's main-thread cost inside decode; and one that reads cold on the main thread
-    # only (on-demand, 1/2 page cache, unthrottled): it fits a cold read's cost inside decode
-    # (validation.calibration)
+    # only (on-demand, 1/2 page cache, unthrottled): it fits a cold read's cost inside decode;
+    # and one whose reader threads read cold (hot, 1/2 page cache): it fits the hand-off of
+    # their loads inside decode (validation.calibration)
     calibration = [Config(path=p, page_cache="all", role="calibration")
                    for p in ("on-demand", "hot", "staged")]
-    calibration.append(Config(path="on-demand", page_cache="1/2", role="calibration"))
+    calibration += [Config(path=p, page_cache="1/2", role="calibration")
+                    for p in ("on-demand", "hot")]
     return Matrix(axes, defaults, corners, calibration)
 
 

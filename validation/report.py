@@ -197,15 +197,19 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None) -> str:
              f"Simulated by `sim compare` on the profile `ssdmoe calibrate` wrote "
              f"({doc['calibration']}). The calibration subset is those microbenchmarks plus the "
              "configurations marked calibration below (one per decode path, every expert in "
-             "the page cache); every other configuration is held out and only predicted.", ""]
+             "the page cache; and two at half the page cache, one reading cold on the main "
+             "thread, one through reader threads); every other configuration is held out and "
+             "only predicted.", ""]
     if (doc.get("rounds") or 1) > 1:
         lines += [f"Every configuration was captured {doc['rounds']} times, the order of the "
-                  "configurations rotated from round to round, and the round with the median "
-                  "decode tok/s is the one compared (its spread: the last column below).", ""]
+                  "configurations (calibration and held-out alike) rotated from round to "
+                  "round, and the round with the median decode tok/s is the one compared (its "
+                  "spread: the last column below).", ""]
     if doc.get("fitted"):
         lines += [f"What the calibration configurations fitted (`validation/calibration.py`, "
                   f"written to `{doc.get('scenario')}`): each path's main-thread cost per layer, "
-                  "the accelerator's time and a warm load's cost, measured inside decode "
+                  "the accelerator's time, a warm and a cold load's cost and a reader's "
+                  "hand-off, measured inside decode "
                   "instead of in the isolated loops of `ssdmoe calibrate`:", "",
                   "| parameter | isolated loop | inside decode (fitted) |", "|---|---|---|"]
         for key, v in doc["fitted"].items():

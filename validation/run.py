@@ -132,6 +132,7 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
     comp = compare(trace, out=sim_dir)
     measured = dict(comp.measured)
     simulated = dict(comp.simulated)
+    simulated["reader_waits_per_step"] = reader_waits_per_step(read_trace(sim_dir))
     measured["build_ms_per_step"] = comp.extra["measured_build_ms_per_step"]
     measured["eval_ms_per_step"] = comp.extra["measured_eval_ms_per_step"]
     simulated["build_ms_per_step"] = comp.extra["build_ms_per_step"]
@@ -153,6 +154,19 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
     return result
 
 
+def reader_waits_per_step(trace) -> float:
+    """Loads per decode step that the main thread waited for while a reader thread read them
+    (each pays the thread hand-off: sim.readers)."""
+    import polars as pl
+
+    decode = trace.steps.filter(pl.col("phase") == "decode")["step"]
+    if decode.len() == 0:
+        return 0.0
+    waits = trace.loads.filter(pl.col("step").is_in(decode.implode()) & pl.col("waited")
+                               & (pl.col("thread") != "main"))
+    return waits.height / decode.len()
+
+
 def ape(measured: float | None, simulated: float | None) -> float | None:
     """Absolute percentage error of `simulated` against `measured` (None when undefined)."""
     if measured is None or simulated is None or measured == 0:
@@ -164,21 +178,27 @@ def run(plan: Plan, configs: list[Config],
         progress: Callable[[int, int, Config, str], None] | None = None,
         fit: Callable[[list[dict]], Any] | None = None) -> list[dict]:
     """Capture and compare every configuration not done yet; returns every result (old ones
-    read back). The calibration configurations come first; then `fit(their results)` may
-    update the profile, and they are compared again on it (in-sample) before any held-out
-    one is predicted. A failed configuration is reported and the run goes on."""
+    read back). Every round captures every configuration, calibration and held-out alike, in
+    one rotated order: on a shared machine a slow spell then falls on all of them instead of
+    on the subset the fit comes from. Then `fit(the calibration results)` may update the
+    profile, they are compared again on it (in-sample), and only then is every held-out one
+    predicted on the fitted profile. A failed configuration is reported and the run goes on."""
     prompts = prompts_file(plan)
-    cal = [c for c in configs if c.role == "calibration"]
-    held = [c for c in configs if c.role != "calibration"]
-    cal_results = _run(plan, cal, prompts, progress, 0, len(configs))
+    results = _run(plan, configs, prompts, progress, 0, len(configs))
+    cal_results = [r for r in results if r["config"]["role"] == "calibration"]
+    held = [r for r in results if r["config"]["role"] != "calibration"]
+    if fit is None or not cal_results:
+        return results
     # The fit is repeated: with the host's cores shared (sim.cpu), a path's simulated build
     # time is not linear in its CPU figure, so one correction step lands near, not on, it.
-    for _ in range(FIT_ROUNDS if fit is not None and cal_results else 0):
+    for _ in range(FIT_ROUNDS):
         fit(cal_results)
-        cal_results = [compare_one(plan, Config(**{k: v for k, v in r["config"].items()
-                                                   if k != "name"}))
-                       for r in cal_results]
-    return cal_results + _run(plan, held, prompts, progress, len(cal), len(configs))
+        cal_results = [compare_one(plan, _config(r)) for r in cal_results]
+    return cal_results + [compare_one(plan, _config(r)) for r in held]
+
+
+def _config(result: dict) -> Config:
+    return Config(**{k: v for k, v in result["config"].items() if k != "name"})
 
 
 def _run(plan: Plan, configs: list[Config], prompts: Path,

@@ -3,7 +3,7 @@ uint32 table [E] (expert id -> slot) that the gather indexes on the device. A sl
 expert while it stays routed; a missing expert is read by the reader threads straight into the
 least recently used slot outside the protected ones, and published in the table once its read
 lands. Row S is all zeros and every absent expert maps to it. The fill strategies (on demand,
-staged ahead and verified, predicted) are engine.paths.staged's."""
+staged ahead and verified, predicted) are engine.paths.staged_fill's."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ class SlotTable:
         self.ticket_of: dict[int, Ticket] = {}  # slot -> fill in flight / not yet waited
         self.used_at = [0] * self.slots  # recency, for the victim choice
         self.clock = 0
+        self.last_call: set[int] = set()  # slots of the last call staged ahead (may still compute)
 
     def resident(self) -> dict[int, int]:
         """{expert: slot} of filled slots (fills in flight included)."""
@@ -115,6 +116,7 @@ class SlotTable:
 
     def settle_all(self) -> None:
         """Wait for every read in flight (errors ignored: the caller is cleaning up)."""
+        self.last_call = set()
         try:
             self.settle(list(self.ticket_of.values()))
         except Exception:  # noqa: BLE001 - the failed request already reported it

@@ -49,6 +49,11 @@ PAPER = {
 }
 
 
+# The paper's two arms in the engine's vocabulary: its staged path on demand, or with the
+# prediction heads' one-token lead (sim.policies).
+ARMS = {"on-demand": "lead=none", "prerouter": "lead=token"}
+
+
 def run(name: str, sets: list[str], seeds=SEEDS) -> dict[str, Any]:
     """Median over seeds of the summary metrics (seed 0 is what the CLI command prints)."""
     runs = [run_scenario(load_scenario(name, [*sets, f"seed={s}"])) for s in seeds]
@@ -128,7 +133,7 @@ def bisect(f, lo: float, hi: float, target: float, increasing: bool, iters: int 
 
 def calibrate() -> dict[str, Any]:
     """Two values from two on-demand K=4 component figures (section 2 of the report)."""
-    base = ["policy=on-demand", "k=4", "seed=0"]
+    base = [ARMS["on-demand"], "k=4", "seed=0"]
     target_mib = PAPER["m2_k4"]["on-demand"]["mib_per_step"]
 
     def mib(skew: float) -> float:
@@ -153,26 +158,26 @@ def predict() -> dict[str, Any]:
     for machine, name, ks in (("m2-16gb", "paper-m2-16gb", (2, 4, 8)),
                               ("m4pro-24gb", "paper-m4pro-24gb", (2, 4, 8))):
         for k in ks:
-            for policy in ("on-demand", "prerouter"):
-                table[f"{machine}/k{k}/{policy}"] = run(name, [f"k={k}", f"policy={policy}"])
+            for arm, lead in ARMS.items():
+                table[f"{machine}/k{k}/{arm}"] = run(name, [f"k={k}", lead])
     whatif = {
         "m2 K=4 prerouter, 2 background readers (this project's engine)":
-            ("paper-m2-16gb", ["policy=prerouter", "readers=2"]),
+            ("paper-m2-16gb", [ARMS["prerouter"], "readers=2"]),
         "m2 K=4 on-demand, 2 background readers":
-            ("paper-m2-16gb", ["policy=on-demand", "readers=2"]),
+            ("paper-m2-16gb", [ARMS["on-demand"], "readers=2"]),
         "m2 K=4 prerouter, OS reserve 13.2 GiB (the old fit: page cache ~0)":
-            ("paper-m2-16gb", ["policy=prerouter", "os_reserve_gib=13.2"]),
+            ("paper-m2-16gb", [ARMS["prerouter"], "os_reserve_gib=13.2"]),
         "m2 K=4 on-demand, OS reserve 13.2 GiB (the old fit: page cache ~0)":
-            ("paper-m2-16gb", ["policy=on-demand", "os_reserve_gib=13.2"]),
+            ("paper-m2-16gb", [ARMS["on-demand"], "os_reserve_gib=13.2"]),
         "m2 K=8 on-demand, bundle LRU doubled (1.83 GB)":
-            ("paper-m2-16gb", ["policy=on-demand", "k=8", "lru_bytes=1830000000"]),
+            ("paper-m2-16gb", [ARMS["on-demand"], "k=8", "lru_bytes=1830000000"]),
         "m2 K=8 prerouter, bundle LRU doubled (1.83 GB)":
-            ("paper-m2-16gb", ["policy=prerouter", "k=8", "lru_bytes=1830000000"]),
+            ("paper-m2-16gb", [ARMS["prerouter"], "k=8", "lru_bytes=1830000000"]),
         "m4pro K=4 prerouter, the M2's load-cost fit (1.17 + 0.83 ms)":
-            ("paper-m4pro-24gb", ["policy=prerouter", "load_overhead_ms=1.17",
+            ("paper-m4pro-24gb", [ARMS["prerouter"], "load_overhead_ms=1.17",
                                   "cold_overhead_ms=0.83"]),
         "m4pro K=4 on-demand, the M2's load-cost fit (1.17 + 0.83 ms)":
-            ("paper-m4pro-24gb", ["policy=on-demand", "load_overhead_ms=1.17",
+            ("paper-m4pro-24gb", [ARMS["on-demand"], "load_overhead_ms=1.17",
                                   "cold_overhead_ms=0.83"]),
     }
     sc = load_scenario("paper-m4pro-24gb", ["prefill_tokens=3100", "decode_steps=20"])
@@ -213,9 +218,9 @@ def write_readme(result: dict[str, Any]) -> str:
         f"({result['generated_at']}, {result['wall_s']:.0f} s); numbers also in `paper.json`.",
         "Every prediction is `ssdmoe sim run` on the committed scenarios, e.g.",
         "",
-        "    uv run ssdmoe sim run paper-m2-16gb --set k=4 --set policy=on-demand --json",
-        "    uv run ssdmoe sim run paper-m2-16gb --set k=4 --set policy=prerouter --json",
-        "    uv run ssdmoe sim run paper-m4pro-24gb --set k=4 --set policy=prerouter --json",
+        "    uv run ssdmoe sim run paper-m2-16gb --set k=4 --set lead=none --json",
+        "    uv run ssdmoe sim run paper-m2-16gb --set k=4 --set lead=token --json",
+        "    uv run ssdmoe sim run paper-m4pro-24gb --set k=4 --set lead=token --json",
         "",
         "Tables give the median over routing seeds 0-2 (1,000 decode steps each); the CLI",
         "commands above print seed 0 (the `_seed0` fields of paper.json). Source of all paper",

@@ -1,4 +1,4 @@
-"""Simulator speed: 1,000 decode steps of edge0-35b (40 layers, K=4) on one core, per policy
+"""Simulator speed: 1,000 decode steps of edge0-35b (40 layers, K=4) on one core, per arm
 (pinned to one CPU, polars limited to one thread), and a 100-point sweep on two cores (the
 local backend's worker processes). This benchmark is where the <= 5 s and <= 2 min targets are
 checked (tests only check that such runs complete).
@@ -29,19 +29,19 @@ from sim.replay import run_scenario  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
 CASES = {
-    "on-demand (paper engine)": ["policy=on-demand"],
-    "prerouter (paper engine)": ["policy=prerouter"],
-    "prerouter, 2 readers": ["policy=prerouter", "readers=2"],
-    "hot, 2 readers": ["policy=hot", "readers=2"],
-    "prerouter lead=2 layers, speculative": ["policy=prerouter", "lead=2",
-                                            "prediction_is_routing=false",
-                                            "prediction_accuracy=0.7"],
-    "hot, 2 readers, 2 shared cores, CPU compute": ["policy=hot", "readers=2", "cpu_cores=2",
-                                                    "compute_on_cpu=true"],
+    "staged on demand (paper engine)": ["lead=none"],
+    "staged, lead token (paper engine)": ["lead=token"],
+    "staged, lead token, 2 readers": ["lead=token", "readers=2"],
+    "hot, 2 readers": ["path=hot", "lead=none", "readers=2"],
+    "staged, lead 2 layers, speculative": ["lead=layer", "lead_layers=2",
+                                          "prediction_is_routing=false",
+                                          "prediction_accuracy=0.7"],
+    "hot, 2 readers, 2 shared cores, CPU compute": ["path=hot", "lead=none", "readers=2",
+                                                    "cpu_cores=2", "compute_on_cpu=true"],
 }
 SWEEP_GRID = """name = "speed-100"
 scenario = "paper-m2-16gb"
-set = ["decode_steps=1000", "policy=prerouter"]
+set = ["decode_steps=1000", "lead=token"]
 [axes]
 ram_gib = [8, 10, 12, 14, 16, 20, 24, 28, 32, 40]
 ssd_bandwidth_gbps = [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0]

@@ -1,0 +1,87 @@
+"""One byte range of a file read into a writable buffer, three ways: buffered (`pread`), first
+without waiting (`RWF_NOWAIT`: only what the page cache holds), and uncached (O_DIRECT through
+a page-aligned bounce buffer, then one copy: MLX buffers are not page aligned). Plain functions
+over file descriptors; the store (engine.store) chooses which and names the file in errors."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+
+import numpy as np
+
+from contract.thresholds import ALIGN  # O_DIRECT alignment of offset, length, buffer
+
+
+class RangeReadError(Exception):
+    """A failed or short read; the message says what happened, the caller says where."""
+
+
+class DirectRefused(Exception):
+    """The filesystem refused an O_DIRECT read (EINVAL on its first read): read buffered."""
+
+
+def read_buffered(fd: int, off: int, length: int, view: np.ndarray, size: int,
+                  done: int = 0) -> None:
+    """Read `length` bytes at `off` into `view`, the first `done` of them already there."""
+    buf = None  # the whole view goes to preadv as is; a byte view only to finish a short read
+    while done < length:
+        if done and buf is None:
+            buf = memoryview(view).cast("B")
+        try:
+            n = os.preadv(fd, [buf[done:] if done else view], off + done)
+        except OSError as err:
+            raise RangeReadError(err.strerror or str(err)) from None
+        if n == 0:
+            raise RangeReadError(f"short read at byte {off + done} (file has {size} bytes; "
+                                 "truncated?)")
+        done += n
+
+
+def read_nowait(fd: int, off: int, length: int, view: np.ndarray, flag: int) -> int:
+    """Read what the page cache holds of the range, starting no I/O (`flag`: RWF_NOWAIT).
+    Returns the bytes read: `length` when all of it was cached."""
+    try:
+        return os.preadv(fd, [view], off, flag)
+    except OSError as err:
+        if err.errno != errno.EAGAIN:
+            raise RangeReadError(err.strerror or str(err)) from None
+        return 0
+
+
+def bounce_buffer(held: mmap.mmap | None, n: int) -> mmap.mmap:
+    """`held` when it has room for `n` bytes, else a new page-aligned one (anonymous maps are)."""
+    if held is None or len(held) < n:
+        return mmap.mmap(-1, max(n, 1 << 20))
+    return held
+
+
+def read_direct(dfd: int, off: int, length: int, view: np.ndarray, size: int,
+                bounce: mmap.mmap) -> None:
+    """Read the range through O_DIRECT into `bounce` (>= the range rounded out to ALIGN),
+    then copy it into `view`. Raises DirectRefused when the filesystem refuses O_DIRECT."""
+    a0 = off - off % ALIGN
+    a1 = -(-(off + length) // ALIGN) * ALIGN
+    mv = memoryview(bounce)
+    try:
+        done = 0
+        while done < off + length - a0:
+            try:
+                n = os.preadv(dfd, [mv[done:a1 - a0]], a0 + done)
+            except OSError as err:
+                if err.errno == errno.EINVAL and done == 0:
+                    raise DirectRefused(err.strerror or str(err)) from None
+                raise RangeReadError(err.strerror or str(err)) from None
+            if n == 0:
+                raise RangeReadError(f"short read at byte {a0 + done} (file has {size} "
+                                     "bytes; truncated?)")
+            done += n
+        memoryview(view).cast("B")[:] = mv[off - a0: off - a0 + length]
+    finally:
+        mv.release()
+
+
+def aligned_span(off: int, length: int) -> int:
+    """Bytes of the range rounded out to ALIGN at both ends (the bounce buffer it needs)."""
+    return -(-(off + length) // ALIGN) * ALIGN - (off - off % ALIGN)
