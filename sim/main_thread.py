@@ -206,11 +206,12 @@ class MainThread:
         slots, lru = self.slots, self.lru
         keep = slots.protected(layer, last_call=True) | set(predicted)
         slots.touch(layer, predicted)
+        held = slots.held[layer]
         staged: dict[int, object] = {}
         base = layer * self.experts
         for e in predicted:
-            if slots.holds(layer, e):
-                staged[e] = slots.get(layer, e)
+            if e in held:
+                staged[e] = held[e]
                 continue
             key = base + e
             if lru.lookup(key):
@@ -253,10 +254,11 @@ class MainThread:
         base = layer * self.experts
         need: list[Load] = []
         held: list[Load] = []
+        in_slots = slots.held[layer] if policy.slots else {}
         for e in executed:
             key = base + e
-            if policy.slots and slots.holds(layer, e):
-                load = slots.get(layer, e)
+            if e in in_slots:
+                load = in_slots[e]
                 if load is None:
                     self.hits += 1
                     yield from self.cache_hit(key)
