@@ -269,8 +269,11 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
             pairs = [(a, b) for p, q in zip(tokens[arm], ref, strict=True)
                      for a, b in zip(p, q, strict=False)]
             agreement[arm] = sum(a == b for a, b in pairs) / len(pairs)
+    from engine.manifest import MANIFEST_FILE, sha256_file
+
     return resummarize({
-        "model": str(model), "arms": spec.arms, "rounds": spec.rounds,
+        "model": str(model), "manifest_sha256": sha256_file(model / MANIFEST_FILE),
+        "arms": spec.arms, "rounds": spec.rounds,
         "max_tokens": spec.max_tokens, "prompts": spec.prompts,
         "page_cache_budget": spec.page_cache_budget, "expert_bytes": expert_bytes(model),
         "disk_bandwidth_bytes_s": bandwidth, "order": order_log,

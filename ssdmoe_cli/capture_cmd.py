@@ -213,7 +213,11 @@ def _overhead(model_dir, engine, texts, max_tokens, rounds, report, progress):
             err.print(f"round {row['round']} {row['arm']:>3}: {row['decode_tok_s']:.2f} tok/s")
 
     result = measure_overhead(engine, texts, max_tokens, rounds, on_run=show)
-    result.update(model=str(model_dir), command=list(sys.argv),
+    from engine.manifest import MANIFEST_FILE, sha256_file
+
+    result.update(model=str(model_dir),
+                  manifest_sha256=sha256_file(Path(model_dir) / MANIFEST_FILE),
+                  command=list(sys.argv),
                   machine=machine_info(model_dir), packages=package_versions())
     table = Table(title=f"tracing overhead: {model_dir} ({len(texts)} prompts x {max_tokens} "
                         f"tokens, {rounds} rounds)")

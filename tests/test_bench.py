@@ -4,6 +4,7 @@ greedy tokens in every arm)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -64,6 +65,8 @@ def test_bench_cli_small_run(tiny_random_converted, tmp_path, ssdmoe):
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 1000
+    manifest = tiny_random_converted / "manifest.json"
+    assert res["manifest_sha256"] == hashlib.sha256(manifest.read_bytes()).hexdigest()
     assert res["order"] == [["resident", "staged", "staged-layer"],
                             ["staged", "staged-layer", "resident"]]
     # sampled by default, the same draws in every arm: resident and staged agree token for

@@ -199,8 +199,11 @@ def test_warm_misses_read_on_main_cold_ones_in_parallel(env, monkeypatch):
     if store.page_cache_bytes() != 0:
         pool.close()
         pytest.skip("this filesystem keeps file pages resident (tmpfs?): nothing is cold")
-    mine = call([5, 6, 7, 8])
-    assert sorted(r["expert"] for r in mine) == [5, 6, 7, 8] and all(r["cold"] for r in mine)
+    # experts 8 apart (64 KiB of each weight tensor): a cold read's folio brings in its
+    # neighbours' slices (4 experts' scales share a page here), which would make them warm
+    mine = call([0, 8, 16, 24])
+    assert sorted(r["expert"] for r in mine) == [0, 8, 16, 24]
+    assert sum(r["cold"] for r in mine) >= 2  # the first on the main thread, others to readers
     assert started  # the cold ones went to the readers
     assert sum(r["thread"] == "main" for r in mine) >= 1
     pool.close()
