@@ -25,7 +25,8 @@ schema as a measured one.
   routing_input.py, routing_synth.py   what is replayed; routing_fit.py: the generator's
                      reuse and skew (and their scaling with K) fitted to captured traces
   record.py          simulated run -> trace tables; replay.py: run_scenario()
-  sweep.py           grids of scenarios in worker processes -> Parquet + PNG (`sim sweep`);
+  sweep.py           grids of scenarios in worker processes -> Parquet + PNG (`sim sweep`;
+                     sweep_plot.py draws the PNGs);
                      sweep_ray.py: the same points as Ray tasks (`--backend ray`)
   compare.py         a measured trace replayed with its engine config, side by side
   model_profile.py   a model profile from a converted model's manifest (`sim profile-model`)

@@ -60,10 +60,10 @@ def bench(
         load_prompts,
         markdown_table,
         parse_bytes,
-        plot,
         resummarize,
         run_bench,
     )
+    from engine.bench_plot import plot
     from engine.loader import open_manifest
 
     if from_json is not None:
