@@ -3,6 +3,7 @@ interactive terminal chat). MLX is imported inside the command bodies only."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -127,6 +128,13 @@ def serve(
             rec.close()  # the trace keeps every finished step
         engine.close()
     typer.echo("server stopped", err=True)
+    # Everything is closed and the trace flushed. The engine ran MLX on the worker thread, and
+    # MLX can abort in its exit-time destructors when used from a sub-thread
+    # (ml-explore/mlx#3126: "terminate called without an active exception", SIGABRT, here
+    # about one shutdown in seven): leave without running them.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def chat(
