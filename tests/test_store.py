@@ -4,6 +4,7 @@ O_DIRECT, load rows, read errors."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -69,9 +70,17 @@ def test_load_rows_follow_schema(store):
 
 def test_cold_then_warm(store):
     _needs_real_page_cache(store)
-    assert store.is_cold(1, 4) and store.residency(1, 4) == 0.0
-    row = store.read_bundle(1, 4, _buffers(store, 1))
-    assert row["cold"] is True
+    # Up to 3 tries of the premise: in one fresh-clone run the kernel brought dropped pages
+    # back between mincore and the read; a store that never classes a read cold fails all.
+    for _ in range(3):
+        store.drop_page_cache(1)
+        time.sleep(0.05)
+        assert store.is_cold(1, 4) and store.residency(1, 4) == 0.0
+        row = store.read_bundle(1, 4, _buffers(store, 1))
+        if row["cold"] is True:
+            break
+    else:
+        pytest.fail("a read of a bundle mincore found not resident was never classed cold")
     assert store.residency(1, 4) == 1.0
     row = store.read_bundle(1, 4, _buffers(store, 1))
     assert row["cold"] is False
