@@ -30,13 +30,6 @@ class SlotTables:
         self.pending: list[deque[dict[int, object]]] = [deque() for _ in range(layers)]
         self.evictions = 0
 
-    def holds(self, layer: int, expert: int) -> bool:
-        return expert in self.held[layer]
-
-    def get(self, layer: int, expert: int) -> object:
-        """The Load still bringing a held expert in, or None."""
-        return self.held[layer].get(expert)
-
     def protected(self, layer: int, last_call: bool) -> set[int]:
         """Experts no new read may displace: those staged ahead and (`last_call`: its step may
         still compute) the last call's."""

@@ -363,7 +363,21 @@ def compare(trace: Trace, scenario: str | None = None, sets: list[str] | None = 
                                      "lru_hit_rate", "sim_wall_s", "decode_steps")}
     extra["measured_build_ms_per_step"], extra["measured_eval_ms_per_step"] = _measured_split(
         trace)
+    extra["reader_waits_per_step"] = reader_waits_per_step(result.trace)
     return Comparison(str(trace.path), sc, derived, measured, result.metrics, notes, extra)
+
+
+def reader_waits_per_step(trace: Trace) -> float:
+    """Loads per decode step that the main thread waited for while a reader thread read them
+    (each pays the thread hand-off: sim.readers)."""
+    import polars as pl
+
+    decode = trace.steps.filter(pl.col("phase") == "decode")["step"]
+    if decode.len() == 0:
+        return 0.0
+    waits = trace.loads.filter(pl.col("step").is_in(decode.implode()) & pl.col("waited")
+                               & (pl.col("thread") != "main"))
+    return waits.height / decode.len()
 
 
 def _measured_split(trace: Trace) -> tuple[float | None, float | None]:

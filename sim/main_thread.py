@@ -58,7 +58,6 @@ from sim.scenario import Scenario
 from sim.swap import Swap
 from traces.schema import DEMAND, PREFETCH
 
-_ABSENT = object()
 MAIN_THREAD = "main"
 
 

@@ -14,6 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from contract.engine_config import LEADS
 from contract.errors import BadInput
 from sim.scenario import (
     DECODE_PATHS,
@@ -22,7 +23,6 @@ from sim.scenario import (
     MODEL_KEYS,
     RENAMED,
     SCENARIO_KEYS,
-    SIM_LEADS,
     Hardware,
     ModelProfile,
     Scenario,
@@ -92,7 +92,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "path": (lambda v: v in DECODE_PATHS, f"must be one of {', '.join(DECODE_PATHS)} (the "
              "engine's decode paths; whole-layer is simulated at prefill)"),
     "k": (_nonneg, "must be >= 1 (0 = the model's K)"),
-    "lead": (lambda v: v in SIM_LEADS, f"must be one of {', '.join(SIM_LEADS)}"),
+    "lead": (lambda v: v in LEADS, f"must be one of {', '.join(LEADS)}"),
     "lead_layers": (_positive, "must be >= 1"),
     "decode_steps": (_nonneg, "must be >= 0"),
     "prefill_tokens": (_nonneg, "must be >= 0"),

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from contract.engine_config import LEADS
+from contract.engine_config import PATHS
 
 GIB = 1 << 30
 MIB = 1 << 20
 
 # The engine's decode paths the simulator runs (contract.engine_config.PATHS; whole-layer is
 # simulated at prefill only) and how far ahead a staged layer's routing is known (LEADS).
-DECODE_PATHS = ("exact", "hot", "staged")
-SIM_LEADS = LEADS
+DECODE_PATHS = tuple(p for p in PATHS if p != "whole-layer")
 # Scenario keys of simulator v1, renamed to the engine's vocabulary: key -> what to write.
 RENAMED = {
     "policy": "the engine's names: path = exact | hot | staged and lead = none | token | layer "

@@ -132,7 +132,7 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
     comp = compare(trace, out=sim_dir)
     measured = dict(comp.measured)
     simulated = dict(comp.simulated)
-    simulated["reader_waits_per_step"] = reader_waits_per_step(read_trace(sim_dir))
+    simulated["reader_waits_per_step"] = comp.extra["reader_waits_per_step"]
     measured["build_ms_per_step"] = comp.extra["measured_build_ms_per_step"]
     measured["eval_ms_per_step"] = comp.extra["measured_eval_ms_per_step"]
     simulated["build_ms_per_step"] = comp.extra["build_ms_per_step"]
@@ -152,19 +152,6 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, result, durable=False)
     return result
-
-
-def reader_waits_per_step(trace) -> float:
-    """Loads per decode step that the main thread waited for while a reader thread read them
-    (each pays the thread hand-off: sim.readers)."""
-    import polars as pl
-
-    decode = trace.steps.filter(pl.col("phase") == "decode")["step"]
-    if decode.len() == 0:
-        return 0.0
-    waits = trace.loads.filter(pl.col("step").is_in(decode.implode()) & pl.col("waited")
-                               & (pl.col("thread") != "main"))
-    return waits.height / decode.len()
 
 
 def ape(measured: float | None, simulated: float | None) -> float | None:

@@ -6,10 +6,13 @@ recorded in prerouter.json (`report`), with the manifest sha the heads were trai
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from engine.manifest import MANIFEST_FILE, sha256_file  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "current.md"
 
@@ -17,7 +20,7 @@ OUT = Path(__file__).resolve().parent / "current.md"
 def report(model: Path) -> str:
     meta = json.loads((model / "prerouter" / "prerouter.json").read_text())
     r = meta["report"]
-    sha = hashlib.sha256((model / "manifest.json").read_bytes()).hexdigest()
+    sha = sha256_file(model / MANIFEST_FILE)
     before, after, lm = r["heldout_before"], r["heldout"], r["lm_heldout"]
     rows = ["| head (owner -> consumer) | trained head | reuse (the consumer's set at t) | "
             "warm start (next router on this state) |", "|---|---|---|---|"]
@@ -52,7 +55,12 @@ def report(model: Path) -> str:
 
 def main() -> None:
     model = Path(sys.argv[1] if len(sys.argv) > 1 else "models/tiny-trained-stream")
-    OUT.write_text(report(model))
+    try:
+        text = report(model)
+    except (OSError, KeyError, ValueError) as err:  # one line, no traceback
+        sys.exit(f"{model}: not a converted model with trained heads (prerouter/prerouter.json): "
+                 f"{type(err).__name__}: {err}")
+    OUT.write_text(text)
     print(f"wrote {OUT}")
 
 
