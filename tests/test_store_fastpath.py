@@ -36,10 +36,15 @@ def _buffers(store: ExpertStore, layer: int) -> dict[str, np.ndarray]:
 
 
 def _file_bytes(root, store: ExpertStore, layer: int, expert: int) -> dict[str, bytes]:
-    """The bundle's bytes read with plain open/seek/read at offset + expert * stride."""
+    """The bundle's bytes read with plain open/seek/read at offset + expert * stride, with
+    readahead off: a plain read's asynchronous readahead can still be in flight when a test
+    then drops the pages, and land in the page cache after the drop (seen in fresh-clone
+    runs: a just-dropped bundle read warm)."""
     entry = store.manifest.layers[layer]
     out = {}
     with open(root / entry.file, "rb") as fh:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
         for n in TENSOR_NAMES:
             t = entry.tensors[n]
             fh.seek(t.offset + expert * t.stride)
