@@ -47,7 +47,7 @@ def main(names: list[str]) -> None:
             try:
                 out[name][kind] = by_thread(path)
             except (BadInput, OSError) as err:
-                sys.exit(f"{path}: {err}")
+                sys.exit(str(err) if str(path) in str(err) else f"{path}: {err}")
             print(f"{name} ({'measured' if kind == 'traces' else 'simulated'})")
             print("  thread  cold  loads/step  ms p50  ms mean  queued ms  wait ms")
             for r in out[name][kind]:
