@@ -248,8 +248,10 @@ class Runner:
         logits = self.model(mx.array(self.tok.encode(PROMPT))[None], cache=self.cache)
         self.token = mx.argmax(logits[:, -1, :], axis=-1)
         mx.eval(self.token)
-        if drop:
-            self.store.drop_page_cache()
+        if drop and self.store.drop_until_cold() > 0:
+            raise RuntimeError("calibrate: the expert files' pages stayed in the page cache "
+                               "after five drops (mapped or in flight elsewhere): no cold read "
+                               "can be measured")
 
     def step(self, record: bool = True) -> None:
         """One decode step: the model call (graph building plus the path's main-thread work)
@@ -275,8 +277,10 @@ class Runner:
         t.loads.extend(dict(r) for r in self.rows)
 
     def close(self) -> None:
-        self.store.on_load = None
-        self.engine.close()
+        if self.engine is not None:
+            self.store.on_load = None
+            self.engine.close()
+            self.engine = None
 
 
 def round_robin(runners: dict[str, Runner], steps: int, warmup: int,
@@ -333,6 +337,9 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         prefill_ms = _prefill_ms(runners["resident"].model, runners["resident"].tok,
                                  prefill_tokens, reps=2) if prefill_tokens else 0.0
         cold_runner = runners["exact"]
+        for name, r in runners.items():
+            if name != "exact":
+                r.close()  # their readers' reads could land after the drop
         warm_exact = cold_runner.times
         cold_runner.times = StepTimes()
         for _ in range(2):  # cold reads: page cache dropped after a fresh prompt

@@ -213,10 +213,10 @@ class ExpertStore:
         r, t = self._resident_pages(self._files[layer], self.bundle_ranges(layer, expert))
         return r < t
 
-    def page_cache_bytes(self) -> int:
-        """Resident bytes of all expert files (mincore), -1 if unknown."""
+    def page_cache_bytes(self, layer: int | None = None) -> int:
+        """Resident bytes of all expert files (or one layer's; mincore), -1 if unknown."""
         total = 0
-        for f in self._files.values():
+        for f in self._files.values() if layer is None else [self._files[layer]]:
             if f.size and not f.addr:
                 return -1
             r, _ = self._resident_pages(f, [(0, f.size)]) if f.size else (0, 0)
@@ -231,6 +231,20 @@ class ExpertStore:
             self.platform.drop_pages(f.fd)
         if self.budget is not None:
             self.budget.forget(layer)
+
+    def drop_until_cold(self, layer: int | None = None, tries: int = 5,
+                        settle_s: float = 0.05) -> int:
+        """Drop, then check with mincore that nothing stayed resident, a few times: pages a
+        read still had in flight (readahead, another thread's read) can land after a drop.
+        Returns the expert files' resident bytes left (0: cold; -1: unknown)."""
+        left = -1
+        for i in range(tries):
+            self.drop_page_cache(layer)
+            left = self.page_cache_bytes(layer)
+            if left <= 0:
+                return left
+            time.sleep(settle_s * (i + 1))
+        return left
 
     # ------------------------------------------------------------ reads
 

@@ -273,6 +273,8 @@ def _toml_value(v: Any) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, float):
         return repr(round(v, 6))
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return str(v)
 
 
@@ -287,14 +289,6 @@ def toml_text(header: list[str], values: dict[str, tuple[Any, str]], order: tupl
         text = f"{key} = {_toml_value(value)}"
         lines.append(f"{text:<{width}}# {how}" if how else text)
     return "\n".join(lines) + "\n"
-
-
-
-
-
-
-
-
 
 
 def hardware_values(st: StorageResult, c: ComputeResult, machine: dict[str, tuple[Any, str]], *,

@@ -96,6 +96,9 @@ class MainThread:
         self.mem_bw = bw
         self.slot_update_s = hw.slot_update_ms / 1e3
         self.lookahead = sc.lookahead
+        owners = [policy.head_owner(layer) for layer in range(m.layers)]  # fixed per run
+        self.layer_build_s = [self.build_s + (self.head_build_s if o else 0.0) for o in owners]
+        self.layer_attn_s = [self.attn_s + (self.head_s if o else 0.0) for o in owners]
         self.log = StepLog()
         self.executed_log: list[list[int]] = []  # per decode step and layer, the executed set
         self.warnings: list[str] = []
@@ -111,16 +114,24 @@ class MainThread:
         self.hits = self.misses = 0
         self.evictions0 = self.lru.evictions + self.slots.evictions
 
+    def _python(self, seconds: float) -> Generator:
+        """`seconds` of Python on the main thread (it holds the GIL, sim.gil)."""
+        if self.gil.lock is None:  # the usual case, one event: skip the GIL's sub-process
+            if seconds > 0:
+                yield self.cores.work(seconds, MAIN_THREAD)
+        else:
+            yield from self.gil.run(self.cores, seconds, MAIN_THREAD)
+
     def cpu(self, seconds: float) -> Generator:
-        """Graph building on the main thread (Python: it holds the GIL, sim.gil)."""
+        """Graph building on the main thread."""
         start = self.env.now
-        yield from self.gil.run(self.cores, seconds, MAIN_THREAD)
+        yield from self._python(seconds)
         self.build += self.env.now - start
 
     def fill_cpu(self, seconds: float) -> Generator:
         """Main-thread host work of a fill point (lookahead loop): not graph building."""
         start = self.env.now
-        yield from self.gil.run(self.cores, seconds, MAIN_THREAD)
+        yield from self._python(seconds)
         self.eval += self.env.now - start
 
     def gpu_sync(self) -> Generator:
@@ -371,13 +382,14 @@ class MainThread:
         self.executed_log.append(executed)
 
     def _layer_build_s(self, layer: int) -> float:
-        return self.build_s + (self.head_build_s if self.policy.head_owner(layer) else 0.0)
+        return self.layer_build_s[layer]
 
     def _queue_attention(self, layer: int, lazy: bool | None = None) -> None:
         """Queue `layer`'s attention (+ its head; + the swap-in of its resident pages when
         memory is oversubscribed)."""
-        seconds = self.attn_s + (self.head_s if self.policy.head_owner(layer) else 0.0)
-        seconds += self.swap.layer_fault_s(self.env.now)
+        seconds = self.layer_attn_s[layer]
+        if self.swap.swapped:
+            seconds += self.swap.layer_fault_s(self.env.now)
         self.compute.submit(seconds, lazy)
 
     def record_step(self, step: int, request: int, phase: str, tokens: int, start: float) -> None:

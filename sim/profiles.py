@@ -31,8 +31,9 @@ from sim.scenario import (
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
 OPTIONAL = {"description", "whole_layer_reads", "unembed_bytes", "device_bundle_bytes",
             "lora_bytes", "lora_build_ms",
-            "routing_reuse_at_k0", "routing_reuse_per_expert_share", "routing_skew_at_k0",
-            "routing_skew_per_k", *HARDWARE_OPTIONAL}
+            "routing_k", "routing_reuse", "routing_skew", "routing_recall",
+            "routing_recall_window",
+            *HARDWARE_OPTIONAL}
 
 _SIZE = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -89,6 +90,12 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "whole_layer_reads": (_positive, "must be >= 1"),
     "unembed_bytes": (_nonneg, "must be >= 0"),
     "device_bundle_bytes": (_nonneg, "must be >= 0 (0 = bundle_bytes)"),
+    "routing_k": (lambda v: all(k >= 1 for k in v) and v == sorted(set(v)),
+                  "must list distinct K >= 1 in ascending order"),
+    "routing_reuse": (lambda v: all(0 <= x <= 1 for x in v), "must be in [0, 1]"),
+    "routing_skew": (lambda v: all(x >= 0 for x in v), "must be >= 0"),
+    "routing_recall": (lambda v: all(0 <= x <= 1 for x in v), "must be in [0, 1]"),
+    "routing_recall_window": (lambda v: all(x >= 1 for x in v), "must be >= 1"),
     "path": (lambda v: v in DECODE_PATHS, f"must be one of {', '.join(DECODE_PATHS)} (the "
              "engine's decode paths; whole-layer is simulated at prefill)"),
     "k": (_nonneg, "must be >= 1 (0 = the model's K)"),
@@ -112,6 +119,8 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "overlap": (_fraction, "must be in [0, 1]"),
     "routing_stats": (lambda v: v in ("scenario", "model"), 'must be "scenario" or "model"'),
     "skew": (_nonneg, "must be >= 0"),
+    "recall": (_fraction, "must be in [0, 1]"),
+    "recall_window": (_positive, "must be >= 1"),
     "seed": (_nonneg, "must be >= 0"),
 }
 
@@ -138,6 +147,11 @@ def coerce(where: str, key: str, value: Any, typ: Any) -> Any:
         if not isinstance(value, str):
             raise BadInput(f"{where}: {key}: expected a string, got {value!r}")
         return value
+    if typing.get_origin(typ) is list:
+        (item,) = typing.get_args(typ)
+        if not isinstance(value, list):
+            raise BadInput(f"{where}: {key}: expected a list, got {value!r}")
+        return [coerce(where, key, v, item) for v in value]
     return value
 
 
@@ -160,6 +174,9 @@ def parse_text(where: str, key: str, text: str, typ: Any) -> Any:
             return int(low)
         if typ is float:
             return float(raw)
+        if typing.get_origin(typ) is list:  # comma separated
+            (item,) = typing.get_args(typ)
+            return [parse_text(where, key, part, item) for part in raw.split(",") if part.strip()]
     except ValueError:
         kind = {bool: "true or false", int: "an integer", float: "a number"}[typ]
         extra = " (sizes like 512MiB allowed)" if typ is int and key.endswith("_bytes") else ""
@@ -245,6 +262,11 @@ def check_model(where: str, m: ModelProfile) -> None:
                        f"{m.consumer_last}) must be (-1, -1) or within 0..{m.layers - 1}")
     if not no_heads and m.consumer_first < 1:
         raise BadInput(f"{where}: consumer_first: layer 0 has no owner layer before it")
+    table = ("routing_reuse", "routing_skew", "routing_recall", "routing_recall_window")
+    for key in table:
+        if len(getattr(m, key)) != len(m.routing_k):
+            raise BadInput(f"{where}: {key}: {len(getattr(m, key))} values for "
+                           f"{len(m.routing_k)} K in routing_k (one per K)")
 
 
 def check_scenario(sc: Scenario) -> None:
@@ -255,7 +277,7 @@ def check_scenario(sc: Scenario) -> None:
     check_model(where, sc.model)
     if not 1 <= sc.k <= sc.model.experts // 2:
         raise BadInput(f"{where}: k: {sc.k} must be in 1..experts/2 ({sc.model.experts // 2})")
-    if sc.routing_stats == "model" and sc.model.routing_reuse_at_k0 < 0:
+    if sc.routing_stats == "model" and not sc.model.routing_k:
         raise BadInput(f"{where}: routing_stats: \"model\" but model {sc.model.name!r} has no "
                        "fitted routing statistics (ssdmoe sim profile-model --trace TRACE)")
     if sc.lead != "none" and sc.path != "staged":

@@ -8,11 +8,18 @@ Per trace (one K), over its decode routing (the model's own routers, `router_exp
           normalised entropy of each layer's expert loads, averaged over layers), found by
           bisection on routing generated with the trace's own layers, experts, K and length, so
           the finite-sample bias of the entropy is the same on both sides
-Across K (traces of one model routed at several K, `ssdmoe capture --top-k`), least squares:
-  reuse(K) = reuse_at_k0 + reuse_per_expert_share x K / experts
-  skew(K)  = skew_at_k0 + skew_per_k x K
-`check` replays a trace's decode steps and the fitted generator through one scenario and
-compares bytes per step and the page-cache and app-cache hit rates. No MLX."""
+  recall, window  multi-token reuse: the pair (from the grid RECALLS x WINDOWS) whose
+          generated routing, the skew refitted with it, has the trace's novelty closest (root
+          mean square over NOVELTY_WINDOWS).
+          Novelty at w = the share of a token's experts absent from the last w tokens' sets of
+          its request: what a cache w tokens deep misses. A chain with adjacent reuse alone
+          has too much of it at w >= 4 (measured on this project's traces: issue 12)
+Across K (traces of one model routed at several K, `ssdmoe capture --top-k`): one entry per
+captured K in the model profile; synthetic routing at another K interpolates linearly between
+them (sim.routing_input.at_k). Measured on this project's fixture: reuse grows convexly with K
+and skew and recall are not monotone in it, so no straight line through them fits every K.
+`check` replays a trace's decode steps and the fitted generator (the mean of CHECK_SEEDS) through
+one scenario and compares bytes per step and the page-cache and app-cache hit rates. No MLX."""
 
 from __future__ import annotations
 
@@ -26,6 +33,11 @@ from sim.routing_synth import SynthRouting, generate_sets, routing_sets
 from traces.reader import Trace
 
 MIN_TOKENS = 32  # decode tokens (with a predecessor) a fit needs
+NOVELTY_WINDOWS = (2, 4, 8, 16, 32)  # tokens back
+RECALLS = (0.0, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9)
+WINDOWS = (16, 32, 64, 128)
+FIT_SEEDS = (1, 2)  # generated routings a fit compares with (seed 0 is the skew bisection's)
+CHECK_SEEDS = (0, 1, 2)  # generated routings `check` averages (one seed's hit rates are noisy)
 
 
 @dataclass
@@ -38,9 +50,48 @@ class RoutingFit:
     reuse: float
     load_entropy: float
     skew: float
+    recall: float = 0.0
+    window: int = 16
+    novelty: list[float] | None = None  # measured, at NOVELTY_WINDOWS
+    novelty_generated: list[float] | None = None  # the fitted generator's, same windows
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class _Routing:
+    """One trace's decode routing as the fit reads it."""
+    source: str
+    router: np.ndarray  # [tokens, layers, K]
+    boundaries: np.ndarray  # bool [tokens]: a request's first token
+    experts: int
+
+
+def novelty(router: np.ndarray, boundaries: np.ndarray | None = None,
+            windows: tuple[int, ...] = NOVELTY_WINDOWS) -> list[float]:
+    """Per window w, the share of a token's experts absent from the sets of its request's last
+    w tokens (tokens with fewer than w predecessors in their request are left out)."""
+    T, L, k = router.shape
+    n = int(router.max()) + 1
+    if boundaries is None:
+        boundaries = np.zeros(T, dtype=bool)
+        boundaries[0] = True
+    start = np.maximum.accumulate(np.where(boundaries, np.arange(T), 0))  # request's first
+    ids = router.astype(np.int64)
+    onehot = np.zeros((T, L, n), dtype=np.int32)
+    np.put_along_axis(onehot, ids, 1, axis=2)
+    seen_by = np.concatenate([np.zeros((1, L, n), np.int32), np.cumsum(onehot, axis=0)])
+    out = []
+    for w in windows:
+        t = np.arange(w, T)
+        t = t[t - w >= start[t]]
+        if not len(t):
+            out.append(float("nan"))
+            continue
+        counts = seen_by[t] - seen_by[t - w]  # occurrences in tokens t-w .. t-1
+        out.append(float(1.0 - (np.take_along_axis(counts, ids[t], axis=2) > 0).mean()))
+    return out
 
 
 def _entropy(router: np.ndarray, experts: int) -> float:
@@ -61,8 +112,7 @@ def _pairs(router: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
     return same[~boundaries[1:]]  # [pairs, layers]
 
 
-def fit_trace(trace: Trace) -> RoutingFit:
-    """Reuse and skew of one trace's decode routing (BadInput when it is too short)."""
+def _routing(trace: Trace) -> _Routing:
     sets = routing_sets(trace)
     router = sets.router
     where = str(trace.path)
@@ -76,26 +126,66 @@ def fit_trace(trace: Trace) -> RoutingFit:
     if len(pairs) < MIN_TOKENS:
         raise BadInput(f"{where}: {len(pairs)} adjacent decode tokens: too short to fit routing "
                        f"statistics (need at least {MIN_TOKENS})")
-    layers, k = router.shape[1], router.shape[2]
     experts = int((trace.run.get("model") or {}).get("experts") or int(router.max()) + 1)
-    entropy = _entropy(router, experts)
+    return _Routing(where, router, boundaries, experts)
+
+
+def _fit(data: _Routing, recall: float, window: int) -> RoutingFit:
+    """Reuse, entropy and the skew that matches it, at a given multi-token reuse."""
+    router = data.router
+    layers, k = router.shape[1], router.shape[2]
+    pairs = _pairs(router, data.boundaries)
+    entropy = _entropy(router, data.experts)
     reuse = float(pairs.mean())
-    skew = fit_skew(layers, experts, k, len(router), reuse, entropy)
-    return RoutingFit(where, layers, experts, k, len(pairs), reuse, entropy, skew)
+    skew = fit_skew(layers, data.experts, k, len(router), reuse, entropy, recall, window)
+    generated = [novelty(generate_sets(SynthRouting(
+        layers=layers, experts=data.experts, k=k, steps=len(router), skew=skew,
+        reuse=min(reuse, 0.95), recall=recall, window=window, seed=seed)).router)
+        for seed in FIT_SEEDS]
+    return RoutingFit(data.source, layers, data.experts, k, len(pairs), reuse, entropy, skew,
+                      recall, window, novelty(router, data.boundaries),
+                      [float(v) for v in np.mean(generated, axis=0)])
+
+
+def _novelty_error(fit: RoutingFit) -> float:
+    diffs = [g - m for m, g in zip(fit.novelty or [], fit.novelty_generated or [], strict=True)
+             if np.isfinite(m)]
+    return float(np.sqrt(np.mean(np.square(diffs)))) if diffs else 0.0
+
+
+def fit_trace(trace: Trace, recalls: tuple[float, ...] = RECALLS,
+              windows: tuple[int, ...] = WINDOWS) -> RoutingFit:
+    """Reuse, skew and multi-token reuse (recall, window) of one trace's decode routing (see
+    the module docstring). BadInput when it is too short."""
+    data = _routing(trace)
+    best: tuple[float, RoutingFit] | None = None
+    for recall in recalls:
+        for window in windows if recall > 0 else windows[:1]:
+            fit = _fit(data, recall, window)
+            err = _novelty_error(fit)
+            if best is None or err < best[0] - 1e-9:
+                best = (err, fit)
+    assert best is not None
+    return best[1]
+
+
+def fit_trace_at(trace: Trace, recall: float = 0.0, window: int = 16) -> RoutingFit:
+    """Reuse and skew of one trace at a given multi-token reuse."""
+    return _fit(_routing(trace), recall, window)
 
 
 def fit_skew(layers: int, experts: int, k: int, steps: int, reuse: float,
-             entropy: float) -> float:
+             entropy: float, recall: float = 0.0, window: int = 16) -> float:
     """The Zipf exponent whose generated routing (same shape and length) has `entropy`."""
     def generated(skew: float) -> float:
         params = SynthRouting(layers=layers, experts=experts, k=k, steps=steps, skew=skew,
-                              reuse=min(reuse, 0.95), seed=0)
+                              reuse=min(reuse, 0.95), recall=recall, window=window, seed=0)
         return _entropy(generate_sets(params).router, experts)
 
     lo, hi = 0.0, 4.0
     if generated(lo) <= entropy:
         return 0.0  # as even as uniform routing can look at this length
-    for _ in range(30):
+    for _ in range(12):
         mid = (lo + hi) / 2
         if generated(mid) > entropy:
             lo = mid
@@ -104,46 +194,30 @@ def fit_skew(layers: int, experts: int, k: int, steps: int, reuse: float,
     return (lo + hi) / 2
 
 
-def k_scaling(fits: list[RoutingFit]) -> dict[str, float]:
-    """Least-squares lines of reuse over K / experts and of skew over K (two K at least)."""
-    ks = sorted({f.k for f in fits})
-    if len(ks) < 2:
-        raise BadInput("routing fit across K: needs traces routed at two K at least "
-                       f"(got K={', '.join(map(str, ks))})")
-    share = np.asarray([f.k / f.experts for f in fits])
-    kk = np.asarray([float(f.k) for f in fits])
-    reuse_b, reuse_a = np.polyfit(share, [f.reuse for f in fits], 1)
-    skew_b, skew_a = np.polyfit(kk, [f.skew for f in fits], 1)
-    return {"reuse_at_k0": float(reuse_a), "reuse_per_expert_share": float(reuse_b),
-            "skew_at_k0": float(skew_a), "skew_per_k": float(skew_b)}
+def profile_values(fits: list[RoutingFit]) -> dict[str, tuple[Any, str]]:
+    """Model-profile keys (value, how): one entry per captured K, in ascending K (one fit per
+    K: BadInput on two traces of the same K)."""
+    fits = sorted(fits, key=lambda f: f.k)
+    ks = [f.k for f in fits]
+    if len(set(ks)) != len(ks):
+        raise BadInput(f"routing fit: two traces routed at the same K ({ks}): give one per K")
+    per = "; ".join(f"K={f.k}: {f.tokens} token pairs of {f.source}, load entropy "
+                    f"{f.load_entropy:.3f}, novelty {_fmt(f.novelty)} at "
+                    f"{'/'.join(map(str, NOVELTY_WINDOWS))} tokens back (generated "
+                    f"{_fmt(f.novelty_generated)})" for f in fits)
+    return {"routing_k": (ks, f"K of the traces fitted ({per})"),
+            "routing_reuse": ([round(f.reuse, 4) for f in fits],
+                              "mean adjacent-token overlap per K"),
+            "routing_skew": ([round(f.skew, 4) for f in fits],
+                             "Zipf exponent giving the traces' load entropy per K"),
+            "routing_recall": ([f.recall for f in fits], "share of fresh draws copied from "
+                               "recent tokens, fitted to the traces' novelty per K"),
+            "routing_recall_window": ([f.window for f in fits],
+                                      "tokens back recall copies from, per K")}
 
 
-def scaled(scaling: dict[str, float], k: int, experts: int) -> tuple[float, float]:
-    """(reuse, skew) the K-scaling fit gives at `k` (as sim.routing_input applies it)."""
-    reuse = scaling["reuse_at_k0"] + scaling["reuse_per_expert_share"] * k / experts
-    skew = scaling["skew_at_k0"] + scaling["skew_per_k"] * k
-    return float(min(max(reuse, 0.0), 0.95)), float(max(skew, 0.0))
-
-
-def constant(fit: RoutingFit) -> dict[str, float]:
-    """The scaling of a single K: its reuse and skew at every K."""
-    return {"reuse_at_k0": fit.reuse, "reuse_per_expert_share": 0.0,
-            "skew_at_k0": fit.skew, "skew_per_k": 0.0}
-
-
-def profile_values(fits: list[RoutingFit]) -> dict[str, tuple[float, str]]:
-    """Model-profile keys (value, how) of the fits: the K-scaling lines, or one K's constants."""
-    per = "; ".join(f"K={f.k}: reuse {f.reuse:.3f}, entropy {f.load_entropy:.3f} -> skew "
-                    f"{f.skew:.3f} ({f.tokens} token pairs, {f.source})" for f in fits)
-    if len({f.k for f in fits}) >= 2:
-        sc, how = k_scaling(fits), f"least squares over K ({per})"
-    else:
-        sc, how = constant(fits[0]), f"one K only, constant in K ({per})"
-    return {"routing_reuse_at_k0": (round(sc["reuse_at_k0"], 4), how),
-            "routing_reuse_per_expert_share": (round(sc["reuse_per_expert_share"], 4),
-                                               "reuse(K) slope over K / experts"),
-            "routing_skew_at_k0": (round(sc["skew_at_k0"], 4), "skew(K) intercept"),
-            "routing_skew_per_k": (round(sc["skew_per_k"], 4), "skew(K) slope over K")}
+def _fmt(values: list[float] | None) -> str:
+    return "/".join(f"{v:.2f}" for v in values or [])
 
 
 def _decode_figures(result) -> dict[str, float | None]:
@@ -156,10 +230,9 @@ def _decode_figures(result) -> dict[str, float | None]:
             "app_cache_hit_rate": hits / (hits + misses) if hits + misses else None}
 
 
-def check(trace: Trace, reuse: float, skew: float, scenario: str,
-          page_cache_fraction: float = 0.25,
+def check(trace: Trace, fit: RoutingFit, scenario: str, page_cache_fraction: float = 0.25,
           sets: list[str] | None = None) -> dict[str, dict[str, float | None]]:
-    """Replay the trace's routing and the generator's (reuse, skew) through one scenario, its
+    """Replay the trace's routing and the fitted generator's through one scenario, its
     page cache `page_cache_fraction` of the expert bytes: decode bytes and loads per step,
     page-cache hit rate (by load) and app-cache hit rate, side by side."""
     from sim.memory import budget
@@ -180,6 +253,9 @@ def check(trace: Trace, reuse: float, skew: float, scenario: str,
     # cache for the trace alone
     routing.plan = [p for p in routing.plan if p[0] == "decode"]
     replayed = _decode_figures(run_scenario(sc, routing=routing))
-    synth = _decode_figures(run_scenario(apply_overrides(
-        sc, [f"overlap={reuse:.4f}", f"skew={skew:.4f}"])))
-    return {name: {"trace": replayed[name], "generated": synth[name]} for name in replayed}
+    synth = [_decode_figures(run_scenario(apply_overrides(
+        sc, [f"overlap={fit.reuse:.4f}", f"skew={fit.skew:.4f}", f"recall={fit.recall}",
+             f"recall_window={fit.window}", f"seed={seed}"]))) for seed in CHECK_SEEDS]
+    return {name: {"trace": replayed[name],
+                   "generated": None if synth[0][name] is None
+                   else float(np.mean([s[name] for s in synth]))} for name in replayed}

@@ -10,7 +10,7 @@ import polars as pl
 
 from contract.errors import BadInput
 from sim.routing_synth import SynthRouting, generate_sets, routing_sets
-from sim.scenario import Scenario
+from sim.scenario import ModelProfile, Scenario
 from traces.reader import Trace
 
 PlanStep = tuple[str, int, int, int]  # (phase, tokens, request, routing row or -1)
@@ -35,6 +35,16 @@ def _merge_predicted(router: np.ndarray, predicted: np.ndarray) -> np.ndarray | 
     return np.where(have[..., None], predicted, router).astype(np.int16)
 
 
+def at_k(m: ModelProfile, k: int) -> tuple[float, float, float, int]:
+    """(reuse, skew, recall, window) of the model's fitted routing at K: linear between the
+    captured K, the nearest captured K outside them."""
+    ks = np.asarray(m.routing_k, dtype=np.float64)
+    reuse, skew, recall, window = (float(np.interp(k, ks, np.asarray(v, dtype=np.float64)))
+                                   for v in (m.routing_reuse, m.routing_skew, m.routing_recall,
+                                             m.routing_recall_window))
+    return min(reuse, 0.95), skew, recall, max(int(round(window)), 1)
+
+
 def synthetic_params(sc: Scenario) -> SynthRouting:
     m = sc.model
     predicted_layers = None
@@ -43,19 +53,27 @@ def synthetic_params(sc: Scenario) -> SynthRouting:
         # predictions only matter where they are not the routing itself (see sim.policies)
         accuracy = sc.prediction_accuracy
         predicted_layers = [layer for layer in range(m.layers) if m.is_consumer(layer)] or None
-    reuse, skew = sc.overlap, sc.skew
-    if sc.routing_stats == "model":  # fitted to the model's traces, scaled to this K
-        reuse = min(max(m.routing_reuse_at_k0 + m.routing_reuse_per_expert_share * sc.k
-                        / m.experts, 0.0), 0.95)
-        skew = max(m.routing_skew_at_k0 + m.routing_skew_per_k * sc.k, 0.0)
+    reuse, skew, recall, window = sc.overlap, sc.skew, sc.recall, sc.recall_window
+    if sc.routing_stats == "model":  # fitted to the model's traces, at this K
+        reuse, skew, recall, window = at_k(m, sc.k)
     return SynthRouting(layers=m.layers, experts=m.experts, k=sc.k,
                         steps=max(sc.decode_steps, 1), skew=skew, reuse=reuse,
+                        recall=recall, window=window,
                         prediction_accuracy=accuracy, predicted_layers=predicted_layers,
                         seed=sc.seed)
 
 
+# The last few synthetic routings of this process, by their parameters: a sweep's points
+# mostly vary hardware or caches, not routing, and generating it is ~15% of a point.
+_SYNTHETIC: dict[tuple[str, int, int], RoutingInput] = {}
+_SYNTHETIC_KEEP = 4
+
+
 def synthetic(sc: Scenario) -> RoutingInput:
     params = synthetic_params(sc)
+    key = (repr(params), sc.prefill_tokens, sc.decode_steps)
+    if key in _SYNTHETIC:
+        return _SYNTHETIC[key]
     try:
         sets = generate_sets(params)
     except ValueError as err:
@@ -64,8 +82,15 @@ def synthetic(sc: Scenario) -> RoutingInput:
     if sc.prefill_tokens:
         plan.append(("prefill", sc.prefill_tokens, 0, -1))
     plan += [("decode", 1, 0, i) for i in range(sc.decode_steps)]
-    return RoutingInput(sets.router, _merge_predicted(sets.router, sets.predicted), plan,
-                        "synthetic")
+    routing = RoutingInput(sets.router, _merge_predicted(sets.router, sets.predicted), plan,
+                           "synthetic")
+    for array in (routing.router, routing.predicted):
+        if array is not None:
+            array.flags.writeable = False  # shared by the runs that reuse it
+    if len(_SYNTHETIC) >= _SYNTHETIC_KEEP:
+        _SYNTHETIC.pop(next(iter(_SYNTHETIC)))
+    _SYNTHETIC[key] = routing
+    return routing
 
 
 def from_trace(trace: Trace, sc: Scenario) -> RoutingInput:

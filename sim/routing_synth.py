@@ -13,6 +13,12 @@ Model, per layer, one Markov chain over K-sets of distinct experts:
     adjacent overlap |S_t & S_t-1| / K has expectation exactly `reuse`) with inclusion
     probabilities proportional to pi_i / (1 - pi_i) (what makes pi the stationary load),
     by systematic sampling in a random order (exact inclusion probabilities, distinct ids).
+  - recall (multi-token reuse, 0 = off): a share `recall` of those fresh draws copies an
+    expert from the sets of the last `window` tokens instead (in proportion to how often each
+    appears there; never the previous set's). Real routing has it: a token's experts were
+    used a few tokens back far more often than popularity alone gives (sim.routing_fit
+    measures it as novelty). Copying by occurrence keeps loads near their popularity; the
+    fitted skew absorbs what remains.
   - prediction: for each predicted (step, layer) the predicted set keeps each routed expert
     with probability `prediction_accuracy` and fills the rest with wrong experts drawn by
     popularity from outside the routed set (so |P & R| / K has expectation the accuracy).
@@ -59,6 +65,10 @@ class SynthRouting:
     steps: int = 1000  # decode steps (one token each)
     skew: float | Sequence[float] = 0.0  # Zipf exponent of expert popularity; one or per layer
     reuse: float = 0.25  # expected fraction of the previous token's set a token keeps
+    # multi-token reuse: a share `recall` of the fresh draws copies an expert from the sets of
+    # the last `window` tokens (by occurrence), the rest is drawn by popularity
+    recall: float = 0.0
+    window: int = 16
     prediction_accuracy: float | None = None  # None: no predicted sets
     predicted_layers: Sequence[int] | None = None  # None: every layer but 0 (it has no owner)
     seed: int = 0
@@ -89,6 +99,10 @@ class SynthRouting:
             raise ValueError(f"k={self.k}: need 1 <= k <= experts/2 ({self.experts // 2})")
         if not 0.0 <= self.reuse <= 1.0:
             raise ValueError(f"reuse={self.reuse}: must be in [0, 1]")
+        if not 0.0 <= self.recall <= 1.0:
+            raise ValueError(f"recall={self.recall}: must be in [0, 1]")
+        if self.window < 1:
+            raise ValueError(f"window={self.window}: must be >= 1 token")
         acc = self.prediction_accuracy
         if acc is not None and not 0.0 <= acc <= 1.0:
             raise ValueError(f"prediction_accuracy={acc}: must be in [0, 1]")
@@ -194,6 +208,18 @@ def _keep(ids: np.ndarray, prob: float, n: int, rng: np.random.Generator) -> np.
     return mask
 
 
+def _recall_mix(fresh_share: np.ndarray, history: np.ndarray, current: np.ndarray,
+                recall: float) -> np.ndarray:
+    """Fresh-draw weights outside the current set: (1 - recall) x popularity + recall x the
+    recent sets' occurrences (rows with no recent expert outside the set: popularity only)."""
+    pop = np.where(current, 0.0, fresh_share)
+    pop /= np.maximum(pop.sum(axis=1, keepdims=True), 1e-300)
+    recent = np.where(current, 0.0, history)
+    total = recent.sum(axis=1, keepdims=True)
+    share = np.where(total > 0, recall, 0.0)
+    return (1.0 - share) * pop + share * recent / np.maximum(total, 1e-300)
+
+
 def generate_sets(params: SynthRouting) -> RoutingSets:
     """Routed and predicted sets, [steps, layers, K], deterministic per seed."""
     incl = target_inclusion(params)  # validates
@@ -205,6 +231,10 @@ def generate_sets(params: SynthRouting) -> RoutingSets:
     fresh_w = incl / np.maximum(1.0 - incl, 1e-12)
     router = np.empty((T, L, k), dtype=np.int16)
     predicted = np.full((T, L, k), -1, dtype=np.int16)
+    fresh_share = fresh_w / fresh_w.sum(axis=1, keepdims=True)
+    recall = params.recall
+    history = np.zeros((L, n))  # occurrences in the last `window` sets (recall > 0)
+    ring = np.zeros((params.window, L, n), dtype=bool)
     mask = _systematic(incl, rng)
     for t in range(T):
         ids = _ids(mask, k)
@@ -212,7 +242,14 @@ def generate_sets(params: SynthRouting) -> RoutingSets:
         parts, totals, kept = [], [], []
         if t + 1 < T:
             kept_chain = _keep(ids, params.reuse, n, rng)
-            parts.append(np.where(mask, 0.0, fresh_w))
+            if recall > 0:
+                slot = t % params.window
+                history += mask
+                history -= ring[slot]
+                ring[slot] = mask
+                parts.append(_recall_mix(fresh_share, history, mask, recall))
+            else:
+                parts.append(np.where(mask, 0.0, fresh_w))
             totals.append(k - kept_chain.sum(axis=1))
             kept.append(kept_chain)
         if len(pred_layers):

@@ -23,6 +23,10 @@ RENAMED = {
               "(on-demand -> path staged, lead none; prerouter -> path staged, lead token; "
               "prerouter with lead N -> lead layer, lead_layers N)",
     "slot_headroom": "staged_headroom (staged slots per layer beyond K; -1 = K, as the engine)",
+    **{k: "routing_k, routing_reuse, routing_skew, routing_recall, routing_recall_window "
+       "(per captured K; refit with `ssdmoe sim profile-model --trace`)"
+       for k in ("routing_reuse_at_k0", "routing_reuse_per_expert_share", "routing_skew_at_k0",
+                 "routing_skew_per_k")},
 }
 
 
@@ -85,13 +89,14 @@ class ModelProfile:
     whole_layer_reads: int = 9  # reads per whole-layer load at prefill (one per tensor)
     device_bundle_bytes: int = 0  # bytes a cold bundle read moves from the device: its ranges
     # rounded out to whole pages, as the kernel reads them (0: bundle_bytes)
-    # routing statistics fitted to traces (sim.routing_fit, `sim profile-model --trace`):
-    # reuse(K) = at_k0 + per_expert_share x K / experts, skew(K) = at_k0 + per_k x K; used by
-    # synthetic routing when the scenario says routing_stats = "model"
-    routing_reuse_at_k0: float = -1.0  # < 0: not fitted
-    routing_reuse_per_expert_share: float = 0.0
-    routing_skew_at_k0: float = 0.0
-    routing_skew_per_k: float = 0.0
+    # routing statistics fitted to traces (sim.routing_fit, `sim profile-model --trace`), one
+    # entry per K the model was captured at; synthetic routing at another K interpolates
+    # linearly between them (the nearest outside), when a scenario says routing_stats = "model"
+    routing_k: list[int] = field(default_factory=list)  # empty: not fitted
+    routing_reuse: list[float] = field(default_factory=list)  # adjacent-token reuse
+    routing_skew: list[float] = field(default_factory=list)  # Zipf popularity
+    routing_recall: list[float] = field(default_factory=list)  # multi-token reuse
+    routing_recall_window: list[int] = field(default_factory=list)  # ... tokens back
     unembed_bytes: int = 0  # the output projection's share of resident_bytes, read once per
     # step after the last layer (0: spread over the layers with the rest)
     lora_bytes: int = 0  # the recovery LoRA's weights (engine.lora), held and read every token
@@ -155,6 +160,8 @@ class Scenario:
     # or from the model profile's statistics fitted to traces, at this scenario's K ("model")
     overlap: float = 0.25  # synthetic routing: adjacent-token expert reuse
     skew: float = 0.0  # synthetic routing: per-layer expert popularity skew
+    recall: float = 0.0  # synthetic routing: share of fresh draws copied from recent tokens
+    recall_window: int = 16  # ... from the sets of this many last tokens
     seed: int = 0
     source: str = ""  # file the scenario came from (for error messages and run.json)
     notes: dict[str, str] = field(default_factory=dict)

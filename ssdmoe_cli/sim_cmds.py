@@ -259,7 +259,8 @@ def profile_model(
             raise BadInput(f"{f.source}: routing of {f.layers} layers x {f.experts} experts, "
                            f"but {model_dir} has {values['layers'][0]} x {values['experts'][0]}")
         print(f"{f.source}: K={f.k}, {f.tokens} token pairs: reuse {f.reuse:.3f}, load entropy "
-              f"{f.load_entropy:.3f} -> skew {f.skew:.3f}")
+              f"{f.load_entropy:.3f}, recall {f.recall} over {f.window} tokens -> skew "
+              f"{f.skew:.3f}")
     if fits:
         values.update(profile_values(fits))
     cmd = " ".join(["ssdmoe sim profile-model", str(source), "--out", str(out),

@@ -5,8 +5,6 @@ cache; plus the writer's flush gating and bulk routing rows."""
 
 from __future__ import annotations
 
-import time
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -170,12 +168,9 @@ def test_cold_loads_after_dropping_the_page_cache(tiny_random_converted, tmp_pat
         """The premise: no page of the expert files resident. DONTNEED leaves pages that are
         mapped or under writeback elsewhere, so try a few times, then skip rather than test
         the recorder on a cache that did not empty."""
-        for _ in range(5):
-            store.drop_page_cache()
-            if store.page_cache_bytes() == 0:
-                return
-            time.sleep(0.2)
-        left = store.page_cache_bytes()
+        left = store.drop_until_cold(tries=5, settle_s=0.1)
+        if left == 0:
+            return
         eng.close()
         pytest.skip(f"the page cache kept {left} bytes of the expert files after "
                     "POSIX_FADV_DONTNEED (tmpfs, or pages pinned elsewhere)")

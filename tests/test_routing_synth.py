@@ -53,6 +53,32 @@ def test_adjacent_overlap_matches_reuse(reuse):
     assert abs(measured - reuse) < 0.012
 
 
+def _novelty(sets: np.ndarray, w: int) -> float:
+    """Share of a token's experts absent from the last w tokens' sets, with Python sets."""
+    T, L, K = sets.shape
+    missing = sum(len(set(sets[t, j]) - set(sets[t - w:t, j].ravel()))
+                  for t in range(w, T) for j in range(L))
+    return missing / ((T - w) * L * K)
+
+
+def test_recall_copies_from_recent_tokens_and_keeps_adjacent_reuse():
+    base = dict(layers=6, experts=64, k=4, steps=1200, skew=0.3, reuse=0.2, seed=4)
+    plain = generate_sets(SynthRouting(**base)).router
+    recalled = generate_sets(SynthRouting(**base, recall=0.6, window=16)).router
+    # the fresh draws still exclude the previous set: adjacent overlap stays `reuse`
+    assert abs(_overlap(recalled) - 0.2) < 0.012
+    # Without recall a fresh slot is a popularity draw. With recall 0.6 over the last 16 sets
+    # (the current one and 15 before it), at most the other 40% of fresh slots can be new to
+    # the last 15 tokens: novelty(15) <= (1 - reuse) x (1 - recall).
+    assert _novelty(plain, 15) > 0.3
+    assert _novelty(recalled, 15) <= (1 - 0.2) * (1 - 0.6)
+    assert _novelty(recalled, 15) < _novelty(plain, 15) - 0.1
+    assert _novelty(recalled, 8) < _novelty(plain, 8) - 0.1
+    # recall = 0 is the plain chain, draw for draw (old parameters keep their routing)
+    same = generate_sets(SynthRouting(**base, recall=0.0, window=3)).router
+    assert np.array_equal(same, plain)
+
+
 def test_load_distribution_matches_target_and_not_a_neighbour():
     n, k, steps, reuse = 64, 4, 4000, 0.25
     for skew in (0.0, 0.5, 1.0, 1.5):
@@ -145,7 +171,8 @@ def test_paper_scale_shapes():
 def test_bad_parameters_raise():
     for bad in (dict(k=40, experts=64), dict(reuse=1.5), dict(prediction_accuracy=-0.1),
                 dict(skew=-1.0), dict(skew=[0.5, 0.5], layers=3), dict(steps=0),
-                dict(prediction_accuracy=0.5, predicted_layers=[40])):
+                dict(prediction_accuracy=0.5, predicted_layers=[40]), dict(recall=1.2),
+                dict(recall=0.5, window=0)):
         with pytest.raises(ValueError):
             generate_sets(SynthRouting(**bad))
 

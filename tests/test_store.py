@@ -210,3 +210,27 @@ def test_o_direct_read_refused_falls_back_to_buffered(tiny_random_converted, mon
     ref = load_file(str(tiny_random_converted / m.layers[1].file))
     assert all(np.array_equal(buf[n], ref[n][3]) for n in buf)
     s.close()
+
+
+def test_drop_until_cold_drops_again_while_pages_stay_and_says_what_is_left(store, monkeypatch):
+    """Pages a read still had in flight can land after a drop: the store drops and checks with
+    mincore until nothing is resident, and reports what stayed when it never empties."""
+    drops, resident = [], iter([8192, 4096, 0])
+    monkeypatch.setattr(store, "drop_page_cache", lambda layer=None: drops.append(layer))
+    monkeypatch.setattr(store, "page_cache_bytes", lambda layer=None: next(resident))
+    assert store.drop_until_cold(tries=5, settle_s=0.0) == 0
+    assert drops == [None, None, None]  # dropped until mincore saw nothing left
+    drops.clear()
+    monkeypatch.setattr(store, "page_cache_bytes", lambda layer=None: 4096)
+    assert store.drop_until_cold(layer=1, tries=4, settle_s=0.0) == 4096
+    assert drops == [1, 1, 1, 1]
+
+
+def test_drop_until_cold_empties_a_warm_layer(store):
+    _needs_real_page_cache(store)
+    layer = store.manifest.moe_layers[0]
+    for e in range(4):
+        store.read_bundle(layer, e, _buffers(store, layer))
+    assert store.page_cache_bytes(layer) > 0
+    assert store.drop_until_cold(layer) == 0
+    assert all(store.is_cold(layer, e) for e in range(4))

@@ -18,14 +18,13 @@ from pathlib import Path
 
 os.environ["POLARS_MAX_THREADS"] = "1"
 ALL_CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
-if hasattr(os, "sched_setaffinity"):
-    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from sim.profiles import load_scenario  # noqa: E402
 from sim.replay import run_scenario  # noqa: E402
+from sim.routing_input import _SYNTHETIC  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
 CASES = {
@@ -66,10 +65,15 @@ def sweep_seconds() -> tuple[float, int]:
 
 def main() -> None:
     load = [round(x, 2) for x in os.getloadavg()]  # a shared machine: other jobs slow us
+    # Pinned here, not at import: the sweep's spawned workers import this module again, and
+    # pinning there put both on one CPU (the 148-168 s sweeps reported before 2026-12-01 21:30)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(ALL_CPUS)[0]})
     rows = []
     for label, sets in CASES.items():
         walls, cores, routings, steps_s = [], [], [], []
         for _ in range(3):
+            _SYNTHETIC.clear()  # each repeat generates its routing (a sweep reuses it)
             t0 = time.perf_counter()
             result = run_scenario(load_scenario("paper-m2-16gb", ["decode_steps=1000", *sets]))
             walls.append(time.perf_counter() - t0)
@@ -110,7 +114,9 @@ def main() -> None:
                      f"{r['loads_per_step']:.0f} |")
     lines += ["", f"A 100-point sweep (`paper-m2-16gb` prerouter, 1,000 decode steps per point, "
               f"RAM x SSD bandwidth 10 x 10) on 2 worker processes: {sweep_s:.1f} s "
-              f"({sweep_ok} points ok). Target: <= 2 minutes."]
+              f"({sweep_ok} points ok). Target: <= 2 minutes. The points share one synthetic "
+              "routing (same model, K and seed), which each worker generates once "
+              "(sim.routing_input)."]
     (OUT / "speed.md").write_text("\n".join(lines) + "\n")
     print()
     print("\n".join(lines[-2 - len(rows):]))
