@@ -40,6 +40,8 @@ vocabulary (sim.policies):
                                         and (buffered reads) "cold_overhead_ms.in_decode" when
                                         present (fitted inside decode by ssdmoe validate's
                                         calibration subset)
+  head_build_ms (traces with heads)     the scenario's note "head_build_ms.in_decode" when
+                                        ssdmoe validate fitted it
   cold_overhead_ms (O_DIRECT traces)    the scenario's notes "cold_overhead_ms.o_direct" when
                                         present (an O_DIRECT bundle read, from calibrate)
 Routing (and the step plan: prefill chunks, decode steps, requests) comes from the trace.
@@ -208,6 +210,8 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     fitted_keys = [("compute_factor", "compute_factor"),
                    ("load_overhead_ms.in_decode", "load_overhead_ms"),
                    ("handoff_ms.in_decode", "handoff_ms")]
+    if cfg.prerouter:
+        fitted_keys.append(("head_build_ms.in_decode", "head_build_ms"))
     if not o_direct:
         fitted_keys.append(("cold_overhead_ms.in_decode", "cold_overhead_ms"))
     for key, setting in fitted_keys:
@@ -268,7 +272,8 @@ def with_trace_heads(sc: Scenario, trace: Trace, notes: list[str]) -> Scenario:
     values = {k: v for k, (v, _) in heads_profile(meta).items() if k != "head_build_ms"}
     notes.append(f"prediction heads from {meta}: owners {values['consumer_first'] - 1}-"
                  f"{values['consumer_last'] - 1}, {values['head_bytes']} bytes each; "
-                 "head_build_ms stays the profile's (not measured)")
+                 "head_build_ms the scenario's note head_build_ms.in_decode (ssdmoe validate) "
+                 "if fitted, else the profile's")
     return dataclasses.replace(sc, model=dataclasses.replace(sc.model, **values))
 
 

@@ -22,9 +22,11 @@ def test_default_matrix_sweeps_every_axis_from_the_defaults():
     names = [c.name for c in configs]
     assert len(names) == len(set(names))
     cal = [c for c in configs if c.role == "calibration"]
-    assert configs[:len(cal)] == cal and {c.path for c in cal} == {"on-demand", "hot", "staged"}
-    warm = [c for c in cal if c.page_cache == "all"]  # one per path: its costs inside decode
-    assert {c.path for c in warm} == {"on-demand", "hot", "staged"} and len(warm) == 3
+    paths = {"on-demand", "hot", "staged", "staged-token"}
+    assert configs[:len(cal)] == cal and {c.path for c in cal} == paths
+    # one per path (and the heads' staged path): its costs inside decode
+    warm = [c for c in cal if c.page_cache == "all"]
+    assert {c.path for c in warm} == paths and len(warm) == 4
     # one reading cold on the main thread, one reading cold through reader threads
     cold = [c for c in cal if c.page_cache != "all"]
     assert [(c.path, c.storage) for c in cold] == [("on-demand", "unthrottled"),
@@ -127,7 +129,8 @@ def test_end_to_end_resume_and_missing(tmp_path, ssdmoe_subprocess, tiny_random_
     doc = json.loads((out / "validation.json").read_text())
     names = {x["config"]["name"] for x in doc["results"]}
     assert names == {"on-demand-pcall-unthrottled", "hot-pcall-unthrottled",
-                     "staged-pcall-unthrottled", "on-demand-pc50-unthrottled",
+                     "staged-pcall-unthrottled", "staged-token-pcall-unthrottled",
+                     "on-demand-pc50-unthrottled",
                      "hot-pc50-unthrottled", "on-demand-pc25-unthrottled",
                      "staged-layer-pc25-unthrottled", "on-demand-pc25-unthrottled-k2"}
     assert doc["missing"] == []
@@ -209,6 +212,26 @@ def test_reader_handoff_fit_by_hand(tmp_path):
     assert got == {"handoff_ms.in_decode": {"before": isolated,
                                             "after": pytest.approx(isolated + 0.5)}}
     assert current_note(sc, "handoff_ms.in_decode") == pytest.approx(isolated + 0.5, abs=1e-4)
+
+
+def test_head_build_fit_by_hand(tmp_path):
+    """head_build_ms.in_decode = old + (measured - simulated build) / heads, from the warm
+    configuration with heads only; sim compare then sets it on traces taken with heads."""
+    from validation.calibration import current_note, fit_heads
+
+    sc = tmp_path / "s.toml"
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n\n[notes]\n'
+                  '"head_build_ms.in_decode" = "0.1000"  # old\n')
+    token = {"config": {"name": "staged-token-pcall-unthrottled", "path": "staged-token",
+                        "page_cache": "all", "role": "calibration"}, "heads": 5,
+             "measured": {"build_ms_per_step": 9.0}, "simulated": {"build_ms_per_step": 7.0}}
+    cold = {**token, "config": {**token["config"], "page_cache": "1/4"},
+            "measured": {"build_ms_per_step": 30.0}}
+    no_heads = {**token, "config": {**token["config"], "path": "staged"}, "heads": 0}
+    got = fit_heads([token, cold, no_heads], sc)
+    assert got == {"head_build_ms.in_decode": {"before": 0.1, "after": pytest.approx(0.5)}}
+    assert current_note(sc, "head_build_ms.in_decode") == pytest.approx(0.5)
+    assert fit_heads([cold, no_heads], sc) == {}
 
 
 def test_throttle_axis_values():

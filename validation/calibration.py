@@ -14,6 +14,9 @@ decode they are larger, which is what the held-out configurations then test.
                               page cache): old + (measured - simulated blocked) / cold loads
   budget_evict_ms.in_decode   the same configuration's build time: the page drops the engine's
                               emulated budget does after each cold read (engine.store._account)
+  head_build_ms.in_decode     the prerouter heads' graph building per head, from the staged
+                              path with heads (lead token), every expert in the page cache:
+                              old + (measured - simulated build/step) / heads
   handoff_ms.in_decode        machine-wide, the thread hand-off of a load a reader thread reads
                               and the main thread waits for, inside decode (a reader's wake-up
                               competes with the main and compute threads for the cores), from
@@ -80,8 +83,23 @@ def fit(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict[str, fl
                    f"step inside decode (before this fit: {old:.4f} ms/layer)")
         out[key] = {"before": old, "after": new,
                     "measured_build_ms_per_step": r["measured"]["build_ms_per_step"]}
+    out.update(fit_heads(results, scenario))
     out.update(fit_machine(results, scenario))
     return out
+
+
+def fit_heads(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict[str, float]]:
+    """head_build_ms.in_decode from the warm calibration configurations that ran heads."""
+    with_heads = [r for r in results if r["config"]["page_cache"] == "all"
+                  and (r.get("heads") or 0) > 0 and r["config"]["path"] == "staged-token"]
+    deltas = [(r["measured"]["build_ms_per_step"] - r["simulated"]["build_ms_per_step"])
+              / r["heads"] for r in with_heads]
+    return _shift(
+        scenario, "head_build_ms.in_decode",
+        current_note(scenario, "head_build_ms.in_decode") or 0.0, deltas,
+        "fitted by ssdmoe validate: the prerouter heads' graph building per head inside decode, "
+        "from the build time of {n} calibration configuration(s) with heads (the model "
+        "profile has none: the heads run as one batched flush per step)")
 
 
 def _per_load(results: list[dict[str, Any]], metric: str, cold: bool) -> list[float]:

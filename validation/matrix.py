@@ -175,8 +175,7 @@ def default_matrix(quick: bool = False, throttles: list[str] | None = None) -> M
             "storage": ["unthrottled", *throttles], "k": ["native", "2"]}
     defaults = Config()
     corners = [Config(path="staged-token", storage=slow),
-               Config(path="staged-layer", storage=slow),
-               Config(path="staged-token", page_cache="all")]
+               Config(path="staged-layer", storage=slow)]
     if not quick:
         corners += [Config(path="staged", storage=slow), Config(path="hot", storage=slow),
                     Config(path="staged", k="2"), Config(path="on-demand", k="8")]
@@ -184,9 +183,10 @@ def default_matrix(quick: bool = False, throttles: list[str] | None = None) -> M
     # each path's main-thread cost inside decode; and one that reads cold on the main thread
     # only (on-demand, 1/2 page cache, unthrottled): it fits a cold read's cost inside decode;
     # and one whose reader threads read cold (hot, 1/2 page cache): it fits the hand-off of
-    # their loads inside decode (validation.calibration)
+    # their loads inside decode; and the staged path with heads, every expert in the page
+    # cache: it fits the heads' graph building (validation.calibration)
     calibration = [Config(path=p, page_cache="all", role="calibration")
-                   for p in ("on-demand", "hot", "staged")]
+                   for p in ("on-demand", "hot", "staged", "staged-token")]
     calibration += [Config(path=p, page_cache="1/2", role="calibration")
                     for p in ("on-demand", "hot")]
     return Matrix(axes, defaults, corners, calibration)

@@ -140,6 +140,7 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
     result = {
         "config": c.to_dict(), "trace": str(trace_dir), "simulated_trace": str(sim_dir),
         "layers": (trace.run.get("model") or {}).get("layers"),
+        "heads": heads_of(trace),
         "model_sha256": (trace.run.get("model") or {}).get("manifest_sha256"),
         "throttle": (trace.run.get("extra") or {}).get("throttle"),
         "measured": measured, "simulated": simulated,
@@ -152,6 +153,14 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, result, durable=False)
     return result
+
+
+def heads_of(trace) -> int:
+    """Prediction heads the trace's engine ran per step (0 without a prerouter)."""
+    from sim.model_profile import heads_profile
+
+    where = (trace.run.get("engine") or {}).get("prerouter")
+    return int(heads_profile(Path(str(where)) / "prerouter.json")["heads"][0]) if where else 0
 
 
 def ape(measured: float | None, simulated: float | None) -> float | None:
