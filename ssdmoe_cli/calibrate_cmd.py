@@ -190,5 +190,14 @@ def _kept_routing_fit(path: Path) -> dict:
         data = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError):
         return {}
-    return {k: (v, "kept from the earlier profile (sim profile-model --trace)")
+    how = {}  # each line's own comment: where the fit came from
+    for line in path.read_text().splitlines():
+        key, _, comment = line.partition("#")
+        key = key.split("=")[0].strip()
+        if key.startswith("routing_") and comment.strip():
+            how[key] = comment.strip().removeprefix(KEPT).strip()
+    return {k: (v, f"{KEPT} {how.get(k, '(sim profile-model --trace)')}")
             for k, v in data.items() if k.startswith("routing_")}
+
+
+KEPT = "kept from the earlier profile:"

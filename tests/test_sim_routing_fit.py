@@ -121,3 +121,40 @@ def test_the_fitted_generator_reproduces_captured_traces_within_10_percent():
                     assert generated == pytest.approx(measured, abs=0.02), got
                     continue
                 assert generated == pytest.approx(measured, rel=0.10), (k, sets, name, got)
+
+
+@pytest.mark.slow
+def test_profile_model_cli_fits_traces_per_k_and_sim_run_uses_them(ssdmoe, tmp_path,
+                                                                    tiny_random_converted):
+    """`sim profile-model --trace` writes one routing entry per traced K, which `sim run` with
+    routing_stats=model then generates at each K (and between them)."""
+    import json
+
+    from traces.writer import write_tables
+
+    manifest = json.loads((tiny_random_converted / "manifest.json").read_text())
+    layers, experts = len(manifest["layers"]), manifest["num_experts"]
+    dirs = []
+    for k, reuse in ((2, 0.1), (4, 0.3)):
+        params = SynthRouting(layers=layers, experts=experts, k=k, steps=160, skew=0.5,
+                              reuse=reuse, recall=0.5, window=16, seed=k)
+        t = synthetic_trace(params, bundle_bytes=manifest["bundle_bytes"])
+        d = tmp_path / f"k{k}"
+        write_tables(d, {"steps": t.steps, "routing": t.routing, "loads": t.loads},
+                     {**t.run, "engine": {"k": k}})
+        dirs.append(d)
+    out = tmp_path / "models" / "mine.toml"
+    r = ssdmoe("sim", "profile-model", str(tiny_random_converted), "--out", str(out),
+               "--trace", str(dirs[0]), "--trace", str(dirs[1]))
+    assert r.returncode == 0, r.stderr
+    m = load_model(str(out))
+    assert m.routing_k == [2, 4]
+    assert m.routing_reuse == pytest.approx([0.1, 0.3], abs=0.03)
+    assert all(x > 0 for x in m.routing_recall)  # the traces' multi-token reuse was found
+    sc = tmp_path / "s.toml"
+    sc.write_text(f'hardware = "this-machine"\nmodel = "{out}"\nrouting_stats = "model"\n'
+                  "decode_steps = 200\n")
+    for k, reuse in ((2, 0.1), (3, 0.2), (4, 0.3)):
+        run = ssdmoe("sim", "run", str(sc), "--set", f"k={k}", "--json")
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout)["adjacent_overlap"] == pytest.approx(reuse, abs=0.04)
