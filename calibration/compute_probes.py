@@ -38,6 +38,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from contract.errors import IOFault
 from engine.paths.exact import ExactPath
 from engine.paths.kernel import ExpertPath, alloc_stack, row_views, switch_glu
 from engine.store import ExpertStore
@@ -249,9 +250,9 @@ class Runner:
         self.token = mx.argmax(logits[:, -1, :], axis=-1)
         mx.eval(self.token)
         if drop and self.store.drop_until_cold() > 0:
-            raise RuntimeError("calibrate: the expert files' pages stayed in the page cache "
-                               "after five drops (mapped or in flight elsewhere): no cold read "
-                               "can be measured")
+            raise IOFault(f"{self.store.manifest.root}: the expert files' pages stayed in the "
+                          "page cache after five drops (mapped or in flight elsewhere): no "
+                          "cold read can be measured")
 
     def step(self, record: bool = True) -> None:
         """One decode step: the model call (graph building plus the path's main-thread work)

@@ -124,12 +124,7 @@ class Fetcher:
             kernel += load.nbytes / self.copy_bps
         if kernel > 0:
             yield self.cores.work(kernel, thread)
-        python = load.pieces * self.overhead  # the load's bookkeeping, holding the GIL
-        if self.gil.lock is None:
-            if python > 0:
-                yield self.cores.work(python, thread)
-        else:
-            yield from self.gil.run(self.cores, python, thread)
+        yield from self.gil.run(self.cores, load.pieces * self.overhead, thread)  # Python
         load.cold = cold_pieces > 0
         load.cold_pieces = cold_pieces
         load.finished = env.now

@@ -114,24 +114,16 @@ class MainThread:
         self.hits = self.misses = 0
         self.evictions0 = self.lru.evictions + self.slots.evictions
 
-    def _python(self, seconds: float) -> Generator:
-        """`seconds` of Python on the main thread (it holds the GIL, sim.gil)."""
-        if self.gil.lock is None:  # the usual case, one event: skip the GIL's sub-process
-            if seconds > 0:
-                yield self.cores.work(seconds, MAIN_THREAD)
-        else:
-            yield from self.gil.run(self.cores, seconds, MAIN_THREAD)
-
     def cpu(self, seconds: float) -> Generator:
-        """Graph building on the main thread."""
+        """Graph building on the main thread (Python: it holds the GIL, sim.gil)."""
         start = self.env.now
-        yield from self._python(seconds)
+        yield from self.gil.run(self.cores, seconds, MAIN_THREAD)
         self.build += self.env.now - start
 
     def fill_cpu(self, seconds: float) -> Generator:
         """Main-thread host work of a fill point (lookahead loop): not graph building."""
         start = self.env.now
-        yield from self._python(seconds)
+        yield from self.gil.run(self.cores, seconds, MAIN_THREAD)
         self.eval += self.env.now - start
 
     def gpu_sync(self) -> Generator:

@@ -61,11 +61,14 @@ class RoutingFit:
 
 @dataclass
 class _Routing:
-    """One trace's decode routing as the fit reads it."""
+    """One trace's decode routing and what the fit measures on it (once per trace)."""
     source: str
     router: np.ndarray  # [tokens, layers, K]
-    boundaries: np.ndarray  # bool [tokens]: a request's first token
     experts: int
+    pairs: int  # adjacent decode-token pairs within a request
+    reuse: float
+    entropy: float
+    novelty: list[float]
 
 
 def novelty(router: np.ndarray, boundaries: np.ndarray | None = None,
@@ -127,23 +130,23 @@ def _routing(trace: Trace) -> _Routing:
         raise BadInput(f"{where}: {len(pairs)} adjacent decode tokens: too short to fit routing "
                        f"statistics (need at least {MIN_TOKENS})")
     experts = int((trace.run.get("model") or {}).get("experts") or int(router.max()) + 1)
-    return _Routing(where, router, boundaries, experts)
+    return _Routing(where, router, experts, len(pairs), float(pairs.mean()),
+                    _entropy(router, experts), novelty(router, boundaries))
 
 
 def _fit(data: _Routing, recall: float, window: int) -> RoutingFit:
-    """Reuse, entropy and the skew that matches it, at a given multi-token reuse."""
+    """The skew that matches the trace's entropy at a given multi-token reuse, and the
+    novelty the generator then gives."""
     router = data.router
     layers, k = router.shape[1], router.shape[2]
-    pairs = _pairs(router, data.boundaries)
-    entropy = _entropy(router, data.experts)
-    reuse = float(pairs.mean())
-    skew = fit_skew(layers, data.experts, k, len(router), reuse, entropy, recall, window)
+    skew = fit_skew(layers, data.experts, k, len(router), data.reuse, data.entropy, recall,
+                    window)
     generated = [novelty(generate_sets(SynthRouting(
         layers=layers, experts=data.experts, k=k, steps=len(router), skew=skew,
-        reuse=min(reuse, 0.95), recall=recall, window=window, seed=seed)).router)
+        reuse=min(data.reuse, 0.95), recall=recall, window=window, seed=seed)).router)
         for seed in FIT_SEEDS]
-    return RoutingFit(data.source, layers, data.experts, k, len(pairs), reuse, entropy, skew,
-                      recall, window, novelty(router, data.boundaries),
+    return RoutingFit(data.source, layers, data.experts, k, data.pairs, data.reuse,
+                      data.entropy, skew, recall, window, data.novelty,
                       [float(v) for v in np.mean(generated, axis=0)])
 
 
