@@ -231,7 +231,9 @@ class ResidencyProbe:
 
     def resident_pages(self, addr: int, ranges: list[tuple[int, int]]) -> tuple[int, int]:
         """(resident pages, total pages) over `ranges` of the file mapped at `addr`. A page
-        shared by two ranges counts once per range. (0, 0) when unknown."""
+        shared by two ranges counts once per range. (0, 0) when there is no mapping; a failed
+        mincore raises OSError (it must never read as "nothing resident": that is a cold
+        premise nobody checked)."""
         if not addr:
             return 0, 0
         spans = sorted((off // PAGE, -(-(off + length) // PAGE)) for off, length in ranges)
@@ -245,7 +247,8 @@ class ResidencyProbe:
                 j += 1
             vec, vaddr = self._vector(g1 - g0)
             if _libc.mincore(addr + g0 * PAGE, (g1 - g0) * PAGE, vaddr) != 0:
-                return 0, 0
+                err = ctypes.get_errno()
+                raise OSError(err, f"mincore failed: {os.strerror(err)}")
             if not _MINCORE_CLEAN:
                 vec = vec[:g1 - g0].translate(_LOWBIT)
             for p0, p1 in spans[i:j]:

@@ -40,8 +40,9 @@ def read_buffered(fd: int, off: int, length: int, view: np.ndarray, size: int,
 
 
 def read_nowait(fd: int, off: int, length: int, view: np.ndarray, flag: int) -> int:
-    """Read what the page cache holds of the range, starting no I/O (`flag`: RWF_NOWAIT).
-    Returns the bytes read: `length` when all of it was cached."""
+    """Read what the page cache holds of the range without waiting for the device (`flag`:
+    RWF_NOWAIT; Linux 6.18 still starts the refused pages' reads: engine.store). Returns the
+    bytes read: `length` when all of it was cached."""
     try:
         return os.preadv(fd, [view], off, flag)
     except OSError as err:

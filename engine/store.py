@@ -11,12 +11,13 @@ writable NumPy views (`np.asarray(mx_array)` is a zero-copy writable view of MLX
 - Each load is classed cold (some byte had to come from the disk) or warm (every byte was in the
   page cache). `residency_method` says how:
   - "rwf_nowait" (buffered reads on Linux): each range is first read with
-    `preadv(..., RWF_NOWAIT)`, which copies only what is already cached and starts no I/O
-    (since Linux 5.9 RWF_NOWAIT implies IOCB_NOIO: checked on 6.18, a refused page stays
-    uncached). A full read is warm and is the read itself (one syscall per
-    range); EAGAIN or a short read makes the load cold and the rest of that range (and the
-    later ranges) is read blocking. One difference from mincore: RWF_NOWAIT may also refuse for
-    reasons other than residency (a page locked for a moment, lock contention in the
+    `preadv(..., RWF_NOWAIT)`, which copies only what is already cached and never waits for
+    the device (it may start I/O, though: measured on Linux 6.18, a refused page lands ~1 ms
+    later; `nowait_starts_io` says what the open-time probe saw). A full read is warm and is
+    the read itself (one syscall per range); EAGAIN or a short read makes the load cold and
+    the rest of that range (and the later ranges) is read blocking, right after, so a started
+    read is one this load waits for anyway. One difference from mincore: RWF_NOWAIT may also
+    refuse for reasons other than residency (a page locked for a moment, lock contention in the
     filesystem), so it can only over-count cold loads, never under-count them.
   - "mincore" (O_DIRECT, platforms without os.RWF_NOWAIT, filesystems that refuse it, or set by
     hand to force it): classed BEFORE reading, with `mincore` on a never-touched PROT_READ
@@ -27,7 +28,11 @@ writable NumPy views (`np.asarray(mx_array)` is a zero-copy writable view of MLX
   An O_DIRECT store that falls back to buffered reads mid-run keeps mincore.
   At open, a buffered store checks RWF_NOWAIT on each file against mincore on the file's first
   page (a refused flag, a refused resident page or a non-resident page read without waiting
-  all mean mincore); `residency_fallback` says why when it chose mincore.
+  all mean mincore); `residency_fallback` says why when it chose mincore. Every
+  `drop_page_cache` checks again on the page it just dropped, which the open-time check often
+  cannot (a fresh conversion's first page is cached): RWF_NOWAIT must refuse it and start no
+  read of it, or the store switches to mincore.
+  A failed mincore is ResidencyUnknown, never "nothing resident": a load it classes counts cold.
 - Page-cache budget: the expert bytes this store has read are kept within `page_cache_budget`
   bytes by dropping the least recently read bundles with POSIX_FADV_DONTNEED (ranges rounded
   out to whole pages). With a budget, the store drops the expert files' pages when it opens,
@@ -69,6 +74,15 @@ class ExpertReadError(IOFault):
     """A failed or short expert read; the message names layer, expert and file."""
 
 
+class ResidencyUnknown(IOFault):
+    """mincore failed on an expert file: which of its pages are cached is not known."""
+
+
+# How long the open-time probe waits for the read a refused RWF_NOWAIT may have started (one
+# page; landed within ~1 ms here): it drops the page again once it lands.
+NOWAIT_IO_WAIT_S = 0.05
+
+
 @dataclass
 class _File:
     path: str
@@ -99,6 +113,7 @@ class ExpertStore:
         self.budget = PageCacheBudget(page_cache_budget, self.platform.drop_pages, PAGE) \
             if page_cache_budget is not None else None
         self._files: dict[int, _File] = {}
+        self.nowait_starts_io: bool | None = None  # None: not probed (see _nowait_refusal)
         self._ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}  # bundle_ranges cache
         for layer, entry in manifest.layers.items():
             self._files[layer] = self._open(str(manifest.path(entry.file)))
@@ -126,7 +141,12 @@ class ExpertStore:
         return _File(path, size, fd, dfd, map_for_residency(fd, size))
 
     def _nowait_refusal(self) -> str | None:
-        """None when RWF_NOWAIT reads agree with mincore on every file, else why they don't."""
+        """None when RWF_NOWAIT reads agree with mincore, else why they don't. Each file's
+        first page, when cached, must be read without waiting; one uncached first page (the
+        files share a directory, so a filesystem) must be refused. A refused RWF_NOWAIT read
+        still starts that page's read (measured on Linux 6.18: resident ~1 ms after the
+        EAGAIN), and a read in flight survives a drop unseen by mincore (not yet up to date),
+        so the probe waits for it to land and drops it again: the cache is left as found."""
         if self.direct:
             return "O_DIRECT reads bypass the page cache"
         if self._nowait is None:
@@ -136,9 +156,14 @@ class ExpertStore:
                 continue
             if not f.addr:
                 return f"{f.path}: no mapping to check RWF_NOWAIT against mincore"
-            resident, total = self._resident_pages(f, [(0, 1)])
+            try:
+                resident, total = self._resident_pages(f, [(0, 1)])
+            except ResidencyUnknown as err:
+                return str(err)
             if not total:
                 return f"{f.path}: mincore failed"
+            if not resident and self.nowait_starts_io is not None:
+                continue  # probed: reading it would only start its I/O
             try:
                 n = os.preadv(f.fd, [bytearray(1)], 0, self._nowait)
             except OSError as err:
@@ -149,7 +174,20 @@ class ExpertStore:
                 return f"{f.path}: RWF_NOWAIT refused a resident page"
             if not resident and n == 1:
                 return f"{f.path}: RWF_NOWAIT read a non-resident page"
+            if not resident:
+                self.nowait_starts_io = self._await_first_page(f)
         return None
+
+    def _await_first_page(self, f: _File) -> bool:
+        """True when page 0, refused by RWF_NOWAIT, lands in the page cache anyway (then it is
+        dropped again); False when it stays out for NOWAIT_IO_WAIT_S."""
+        deadline = time.perf_counter() + NOWAIT_IO_WAIT_S
+        while time.perf_counter() < deadline:
+            if self._resident_pages(f, [(0, 1)])[0]:
+                self.platform.drop_pages(f.fd, 0, PAGE)
+                return True
+            time.sleep(0.0005)
+        return False
 
     def _no_direct(self, reason: str) -> None:
         if self.direct:
@@ -200,8 +238,12 @@ class ExpertStore:
     # ------------------------------------------------------------ residency
 
     def _resident_pages(self, f: _File, ranges: list[tuple[int, int]]) -> tuple[int, int]:
-        """(resident pages, total pages) over `ranges` of file `f` (mincore: engine.platform)."""
-        return self._probe.resident_pages(f.addr, ranges)
+        """(resident pages, total pages) over `ranges` of file `f` (mincore: engine.platform).
+        Raises ResidencyUnknown when mincore fails."""
+        try:
+            return self._probe.resident_pages(f.addr, ranges)
+        except OSError as err:
+            raise ResidencyUnknown(f"{f.path}: {err.strerror}") from None
 
     def residency(self, layer: int, expert: int) -> float:
         """Fraction of the bundle's pages in the page cache (1.0 = fully warm)."""
@@ -219,7 +261,10 @@ class ExpertStore:
         for f in self._files.values() if layer is None else [self._files[layer]]:
             if f.size and not f.addr:
                 return -1
-            r, _ = self._resident_pages(f, [(0, f.size)]) if f.size else (0, 0)
+            try:
+                r, _ = self._resident_pages(f, [(0, f.size)]) if f.size else (0, 0)
+            except ResidencyUnknown:
+                return -1
             total += r * PAGE
         return total
 
@@ -234,16 +279,19 @@ class ExpertStore:
 
     def drop_until_cold(self, layer: int | None = None, tries: int = 5,
                         settle_s: float = 0.05) -> int:
-        """Drop, then check with mincore that nothing stayed resident, a few times: pages a
-        read still had in flight (readahead, another thread's read) can land after a drop.
+        """Drop, settle, drop again, then check with mincore that nothing stayed resident, a
+        few times. A page whose read is in flight (readahead, another thread's read, the read
+        a refused RWF_NOWAIT starts) is locked, so a drop keeps it, and not yet up to date, so
+        mincore does not count it: it lands after the drop. The settle lets it land first.
         Returns the expert files' resident bytes left (0: cold; -1: unknown)."""
         left = -1
         for i in range(tries):
             self.drop_page_cache(layer)
+            time.sleep(settle_s * (i + 1))
+            self.drop_page_cache(layer)
             left = self.page_cache_bytes(layer)
             if left <= 0:
                 return left
-            time.sleep(settle_s * (i + 1))
         return left
 
     # ------------------------------------------------------------ reads
@@ -292,7 +340,10 @@ class ExpertStore:
                     return None
             return self._row(layer, expert, ranges, started, issued_ns, source, thread,
                              step=step)
-        r, t = self._resident_pages(self._files[layer], ranges)
+        try:
+            r, t = self._resident_pages(self._files[layer], ranges)
+        except ResidencyUnknown:
+            return None  # not known to be warm
         if r < t:
             return None
         return self._load(layer, expert, ranges, self._views(layer, into), source, thread,
@@ -333,8 +384,11 @@ class ExpertStore:
         if cold is None and nowait:
             cold = False  # until a range is not wholly in the page cache
         elif cold is None:
-            r, t = self._resident_pages(f, ranges)
-            cold = r < t
+            try:
+                r, t = self._resident_pages(f, ranges)
+                cold = r < t
+            except ResidencyUnknown:
+                cold = True  # unknown counts cold: like RWF_NOWAIT, over-count, never under
         for (off, length), view in zip(ranges, views, strict=True):
             flags = view.flags
             if view.nbytes != length or not flags.c_contiguous or not flags.writeable:

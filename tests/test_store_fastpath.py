@@ -66,12 +66,12 @@ def test_cold_after_drop_then_warm_same_bytes(method, tiny_random_converted, mod
         refs = {k: _file_bytes(root, s, *k) for k in [*picks, (m.moe_layers[1], 9)]}
         for layer, e in picks:
             ref = refs[layer, e]
-            # Dropped pages can come back before the read: once in ~10 fresh-clone runs a read
-            # right after mincore found none resident came back warm (the kernel's page-cache
-            # internals, not the store). Up to 3 tries, each checking its premise; a store
-            # that never classes a cold read cold still fails.
+            # A read in flight when pages are dropped survives the drop unseen by mincore and
+            # lands after it (a refused RWF_NOWAIT starts one: engine.store). drop_until_cold
+            # settles and drops again; 3 tries, each checking its premise: a store that never
+            # classes a cold read cold still fails.
             for _ in range(3):
-                s.drop_page_cache()  # plain reads cached pages (with readahead)
+                assert s.drop_until_cold(settle_s=0.02) == 0
                 assert s.residency(layer, e) == 0.0
                 buf = _buffers(s, layer)
                 if s.read_bundle(layer, e, buf)["cold"]:
