@@ -79,8 +79,8 @@ class ResidencyUnknown(IOFault):
 
 
 # How long the open-time probe waits for the read a refused RWF_NOWAIT may have started (one
-# page; landed within ~1 ms here): it drops the page again once it lands.
-NOWAIT_IO_WAIT_S = 0.05
+# page; landed within ~1 ms here, slower on a busy disk): it drops the page again once it lands.
+NOWAIT_IO_WAIT_S = 0.25
 
 
 @dataclass
@@ -165,18 +165,29 @@ class ExpertStore:
             if not resident and self.nowait_starts_io is not None:
                 continue  # probed: reading it would only start its I/O
             try:
-                n = os.preadv(f.fd, [bytearray(1)], 0, self._nowait)
+                n = self._nowait_first_byte(f)
             except OSError as err:
-                if err.errno != errno.EAGAIN:
-                    return f"RWF_NOWAIT read of {f.path} failed: {err.strerror}"
-                n = -1
+                return f"RWF_NOWAIT read of {f.path} failed: {err.strerror}"
             if resident and n != 1:
                 return f"{f.path}: RWF_NOWAIT refused a resident page"
             if not resident and n == 1:
-                return f"{f.path}: RWF_NOWAIT read a non-resident page"
+                # mincore misses a page still being read (not up to date): it may have landed
+                # just before this read. Dropped now (up to date), it must be refused.
+                self.platform.drop_pages(f.fd, 0, PAGE)
+                if not self._resident_pages(f, [(0, 1)])[0] and self._nowait_first_byte(f) == 1:
+                    return f"{f.path}: RWF_NOWAIT read a non-resident page"
             if not resident:
                 self.nowait_starts_io = self._await_first_page(f)
         return None
+
+    def _nowait_first_byte(self, f: _File) -> int:
+        """Bytes an RWF_NOWAIT read of the file's first byte got (0: refused, EAGAIN)."""
+        try:
+            return os.preadv(f.fd, [bytearray(1)], 0, self._nowait)
+        except OSError as err:
+            if err.errno != errno.EAGAIN:
+                raise
+            return 0
 
     def _await_first_page(self, f: _File) -> bool:
         """True when page 0, refused by RWF_NOWAIT, lands in the page cache anyway (then it is
