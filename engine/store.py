@@ -10,15 +10,12 @@ writable NumPy views (`np.asarray(mx_array)` is a zero-copy writable view of MLX
   says why (`direct_fallback`, plus a warning).
 - Each load is classed cold (some byte had to come from the disk) or warm (every byte was in the
   page cache). `residency_method` says how:
-  - "rwf_nowait" (buffered reads on Linux): each range is first read with
-    `preadv(..., RWF_NOWAIT)`, which copies only what is already cached and never waits for
-    the device (it may start I/O, though: measured on Linux 6.18, a refused page lands ~1 ms
-    later; `nowait_starts_io` says what the open-time probe saw). A full read is warm and is
-    the read itself (one syscall per range); EAGAIN or a short read makes the load cold and
-    the rest of that range (and the later ranges) is read blocking, right after, so a started
-    read is one this load waits for anyway. One difference from mincore: RWF_NOWAIT may also
-    refuse for reasons other than residency (a page locked for a moment, lock contention in the
-    filesystem), so it can only over-count cold loads, never under-count them.
+  - "rwf_nowait" (buffered reads on Linux, where the flag starts no I/O): each range is
+    first read with `preadv(..., RWF_NOWAIT)`, which copies only what is already cached. A
+    full read is warm and is the read itself (one syscall per range); EAGAIN or a short read
+    makes the load cold and the rest of that range (and the later ranges) is read blocking.
+    RWF_NOWAIT may also refuse for reasons other than residency (a page locked for a moment),
+    so it can only over-count cold loads, never under-count them.
   - "mincore" (O_DIRECT, platforms without os.RWF_NOWAIT, filesystems that refuse it, or set by
     hand to force it): classed BEFORE reading, with `mincore` on a never-touched PROT_READ
     mapping of the file (an untouched mapping maps no pages, so it neither warms the cache nor
@@ -26,12 +23,12 @@ writable NumPy views (`np.asarray(mx_array)` is a zero-copy writable view of MLX
     WOULD have been warm. One mincore call covers ranges at most MERGE_GAP_PAGES pages apart, into a
     per-thread preallocated vector.
   An O_DIRECT store that falls back to buffered reads mid-run keeps mincore.
-  At open, a buffered store checks RWF_NOWAIT on each file against mincore on the file's first
-  page (a refused flag, a refused resident page or a non-resident page read without waiting
-  all mean mincore); `residency_fallback` says why when it chose mincore. Every
-  `drop_page_cache` checks again on the page it just dropped, which the open-time check often
-  cannot (a fresh conversion's first page is cached): RWF_NOWAIT must refuse it and start no
-  read of it, or the store switches to mincore.
+  At open, a buffered store checks RWF_NOWAIT (`_nowait_refusal`): each file's cached first
+  page must be read, and one uncached page must be refused with no read started (IOCB_NOIO).
+  Linux 6.18 starts it (a refused page lands ~1 ms later) and then a fast device can answer
+  within the call, so a cold read looks warm: there, and wherever the flag is refused or
+  missing, the store classes by mincore; `residency_fallback` says why, `nowait_starts_io`
+  what the probe saw.
   A failed mincore is ResidencyUnknown, never "nothing resident": a load it classes counts cold.
 - Page-cache budget: the expert bytes this store has read are kept within `page_cache_budget`
   bytes by dropping the least recently read bundles with POSIX_FADV_DONTNEED (ranges rounded
@@ -80,7 +77,7 @@ class ResidencyUnknown(IOFault):
 
 # How long the open-time probe waits for the read a refused RWF_NOWAIT may have started (one
 # page; landed within ~1 ms here, slower on a busy disk): it drops the page again once it lands.
-NOWAIT_IO_WAIT_S = 0.25
+NOWAIT_IO_WAIT_S = 0.1
 
 
 @dataclass
@@ -113,7 +110,7 @@ class ExpertStore:
         self.budget = PageCacheBudget(page_cache_budget, self.platform.drop_pages, PAGE) \
             if page_cache_budget is not None else None
         self._files: dict[int, _File] = {}
-        self.nowait_starts_io: bool | None = None  # None: not probed (see _nowait_refusal)
+        self.nowait_starts_io: bool | None = None  # None: not probed (_nowait_starts_no_io)
         self._ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}  # bundle_ranges cache
         for layer, entry in manifest.layers.items():
             self._files[layer] = self._open(str(manifest.path(entry.file)))
@@ -141,19 +138,21 @@ class ExpertStore:
         return _File(path, size, fd, dfd, map_for_residency(fd, size))
 
     def _nowait_refusal(self) -> str | None:
-        """None when RWF_NOWAIT reads agree with mincore, else why they don't. Each file's
-        first page, when cached, must be read without waiting; one uncached first page (the
-        files share a directory, so a filesystem) must be refused. A refused RWF_NOWAIT read
-        still starts that page's read (measured on Linux 6.18: resident ~1 ms after the
-        EAGAIN), and a read in flight survives a drop unseen by mincore (not yet up to date),
-        so the probe waits for it to land and drops it again: the cache is left as found."""
+        """None when an RWF_NOWAIT read tells cached from uncached, else why it can't (then
+        mincore classes). Each file's first page, when cached, must be read without waiting.
+        One uncached page (the files share a directory, so a filesystem; page 0 of the first
+        file, dropped if cached) must be refused AND its read not started (IOCB_NOIO): where
+        the flag starts the read, a fast device can answer within the call, and a cold read
+        comes back looking warm (measured on Linux 6.18 under write load: a third of the reads
+        right after a drop, 0.1-0.3 ms each). The probe waits for a started read to land and
+        drops the page again: it leaves nothing in flight (a read in flight survives a drop
+        unseen by mincore, not being up to date yet)."""
         if self.direct:
             return "O_DIRECT reads bypass the page cache"
         if self._nowait is None:
             return f"RWF_NOWAIT is missing on this platform ({self.platform.name})"
-        for f in self._files.values():
-            if not f.size:
-                continue
+        files = [f for f in self._files.values() if f.size]
+        for f in files:
             if not f.addr:
                 return f"{f.path}: no mapping to check RWF_NOWAIT against mincore"
             try:
@@ -162,22 +161,38 @@ class ExpertStore:
                 return str(err)
             if not total:
                 return f"{f.path}: mincore failed"
-            if not resident and self.nowait_starts_io is not None:
-                continue  # probed: reading it would only start its I/O
-            try:
-                n = self._nowait_first_byte(f)
-            except OSError as err:
-                return f"RWF_NOWAIT read of {f.path} failed: {err.strerror}"
-            if resident and n != 1:
-                return f"{f.path}: RWF_NOWAIT refused a resident page"
-            if not resident and n == 1:
-                # mincore misses a page still being read (not up to date): it may have landed
-                # just before this read. Dropped now (up to date), it must be refused.
-                self.platform.drop_pages(f.fd, 0, PAGE)
-                if not self._resident_pages(f, [(0, 1)])[0] and self._nowait_first_byte(f) == 1:
-                    return f"{f.path}: RWF_NOWAIT read a non-resident page"
-            if not resident:
-                self.nowait_starts_io = self._await_first_page(f)
+            if resident:
+                try:
+                    if self._nowait_first_byte(f) != 1:
+                        return f"{f.path}: RWF_NOWAIT refused a resident page"
+                except OSError as err:
+                    return f"RWF_NOWAIT read of {f.path} failed: {err.strerror}"
+        for f in files:
+            self.platform.flush(f.fd)  # a dirty page cannot be dropped
+            self.platform.drop_pages(f.fd, 0, PAGE)
+            if not self._resident_pages(f, [(0, 1)])[0]:
+                return self._nowait_starts_no_io(f)
+        # A fresh file's pages can stay a while after a drop (ext4 frees a written page once
+        # its journal commit is done): untested, the flag is not trusted.
+        return "no first page could be dropped to check that RWF_NOWAIT starts no read" \
+            if files else None
+
+    def _nowait_starts_no_io(self, f: _File) -> str | None:
+        """None when RWF_NOWAIT refuses file `f`'s uncached first page and starts no read of
+        it; else why not. Sets `nowait_starts_io`."""
+        try:
+            n = self._nowait_first_byte(f)
+        except OSError as err:
+            return f"RWF_NOWAIT read of {f.path} failed: {err.strerror}"
+        landed = n == 1 or self._await_first_page(f)
+        self.platform.drop_pages(f.fd, 0, PAGE)
+        self.nowait_starts_io = landed
+        if n == 1:
+            return f"{f.path}: RWF_NOWAIT read a non-resident page"
+        if landed:
+            return (f"{f.path}: a refused RWF_NOWAIT read started the page's read (no "
+                    "IOCB_NOIO): a fast device can answer within the call, classing a cold "
+                    "read warm")
         return None
 
     def _nowait_first_byte(self, f: _File) -> int:
@@ -190,12 +205,11 @@ class ExpertStore:
             return 0
 
     def _await_first_page(self, f: _File) -> bool:
-        """True when page 0, refused by RWF_NOWAIT, lands in the page cache anyway (then it is
-        dropped again); False when it stays out for NOWAIT_IO_WAIT_S."""
+        """True when page 0, refused by RWF_NOWAIT, lands in the page cache anyway within
+        NOWAIT_IO_WAIT_S."""
         deadline = time.perf_counter() + NOWAIT_IO_WAIT_S
         while time.perf_counter() < deadline:
             if self._resident_pages(f, [(0, 1)])[0]:
-                self.platform.drop_pages(f.fd, 0, PAGE)
                 return True
             time.sleep(0.0005)
         return False
