@@ -143,10 +143,10 @@ class ExpertStore:
         One uncached page (the files share a directory, so a filesystem; page 0 of the first
         file, dropped if cached) must be refused AND its read not started (IOCB_NOIO): where
         the flag starts the read, a fast device can answer within the call, and a cold read
-        comes back looking warm (measured on Linux 6.18 under write load: a third of the reads
-        right after a drop, 0.1-0.3 ms each). The probe waits for a started read to land and
-        drops the page again: it leaves nothing in flight (a read in flight survives a drop
-        unseen by mincore, not being up to date yet)."""
+        comes back looking warm (reports/store/nowait_probe.py: on Linux 6.18 every refused
+        page landed within 5 ms; CI saw the warm cold reads). The probe waits for a started
+        read to land and drops the page again: it leaves nothing in flight (a read in flight
+        survives a drop unseen by mincore, not being up to date yet)."""
         if self.direct:
             return "O_DIRECT reads bypass the page cache"
         if self._nowait is None:
