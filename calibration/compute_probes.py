@@ -20,6 +20,12 @@ simulator's compute and graph-building figures for this machine come from measur
   thread hand-off  a no-op read request through engine.readers.ReaderPool (the engine's reader
                    threads, help_main off so a reader always does it): submit, reader wake-up,
                    event set, main-thread wake-up; the median round trip is `handoff_ms`
+  queue ahead      the resident step again, each router's ids brought to the host as the
+                   engine's fill points do: the walk up to the router handed over with
+                   mx.async_eval, then waited for. async_eval returns only once few tasks are
+                   in flight (MLX blocks the caller above MAX_ACTIVE_TASKS; on CPU a task is
+                   one operation); the median time still left after it returned (the rest of
+                   the walk, and the waiter's wake-up) is `queue_ahead_ms`
 
 The decode configurations are loaded side by side and take turns, one step each (round robin),
 so they see the same machine load. Every timing is the 10th percentile of its repeats
@@ -69,6 +75,27 @@ class ResidentPath(ExpertPath):
             t0 = time.perf_counter_ns()
             np.array(inds, copy=True)
             TimedExact.sync_ns += time.perf_counter_ns() - t0
+        return switch_glu(x, self.stack, inds, self.quant)
+
+
+class AsyncProbePath(ResidentPath):
+    """ResidentPath whose router ids come to the host as the engine's fill points bring them:
+    the walk up to the router handed over with mx.async_eval (how long it blocked), then
+    waited for (the compute still left when it returned)."""
+
+    def __init__(self, store: ExpertStore, layer: int, stacks: dict,
+                 samples: list[tuple[float, float]]):
+        super().__init__(store, layer, False, stacks)
+        self.samples = samples  # (ms blocked in async_eval, ms left after it), per router
+
+    def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
+        if inds.size == inds.shape[-1]:  # one token (a decode step; prompts are not timed)
+            t0 = time.perf_counter_ns()
+            mx.async_eval(inds)
+            t1 = time.perf_counter_ns()
+            np.array(inds, copy=True)
+            t2 = time.perf_counter_ns()
+            self.samples.append(((t1 - t0) / 1e6, (t2 - t1) / 1e6))
         return switch_glu(x, self.stack, inds, self.quant)
 
 
@@ -324,12 +351,15 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     layers = len(manifest.moe_layers)
     glu = glu_times(converted, ks, glu_reps)
     stacks: dict = {}
+    queue_samples: list[tuple[float, float]] = []
     runners = {
         "resident": Runner(converted, path_factory=lambda s, i: ResidentPath(s, i, False, stacks)),
         "resident_synced": Runner(converted,
                                   path_factory=lambda s, i: ResidentPath(s, i, True, stacks)),
         "zero": Runner(converted, path_factory=lambda s, i: ZeroPath()),
         "exact": Runner(converted, path_factory=lambda s, i: TimedExact(s, i)),
+        "async_probe": Runner(converted, path_factory=lambda s, i: AsyncProbePath(
+            s, i, stacks, queue_samples)),
     }
     for preset in presets:
         runners[preset] = Runner(converted, preset=preset)
@@ -396,6 +426,9 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         handoff_ms=float(np.median(handoff)),
         handoff_p10_ms=cost(handoff),
         handoff_reps=len(handoff),
+        queue_ahead_ms=float(np.median([left for _, left in queue_samples])),
+        async_blocked_ms=float(np.median([blocked for blocked, _ in queue_samples])),
+        queue_ahead_reps=len(queue_samples),
     )
     engine = {name: {"build_ms": m(t.build_ms), "sync_ms": m(t.sync_ms), "read_ms": m(t.read_ms),
                      "eval_ms": m(t.eval_ms), "loads_per_step": len(t.loads) / max(steps, 1)}

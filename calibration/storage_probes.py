@@ -163,6 +163,20 @@ def queue_throughput(path: Path, threads: tuple[int, ...] = (1, 2, 4, 8), size: 
     return out
 
 
+def small_read_speedup(path: Path, max_threads: int = 8, size: int = 4096,
+                       per_thread: int = 100, rounds: int = 3) -> dict[int, float]:
+    """Median over `rounds` of the aggregate rate of n threads doing O_DIRECT random reads of
+    `size` (reads/s), n = 1..max_threads: how far small concurrent reads overlap."""
+    runs = [queue_throughput(path, tuple(range(1, max_threads + 1)), size, per_thread,
+                             seed=10 + r) for r in range(rounds)]
+    out = {}
+    for n in range(1, max_threads + 1):
+        got = [run[n] for run in runs if n in run]
+        if got:
+            out[n] = float(np.median(got)) * 1e9 / size
+    return out
+
+
 def _direct_worker(path: Path, size: int, offsets: list[int], barrier: threading.Barrier,
                    errors: list[BaseException]) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
@@ -200,6 +214,7 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
         lat = direct_latency_ms(path)
         seq = direct_sequential_gbps(path)
         queue = queue_throughput(path, threads)
+        small = small_read_speedup(path)
     finally:
         path.unlink(missing_ok=True)
     notes = []
@@ -208,4 +223,4 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
                      "cold reads only")
     return StorageResult(list(sizes), cold, warm, lat if lat is not None else -1.0,
                          seq if seq is not None else -1.0, queue, str(directory), scratch_bytes,
-                         time.perf_counter() - t0, notes)
+                         time.perf_counter() - t0, notes, small)

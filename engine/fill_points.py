@@ -67,7 +67,10 @@ class FillPoints:
         self.pending: list[FillPoint] = []  # registered by the step being built
         self.backlog: deque[FillPoint] = deque()  # the step being evaluated: not yet resolved
         self.final: mx.array | None = None  # what to evaluate once the backlog is empty
-        self.busy: list[tuple[int, int]] = []  # [start, end) ns of fills done by progress()
+        # [start, end) ns of progress() calls: step t's fills and the queueing of its next
+        # piece, not step t+1's graph building. Queueing is waiting on compute: MLX's
+        # async_eval on CPU blocks until only a few dozen operations remain queued.
+        self.busy: list[tuple[int, int]] = []
 
     @contextmanager
     def collecting(self) -> Iterator[FillPoints]:
@@ -106,7 +109,7 @@ class FillPoints:
             self._kick()
         for point in points:
             if point.start is not None and not point.early:
-                self._timed(point.start, point)
+                self._at_step(point.start, point)
         self._resolve_waits()
         if not early:
             self._kick()
@@ -117,18 +120,22 @@ class FillPoints:
         step t+1 is built."""
         if not self.backlog:
             return
-        point = self._pop()
-        self._timed(point.fill, point)
-        if point.gather is not None:  # restart compute before the longer walk to the next router
-            mx.async_eval(point.gather)
-        self._resolve_waits()
-        self._kick()
+        t0 = time.perf_counter_ns()
+        try:
+            point = self._pop()
+            self._at_step(point.fill, point)
+            if point.gather is not None:  # restart compute before the walk to the next router
+                mx.async_eval(point.gather)
+            self._resolve_waits()
+            self._kick()
+        finally:
+            self.busy.append((t0, time.perf_counter_ns()))
 
     def _resolve_waits(self) -> None:
         """Resolve the wait-only points at the head of the backlog (see `begin`)."""
         while self.backlog and self.backlog[0].wait_only:
             point = self._pop()
-            self._timed(point.fill, point)
+            self._at_step(point.fill, point)
 
     def _pop(self) -> FillPoint:
         """The head point; when the point after it is `early` (a same-token, one-layer lead:
@@ -137,21 +144,18 @@ class FillPoints:
         point = self.backlog.popleft()
         nxt = self.backlog[0] if self.backlog else None
         if nxt is not None and nxt.early and nxt.start is not None:
-            self._timed(nxt.start, nxt)
+            self._at_step(nxt.start, nxt)
         return point
 
-    def _timed(self, fn: Fill, point: FillPoint) -> None:
+    def _at_step(self, fn: Fill, point: FillPoint) -> None:
         """`fn(point.inds)` at the point's step (its loads carry the step that registered it,
         though it runs while a later step is built)."""
-        t0 = time.perf_counter_ns()
         try:
             with self.clock.at(point.step):
                 fn(point.inds)
         except BaseException:
             self.backlog.clear()
             raise
-        finally:
-            self.busy.append((t0, time.perf_counter_ns()))
 
     def drain(self) -> None:
         """Resolve the remaining points of the step being evaluated, in order."""

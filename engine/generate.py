@@ -20,8 +20,10 @@ drops the step built ahead (its staging is reset; its step number is reused).
 Step rows (what a trace records): with lookahead the steps' work overlaps, so each row is a
 WINDOW of wall time, [end of the previous sampled step, this step's token on the host], and
 the windows tile the decode phase (sum of windows = decode wall time). `build_ns` is the graph
-building inside the window (step t+1's graph, built while step t computes); `eval_ns` the
-rest. Without lookahead a row is [build start, token on host] and its build is its own.
+building inside the window (step t+1's graph, built while step t computes), net of step t's
+fill points and of queueing step t's next piece (on CPU, MLX's async_eval blocks until little
+is left queued: that is waiting on compute); `eval_ns` the rest. Without lookahead a row is
+[build start, token on host] and its build is its own.
 
 Hooks (the trace recorder plugs in here):
   on_step_start(step, phase, tokens)  before a forward step is built (with lookahead: while

@@ -100,7 +100,8 @@ def paths_in_use(model) -> dict[str, Any]:
 def engine_info(engine: Engine) -> dict[str, Any]:
     """run.json `engine`: the engine's config (`EngineConfig.to_dict()`, contract.engine_config)
     plus what is observed on the loaded model (the K it routes at, resolved buffer sizes, paths
-    per phase and layer, the platform and device, effective O_DIRECT)."""
+    per phase and layer, the platform and device, effective O_DIRECT, and how the store told a
+    warm load from a cold one: the trace's cold flags mean what that method measures)."""
     store = engine.store
     base = dict(engine.config.to_dict())
     base.setdefault("k", store.manifest.top_k)  # the K it routed at (EngineConfig.top_k)
@@ -112,6 +113,9 @@ def engine_info(engine: Engine) -> dict[str, Any]:
     base["device"] = device_info(base.get("dtype", "auto"))
     base["o_direct_effective"] = store.direct
     base["o_direct_fallback"] = store.direct_fallback
+    base["residency"] = {"method": store.residency_method,
+                         "fallback": store.residency_fallback,
+                         "nowait_starts_io": store.nowait_starts_io}
     return base
 
 

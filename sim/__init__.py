@@ -7,15 +7,19 @@ schema as a measured one.
 
   scenario.py        Hardware / ModelProfile / Scenario dataclasses
   profiles.py        TOML loading, validation, --set key=value overrides
+  sharing.py         processor sharing, the mechanism of cpu.py and shared_device.py
   cpu.py             the host's cores: processor sharing among every thread that computes
   gil.py             Python's interpreter lock: graph building vs readers' bookkeeping
-  compute_stream.py  the accelerator's command stream (on a CPU backend: a thread on the cores)
+  compute_stream.py  the accelerator's command stream (on a CPU backend: a thread on the cores;
+                     a bounded queue: async eval returns once little is left queued)
   main_thread.py     the main thread's process: graph build, fills, syncs, waits
   prefill.py         a prefill step: whole-layer loads overlapping the layers' compute
   readers.py         reader threads: processes on one priority queue, demand before prefetch
   loads.py           a load and its cost by where its bytes are (page cache, device) + CPU work
   storage.py         the device, closed form (queue depth, latency, shared bandwidth)
   device_process.py  the same device as SimPy resources: the reference the closed form equals
+  shared_device.py   a device whose concurrent small reads overlap in part (a measured
+                     speedup curve): processor sharing over the requests' latency
   throttle.py        the kernel's block-I/O read throttle in front of it (a token bucket)
   memory.py          RAM budget: OS, engine, app caches; the page cache gets what is left
   swap.py            oversubscription: the engine's paged-out memory faulted back in
@@ -39,7 +43,8 @@ names, thresholds) and traces/ (the schema, load sources):
   engine/fill_points.py (deferred routing syncs)   main_thread.py (fills)
   engine/readers.py (reader threads, help_reads)   readers.py, gil.py
   engine/store.py (reads, cold/warm, budget)       loads.py, page_cache.py, storage.py,
-                                                   throttle.py (engine/throttle.py)
+                                                   shared_device.py, throttle.py
+                                                   (engine/throttle.py)
   engine/paths/exact.py                            policies.py Exact (path "exact")
   engine/paths/hot.py                              policies.py Hot (path "hot"), lru.py
   engine/paths/staged.py, slot_table.py            policies.py Staged (path "staged"),

@@ -64,6 +64,8 @@ class StorageResult:
     scratch_bytes: int
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    small_iops: dict[int, float] = field(default_factory=dict)  # threads -> aggregate reads/s
+    # (O_DIRECT random 4 KiB, median of 3 rounds)
 
 
 
@@ -132,6 +134,10 @@ class ComputeResult:
     # engine's reader threads (nan: not measured)
     handoff_p10_ms: float = float("nan")
     handoff_reps: int = 0
+    queue_ahead_ms: float = float("nan")  # median compute left when mx.async_eval of the
+    # walk to a router returned (nan: not measured)
+    async_blocked_ms: float = float("nan")  # median time that async_eval blocked
+    queue_ahead_reps: int = 0  # routers timed
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -161,7 +167,7 @@ def storage_values(st: StorageResult, c: ComputeResult | None = None,
     if c is not None and c.warm_bundle_ms > 0 and c.cold_bundle_ms > 0:
         b = c.bundle_bytes
         copy_ms = b / (memcpy * 1e9) * 1e3 if memcpy else 0.0
-        dev_ms = latency + b / (bandwidth * 1e9) * 1e3
+        dev_ms = ranges * latency + b / (bandwidth * 1e9) * 1e3  # one request per range
         load = max(c.warm_bundle_ms - copy_ms, 0.0)
         cold = max(c.cold_bundle_ms - c.warm_bundle_ms - dev_ms, 0.0)
         load_how = (f"engine store, warm bundle read of {c.model} ({b} bytes, {ranges} ranges): "
@@ -170,15 +176,15 @@ def storage_values(st: StorageResult, c: ComputeResult | None = None,
                     f"{fit_load:.3f} ms")
         cold_how = (f"engine store, cold bundle read ({c.cold_bundles} reads after dropping the "
                     f"files' pages): {c.cold_bundle_ms:.3f} ms (10th percentile), minus the warm "
-                    f"read and the device time latency + bytes/bandwidth ({dev_ms:.3f} ms): the "
-                    f"other ranges' round trips and page-cache fill; the per-size fit gives "
-                    f"{fit_cold:.3f} ms")
+                    f"read and the device time {ranges} x latency + bytes/bandwidth "
+                    f"({dev_ms:.3f} ms: one request per range, no readahead): the page-cache "
+                    f"fill and fault work; the per-size fit gives {fit_cold:.3f} ms")
     else:
         load, cold = fit_load, fit_cold
         load_how = (f"{ranges} ranges per bundle x warm pread intercept {a_w * 1e3:.1f} us")
         cold_how = (f"{ranges} x (cold - warm pread intercept = {(a_c - a_w) * 1e3:.1f} us) - "
                     "one device latency")
-    return {
+    out = {
         "ssd_bandwidth_gbps": (round(bandwidth, 3), (
             f"buffered cold pread (FADV_RANDOM, after DONTNEED) slope minus warm slope: "
             f"{dev_ms_per_mib:.3f} ms/MiB over sizes {fmt_sizes} (cold ms: {cold_txt}); "
@@ -194,6 +200,16 @@ def storage_values(st: StorageResult, c: ComputeResult | None = None,
         "memcpy_gbps": (round(memcpy, 3), f"1 / slope of warm pread time vs size (warm ms: "
                         f"{warm_txt})"),
     }
+    iops = st.small_iops
+    if 1 in iops and iops[1] > 0:
+        n_max = max(n for n in range(1, len(iops) + 1) if all(k in iops for k in range(1, n + 1)))
+        curve = [1.0] + [round(iops[n] / iops[1], 3) for n in range(2, n_max + 1)]
+        txt = ", ".join(f"{n}: {iops[n]:.0f}" for n in range(1, n_max + 1))
+        out["queue_speedup"] = (curve, (
+            f"O_DIRECT random 4 KiB reads with n threads, aggregate reads/s over one thread's "
+            f"(median of 3 rounds; reads/s = {txt}): how far concurrent small reads overlap "
+            "(sim.shared_device)"))
+    return out
 
 
 def direct_cold_overhead(st: StorageResult, c: ComputeResult,
@@ -251,6 +267,14 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             "engine's reader threads (engine.readers.ReaderPool, 2 readers, help_main off): "
             "submit, reader wake-up, event set, main-thread wake-up in wait; 10th percentile "
             f"{c.handoff_p10_ms:.4f} ms. The sim adds it to every wait on a reader's load"))
+    if c.queue_ahead_ms == c.queue_ahead_ms:  # not nan
+        out["queue_ahead_ms"] = (round(max(c.queue_ahead_ms, 0.0), 4), (
+            f"median over {c.queue_ahead_reps} routers of a resident decode step, the walk to "
+            f"each handed over with mx.async_eval as the engine's fill points do: the compute "
+            f"still left when it returned, and the waiter's wake-up (it blocked "
+            f"{c.async_blocked_ms:.3f} ms): MLX blocks the caller while more than 10 tasks are "
+            "in flight, one operation each on its CPU backend (the sim's bounded queue, "
+            "sim.compute_stream)"))
     if active_params and c.prefill_ms > 0 and c.prefill_tokens:
         tflops = 2 * active_params * c.prefill_tokens / (c.prefill_ms / 1e3) / 1e12
         out["compute_tflops"] = (round(tflops, 6), (

@@ -8,16 +8,26 @@ order, one item at a time.
                               prefill, queued work starts only at the next host sync (`sync`)
   sync overhead               a sync that finds work queued or running costs the stream
                               `sync_s` more (handing work over and waking the waiter)
+  bounded queue               a non-blocking hand-over (`submit_async`, MLX's async_eval) returns
+                              only once at most `queue_ahead_s` of queued work is left: MLX's
+                              eval blocks the caller while more than MAX_ACTIVE_TASKS (10) tasks
+                              are in flight, and on its CPU backend a task is one operation, so
+                              the host runs only a few operations ahead (on Metal a task is a
+                              command buffer of many: unbounded, `queue_ahead_s` None)
 
-`submit` returns the item's completion event; `sync` returns an event that fires when
-everything queued so far has run. On a CPU backend the stream is one SimPy process fed by a
-Store (its items share the cores). On an accelerator nothing else shares its time, so an item's
-finish is known when it is handed over (the later of now and the previous finish, plus its
-duration): the stream keeps that timeline and each item is one timeout. `shortcut=False` runs
-the process there too; tests/test_sim_cpu.py checks that both give the same run.
+`submit` queues an item; `submit_async` queues it and returns the event the host waits on for
+the bounded queue (None: no wait); `sync` returns an event that fires when everything queued so
+far has run. On a CPU backend the stream is one SimPy process working through the items
+handed over (`inflight`, oldest first; its items share the cores). On an accelerator nothing
+else shares its time, so an item's finish is known when it is handed over (the later of now and
+the previous finish, plus its duration): the stream keeps that timeline and each item is one
+timeout. `shortcut=False` runs the process there too; tests/test_sim_cpu.py checks that both
+give the same run.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import simpy
 
@@ -28,17 +38,21 @@ COMPUTE_THREAD = "compute"
 
 class ComputeStream:
     def __init__(self, env: simpy.Environment, cores: Cores | None, lazy: bool,
-                 sync_s: float = 0.0, shortcut: bool = True) -> None:
+                 sync_s: float = 0.0, shortcut: bool = True,
+                 queue_ahead_s: float | None = None) -> None:
         self.env = env
         self.cores = cores  # None: an accelerator with its own time
         self.lazy = lazy
         self.sync_s = sync_s
-        self.queue: simpy.Store = simpy.Store(env)
+        self.queue_ahead_s = queue_ahead_s  # None: the host never waits to hand work over
         self.held: list[float] = []  # lazy work not handed over yet
         self.last: simpy.Event | None = None  # completion of the newest item handed over
         self.busy_s = 0.0
+        # process: [seconds, done] handed over and not finished, oldest first; the first is
+        # running once `running` is set (until then it may still be split)
+        self.inflight: deque[list] = deque()
         self.running = False
-        self.pending = 0  # items handed over and not finished
+        self._wake: simpy.Event | None = None
         self.timeline = cores is None and shortcut
         self.free_at = 0.0  # timeline: when the accelerator finishes what it was handed
         if not self.timeline:
@@ -47,7 +61,7 @@ class ComputeStream:
     def _busy(self) -> bool:
         if self.timeline:
             return self.free_at > self.env.now
-        return bool(self.pending or self.running)
+        return bool(self.inflight)
 
     def submit(self, seconds: float, lazy: bool | None = None) -> None:
         """Queue `seconds` of compute; with lazy evaluation it waits for the next sync."""
@@ -55,6 +69,49 @@ class ComputeStream:
             self.held.append(seconds)
         else:
             self.last = self._hand_over(seconds)
+
+    def submit_async(self, seconds: float) -> simpy.Event | None:
+        """Queue `seconds` now (never lazy), as async_eval does: the event the host waits on
+        until at most `queue_ahead_s` of everything queued is left, or None (no wait)."""
+        q = self.queue_ahead_s
+        if q is None:
+            self.last = self._hand_over(seconds)
+            return None
+        if self.timeline:
+            self._hand_over(seconds)
+            wait = self.free_at - q - self.env.now
+            return self.env.timeout(wait) if wait > 0 else None
+        if q <= 0:  # a sync in all but name
+            self.last = self._hand_over(seconds)
+            return self.last
+        if seconds > q:  # the point q before the end lies in this item: split it there
+            head = self._hand_over(seconds - q)
+            self.last = self._hand_over(q)
+            return head
+        self.last = self._hand_over(seconds)
+        return self._done_when_left(q - seconds)
+
+    def _done_when_left(self, left: float) -> simpy.Event | None:
+        """An event for when at most `left` of the work handed over before the newest item
+        remains: the waiting item holding that point is split there. A point inside the
+        running item is taken as that item's end (the process does not expose its progress:
+        late by at most `left`)."""
+        items = self.inflight
+        first = 1 if self.running else 0
+        acc = 0.0
+        for i in range(len(items) - 2, -1, -1):
+            seconds, done = items[i]
+            if acc + seconds <= left:
+                acc += seconds
+                continue
+            if i < first:
+                return done
+            tail = left - acc
+            point = self.env.event()
+            items[i] = [tail, done]
+            items.insert(i, [seconds - tail, point])
+            return point
+        return None
 
     def sync(self) -> simpy.Event | None:
         """The host waits for everything queued so far (lazy work is handed over now): the
@@ -80,19 +137,24 @@ class ComputeStream:
             self.busy_s += seconds
             return None
         done = self.env.event()
-        self.pending += 1
-        self.queue.put((seconds, done))
+        self.inflight.append([seconds, done])
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
         return done
 
     def _run(self):
         while True:
-            seconds, done = yield self.queue.get()
+            if not self.inflight:
+                self._wake = self.env.event()
+                yield self._wake
+                continue
+            seconds, done = self.inflight[0]
             self.running = True
             if self.cores is None:
                 yield self.env.timeout(seconds)
             else:
                 yield self.cores.work(seconds, COMPUTE_THREAD)
             self.busy_s += seconds
-            self.pending -= 1
+            self.inflight.popleft()
             self.running = False
             done.succeed()

@@ -5,7 +5,8 @@ Where a load's bytes are decides its cost, on the thread doing it (main or a rea
                 (pieces x load_overhead: syscall, array, bookkeeping)
     device      first the device read of the bundle's ranges rounded out to pages
                 (device_bundle_bytes; the edge pages shared with a neighbouring expert that
-                the page cache holds are not read again; sim.storage: throttle, queueing,
+                the page cache holds are not read again; without readahead one request per
+                range, bundle_reads; sim.storage or sim.shared_device: throttle, queueing,
                 latency, bytes / bandwidth; no CPU while it is in flight), then the bundle
                 enters the page cache, then the copy, the per-read work and the fault work of
                 the cold pieces (cold pieces x cold_overhead: page faults, VM mapping)
@@ -29,6 +30,7 @@ from sim.cpu import Cores
 from sim.gil import Gil
 from sim.page_cache import PageCache
 from sim.scenario import Hardware
+from sim.shared_device import SharedDevice
 from sim.storage import Device
 
 
@@ -62,10 +64,10 @@ class Load:
 class Fetcher:
     """Performs loads against the page cache and the device; keeps the load log."""
 
-    def __init__(self, env: simpy.Environment, hw: Hardware, device: Device,
+    def __init__(self, env: simpy.Environment, hw: Hardware, device: Device | SharedDevice,
                  page_cache: PageCache, cores: Cores, experts: int, bundle_bytes: int,
                  device_bundle_bytes: int = 0, evict_ms: float = 0.0,
-                 gil: Gil | None = None) -> None:
+                 gil: Gil | None = None, bundle_reads: int = 1) -> None:
         self.env = env
         self.device = device
         self.pc = page_cache
@@ -73,6 +75,7 @@ class Fetcher:
         self.experts = experts
         self.bundle_bytes = bundle_bytes
         self.device_bytes = device_bundle_bytes or bundle_bytes  # page-rounded ranges
+        self.bundle_reads = bundle_reads  # device requests of a cold bundle (no readahead)
         self.overhead = hw.load_overhead_ms / 1e3
         self.cold_overhead = hw.cold_overhead_ms / 1e3
         self.copy_bps = hw.memcpy_gbps * 1e9
@@ -106,13 +109,17 @@ class Fetcher:
         elif self.pc.probe(load.key):
             requests = cold_bytes = cold_pieces = 0
         else:
-            requests = 1 if self.readahead else load.pieces
+            # without readahead every range is its own read (one pread per tensor slice)
+            requests = 1 if self.readahead else max(load.pieces, self.bundle_reads)
             cold_bytes = load.nbytes + self._edge_bytes(load)
-            cold_pieces = requests
+            cold_pieces = 1 if self.readahead else load.pieces
         evicted = 0
         if cold_bytes:
-            _, io_end = self.device.read(env.now, cold_bytes, requests)
-            yield env.timeout(io_end - env.now)
+            if isinstance(self.device, SharedDevice):
+                yield from self.device.read(cold_bytes, requests)
+            else:
+                _, io_end = self.device.read(env.now, cold_bytes, requests)
+                yield env.timeout(io_end - env.now)
             before = self.pc.lru.evictions
             if load.expert < 0:
                 self.pc.fill_layer(load.layer)

@@ -25,6 +25,9 @@ t's fill points. Per decode step t (a window of wall time, as the engine's trace
             then queue layer l's experts and layer l+1's attention (+ head)
   end       sync on step t's token; step t+1's layer 0 attention is queued (the engine queues it
             just before; the accelerator timeline is the same)
+  Work is handed over as async_eval does (`queue_async`): where the stream's queue is bounded
+  (hardware queue_ahead_ms: MLX's CPU backend) the main thread waits, as eval, until little is
+  left queued, so it builds only beside that little.
   The window is [end of the previous window, token t on the host]; build = step t+1's graph
   building in it, eval = the rest net of blocked (fill host work included).
 
@@ -330,7 +333,7 @@ class MainThread:
         if not built:  # the first decode step of a request: build it, then queue it
             for layer in range(self.layers):
                 yield from self.cpu(self._layer_build_s(layer))
-            self._queue_attention(0, lazy=False)
+            yield from self.queue_async(self._attention_s(0))
         # begin(step) (engine.fill_points): the staged layers' reads start as the step's
         # evaluation is queued; their predicted ids came to the host at the end of the last step
         for layer, predicted in policy.boundary(row):
@@ -348,14 +351,15 @@ class MainThread:
                     yield from self._execute_layer(step, row, later, self.fill_cpu)
                     resolved.add(later)
                     later += 1
-            self.compute.submit(self.expert_s, lazy=False)
+            # the fill's gather, then the walk to the next router (engine.fill_points.progress)
+            yield from self.queue_async(self.expert_s)
             if layer + 1 < self.layers:
-                self._queue_attention(layer + 1, lazy=False)
+                yield from self.queue_async(self._attention_s(layer + 1))
             elif self.unembed_s:
-                self.compute.submit(self.unembed_s, lazy=False)
+                yield from self.queue_async(self.unembed_s)
         yield from self.gpu_sync()  # token `step` on the host
-        if next_row is not None:
-            self._queue_attention(0, lazy=False)
+        if next_row is not None:  # step+1's evaluation begins (the engine: before the token)
+            yield from self.queue_async(self._attention_s(0))
         self.record_step(step, request, "decode", 1, start)
 
     def _execute_layer(self, step: int, row: int, layer: int,
@@ -376,13 +380,26 @@ class MainThread:
     def _layer_build_s(self, layer: int) -> float:
         return self.layer_build_s[layer]
 
-    def _queue_attention(self, layer: int, lazy: bool | None = None) -> None:
-        """Queue `layer`'s attention (+ its head; + the swap-in of its resident pages when
-        memory is oversubscribed)."""
+    def _attention_s(self, layer: int) -> float:
+        """`layer`'s attention (+ its head; + the swap-in of its resident pages when memory is
+        oversubscribed)."""
         seconds = self.layer_attn_s[layer]
         if self.swap.swapped:
             seconds += self.swap.layer_fault_s(self.env.now)
-        self.compute.submit(seconds, lazy)
+        return seconds
+
+    def _queue_attention(self, layer: int) -> None:
+        self.compute.submit(self._attention_s(layer))
+
+    def queue_async(self, seconds: float) -> Generator:
+        """Hand `seconds` to the compute stream as async_eval does (the lookahead loop): where
+        the stream's queue is bounded the host waits until little is left queued, which is
+        waiting on compute (eval time)."""
+        done = self.compute.submit_async(seconds)
+        if done is not None:
+            start = self.env.now
+            yield done
+            self.eval += self.env.now - start
 
     def record_step(self, step: int, request: int, phase: str, tokens: int, start: float) -> None:
         self.log.add(step=step, request=request, phase=phase, tokens=tokens, start=start,

@@ -171,6 +171,8 @@ def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | Non
                              if (d / LORA_FILE).is_file()), None)),
         "build_ms_per_layer": (round(float(build_ms_per_layer), 4), build_how or "given"),
         "whole_layer_reads": (reads, f"{src}: {reads} tensors in the first MoE layer file"),
+        "bundle_reads": (reads, f"{src}: a bundle is {reads} tensor slices, each its own pread "
+                         "(engine.store: no readahead)"),
     }
 
 

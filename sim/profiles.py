@@ -29,7 +29,8 @@ from sim.scenario import (
 )
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
-OPTIONAL = {"description", "whole_layer_reads", "unembed_bytes", "device_bundle_bytes",
+OPTIONAL = {"description", "whole_layer_reads", "bundle_reads", "unembed_bytes",
+            "device_bundle_bytes",
             "lora_bytes", "lora_build_ms",
             "routing_k", "routing_reuse", "routing_skew", "routing_recall",
             "routing_recall_window",
@@ -72,6 +73,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "cpu_cores": (_nonneg, "must be >= 0 (0 = not modelled)"),
     "background_cores": (_nonneg, "must be >= 0"),
     "page_cache_floor_gib": (_nonneg, "must be >= 0"),
+    "queue_ahead_ms": (_nonneg, "must be >= 0 (inf = the host never waits)"),
     "throttle_read_mbps": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_read_iops": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_burst_s": (_nonneg, "must be >= 0"),
@@ -88,6 +90,9 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "lora_bytes": (_nonneg, "must be >= 0"),
     "lora_build_ms": (_nonneg, "must be >= 0"),
     "whole_layer_reads": (_positive, "must be >= 1"),
+    "bundle_reads": (_positive, "must be >= 1"),
+    "queue_speedup": (lambda v: not v or (v[0] == 1.0 and all(x > 0 for x in v)),
+                      "must start at 1.0 (one read in flight) and stay > 0 (empty: not measured)"),
     "unembed_bytes": (_nonneg, "must be >= 0"),
     "device_bundle_bytes": (_nonneg, "must be >= 0 (0 = bundle_bytes)"),
     "routing_k": (lambda v: all(k >= 1 for k in v) and v == sorted(set(v)),

@@ -4,6 +4,7 @@ and memory) -> a simulated Trace (kind "simulated") + extra metrics."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from sim.readers import ReaderThreads
 from sim.record import loads_frame, routing_frame, steps_frame
 from sim.routing_input import RoutingInput, from_trace, synthetic
 from sim.scenario import GIB, Scenario
+from sim.shared_device import SharedDevice
 from sim.storage import Device
 from sim.swap import Swap
 from sim.throttle import TokenBucket
@@ -73,7 +75,7 @@ class Model:
     """The simulated machine after a run: its processes, resources and memory."""
     main: MainThread
     fetcher: Fetcher
-    device: Device
+    device: Device | SharedDevice
     readers: ReaderThreads | None
     cores: Cores
     compute: ComputeStream
@@ -89,24 +91,31 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
         raise BadInput(f"{sc.source or sc.name}: lru_bytes: the hot path needs a bundle LRU of "
                        f"at least one bundle ({m.bundle_bytes} bytes)")
     env = simpy.Environment()
-    device = Device(hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9, hw.queue_depth)
+    slots = Device(hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9, hw.queue_depth)
     if hw.throttle_read_mbps > 0:
-        device.throttle_bytes = TokenBucket(hw.throttle_read_mbps * 1e6, hw.throttle_burst_s)
+        slots.throttle_bytes = TokenBucket(hw.throttle_read_mbps * 1e6, hw.throttle_burst_s)
     if hw.throttle_read_iops > 0:
-        device.throttle_requests = TokenBucket(hw.throttle_read_iops, hw.throttle_burst_s)
+        slots.throttle_requests = TokenBucket(hw.throttle_read_iops, hw.throttle_burst_s)
+    # a measured speedup curve: concurrent reads share the device (sim.shared_device); the
+    # swap model's faults stay on the slot model (they do not queue with the loads then)
+    device = SharedDevice(env, hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9,
+                          hw.queue_speedup, slots.throttle_bytes, slots.throttle_requests) \
+        if hw.queue_speedup else slots
     # the exact path reads on the main thread (engine.paths.exact): no reader threads
     reader_threads = 0 if sc.path == "exact" else sc.readers
     threads = 1 + reader_threads + (1 if hw.compute_on_cpu else 0)  # main, readers, compute
     cores = Cores(env, hw.cpu_cores, hw.background_cores, threads)
+    queue_ahead_s = hw.queue_ahead_ms / 1e3 if math.isfinite(hw.queue_ahead_ms) else None
     compute = ComputeStream(env, cores if hw.compute_on_cpu else None, hw.lazy_compute,
-                            hw.sync_overhead_ms / 1e3)
+                            hw.sync_overhead_ms / 1e3, queue_ahead_s=queue_ahead_s)
     pc = PageCache(mem.page_cache, m.bundle_bytes, m.experts, enabled=not sc.o_direct)
     fetcher = Fetcher(env, hw, device, pc, cores, m.experts, m.bundle_bytes,
-                      m.device_bundle_bytes, sc.budget_evict_ms, Gil(env, sc.gil))
+                      m.device_bundle_bytes, sc.budget_evict_ms, Gil(env, sc.gil),
+                      m.bundle_reads)
     readers = (ReaderThreads(env, reader_threads, fetcher, hw.handoff_ms / 1e3)
                if reader_threads > 0 else None)
     lru = BundleLRU(sc.lru_bytes, m.bundle_bytes)
-    swap = Swap(mem.swapped, device, hw.cold_overhead_ms / 1e3,
+    swap = Swap(mem.swapped, slots, hw.cold_overhead_ms / 1e3,
                 (mem.resident + mem.kv) // m.layers)
     policy = make_policy(sc, routing.router, routing.predicted)
     main = MainThread(env, sc, policy, cores, compute, fetcher, readers, lru, swap)

@@ -7,6 +7,7 @@ Units are in the field names: *_gib (2^30 bytes), *_bytes, *_gbps (10^9 bytes pe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 
 from contract.engine_config import PATHS
@@ -68,6 +69,11 @@ class Hardware:
     background_cores: float = 0.0  # cores other processes keep busy (a shared machine)
     page_cache_floor_gib: float = 0.0  # file pages the kernel keeps before it pages out the
     # engine's own memory (sim.swap); below it an oversubscribed engine faults
+    queue_speedup: list[float] = field(default_factory=list)  # device request rate with n
+    # reads in flight over one's, n = 1, 2, ... (sim.shared_device); empty: queue_depth slots
+    queue_ahead_ms: float = math.inf  # compute left queued when a non-blocking eval returns
+    # (sim.compute_stream's bounded queue: MLX blocks while > 10 tasks are in flight, one
+    # operation each on its CPU backend); inf = the host never waits (Metal command buffers)
 
 
 @dataclass
@@ -87,6 +93,8 @@ class ModelProfile:
     build_ms_per_layer: float  # CPU graph building per decoder layer on the reference CPU
     head_build_ms: float  # CPU graph building per head
     whole_layer_reads: int = 9  # reads per whole-layer load at prefill (one per tensor)
+    bundle_reads: int = 1  # device requests of a cold bundle read without readahead: one per
+    # range (the streaming layout reads a bundle's tensor slices one pread each)
     device_bundle_bytes: int = 0  # bytes a cold bundle read moves from the device: its ranges
     # rounded out to whole pages, as the kernel reads them (0: bundle_bytes)
     # routing statistics fitted to traces (sim.routing_fit, `sim profile-model --trace`), one
@@ -199,5 +207,5 @@ HARDWARE_KEYS = tuple(f.name for f in fields(Hardware) if f.name not in ("name",
 HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
                      "handoff_ms", "throttle_read_mbps", "throttle_read_iops", "throttle_burst_s",
                      "compute_factor", "cpu_cores", "compute_on_cpu", "background_cores",
-                     "page_cache_floor_gib")
+                     "page_cache_floor_gib", "queue_ahead_ms", "queue_speedup")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

@@ -68,11 +68,15 @@ def test_storage_fit_recovers_the_costs_it_was_built_from():
 
 def test_simulated_loads_cost_what_the_engine_measured():
     """With engine bundle reads, the sim's warm and cold load of that bundle (QD1, main thread)
-    take exactly the measured times."""
+    take exactly the measured times: the bundle's 9 ranges are 9 device requests, as the
+    engine's store reads them."""
     c = compute()
     values = hardware_values(storage(), c, MACHINE, active_params=1e6)
     hw = load_hardware_from(values)
-    m = model(layers=1, experts=16, k=1, bundle_bytes=c.bundle_bytes, build_ms_per_layer=0.0)
+    assert values["cold_overhead_ms"][0] == pytest.approx(
+        0.9 - 0.08 - (9 * 0.05 + 100_000 / 1.5e9 * 1e3), abs=1e-4)
+    m = model(layers=1, experts=16, k=1, bundle_bytes=c.bundle_bytes, build_ms_per_layer=0.0,
+              bundle_reads=9)
     # every step routes expert 0 then 1 alternately: 2 cold loads, then warm ones (page cache)
     routing = routing_input(uniform_routing(40, 1, 2, 1, seed=1))
     sc = scenario(hw=hw, m=m, path="hot", lru_bytes=c.bundle_bytes, readers=0, decode_steps=40)
@@ -83,6 +87,14 @@ def test_simulated_loads_cost_what_the_engine_measured():
     assert cold and warm
     assert all(t == pytest.approx(c.cold_bundle_ms, abs=1e-4) for t in cold)  # 4-decimal profile
     assert all(t == pytest.approx(c.warm_bundle_ms, abs=1e-4) for t in warm)
+
+
+def test_small_reads_give_the_device_speedup_curve():
+    st = storage()
+    assert "queue_speedup" not in storage_values(st)  # not measured: the slot model
+    st.small_iops = {1: 20_000.0, 2: 30_000.0, 3: 36_000.0, 5: 50_000.0}  # 4 missing
+    curve, how = storage_values(st)["queue_speedup"]
+    assert curve == [1.0, 1.5, 1.8] and "4 KiB" in how
 
 
 def load_hardware_from(values):
@@ -194,8 +206,19 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     assert c.warm_bundle_ms > 0 and c.cold_bundle_ms > 0 and c.cold_bundles > 0
     assert c.handoff_reps == 200 and 0 < c.handoff_p10_ms <= c.handoff_ms
     assert cal.hardware["handoff_ms"][0] == pytest.approx(c.handoff_ms, abs=1e-4)
+    # small concurrent reads: a speedup curve where O_DIRECT works (tmpfs refuses it)
+    assert ("queue_speedup" in cal.hardware) == (1 in st.small_iops)
+    if st.small_iops:
+        assert cal.hardware["queue_speedup"][0][0] == 1.0 and all(
+            v > 0 for v in cal.hardware["queue_speedup"][0])
+    # async_eval's bounded queue: what was left after it returned is part of a step's compute
+    # (quick: 2 warm-up + 4 decode steps, a router per layer timed, prompts not)
+    assert c.queue_ahead_reps == 6 * c.layers
+    assert 0 <= c.queue_ahead_ms and 0 <= c.async_blocked_ms
+    assert cal.hardware["queue_ahead_ms"][0] == pytest.approx(c.queue_ahead_ms, abs=1e-4)
     for key in ("ssd_bandwidth_gbps", "memcpy_gbps", "mem_bandwidth_gbps", "expert_gbps",
                 "compute_tflops"):
         assert cal.hardware[key][0] > 0, key
     path = write_hardware(tmp_path / "q.toml", hardware_toml(cal.hardware, "q", cal.when, "t"))
     assert load_hardware(str(path)).lazy_compute is True
+    assert load_hardware(str(path)).queue_ahead_ms == cal.hardware["queue_ahead_ms"][0]

@@ -217,3 +217,63 @@ def test_a_fill_resolved_during_a_later_build_labels_its_loads_with_its_own_step
     fills.begin(points, None)
     fills.drain()
     assert seen == [3] and fills.clock.step == 4
+
+
+def test_queueing_a_fill_points_evaluation_is_not_graph_building(monkeypatch):
+    """On CPU, MLX's async_eval blocks until only a few dozen operations remain queued: that is
+    the main thread waiting on compute. progress() reports its whole span as busy (the loop
+    cuts it out of build), the queueing included, not only the fill."""
+    import time
+
+    import engine.fill_points as fp
+
+    block_s = 0.03
+
+    def blocking_async_eval(*_arrays) -> None:
+        time.sleep(block_s)
+
+    monkeypatch.setattr(fp.mx, "async_eval", blocking_async_eval)
+    fills = fp.FillPoints()
+    with fills.collecting():
+        fills.defer(fp.FillPoint(lambda _inds: None), mx.array([1]), gather=mx.array([2.0]))
+    fills.begin(fills.take(), mx.array([3.0]))
+    fills.busy = []
+    t0 = time.perf_counter_ns()
+    fills.progress()  # the fill, then queueing its gather and the step's rest: two blocks
+    t1 = time.perf_counter_ns()
+    covered = sum(min(z, t1) - max(a, t0) for a, z in fills.busy if z > t0 and a < t1)
+    assert covered >= 2 * block_s * 1e9 * 0.99
+    assert covered <= t1 - t0
+
+
+def test_a_blocking_async_eval_shows_as_eval_not_build(staged, monkeypatch):
+    """The same in the decode loop: with every async_eval made to block, each staged decode
+    step's added blocking (2 per staged layer in its fill points) goes to eval_ns, and build
+    stays what it is with the blocking off."""
+    import time
+
+    import engine.fill_points as fp
+
+    eng = staged
+    layers = len(eng.runtime.staged())
+    real = fp.mx.async_eval
+    block_s = 0.004
+
+    def blocking_async_eval(*arrays) -> None:
+        real(*arrays)
+        time.sleep(block_s)
+
+    def decode_rows() -> list[dict]:
+        rows: list[dict] = []
+        generate(eng.model, eng.tokenizer, PROMPT, 8, stop_at_eos=False, runtime=eng.runtime,
+                 on_step=rows.append)
+        return [r for r in rows if r["phase"] == "decode"][1:]  # the first: built in prefill
+
+    plain = decode_rows()
+    monkeypatch.setattr(fp.mx, "async_eval", blocking_async_eval)
+    blocked = decode_rows()
+    added = 2 * layers * block_s * 1e9
+    build = np.median([r["build_ns"] for r in blocked]) - np.median([r["build_ns"] for r in plain])
+    evals = np.median([r["eval_ns"] for r in blocked]) - np.median([r["eval_ns"] for r in plain])
+    assert evals >= 0.8 * added
+    assert build < 0.2 * added

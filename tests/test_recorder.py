@@ -48,12 +48,15 @@ def traced(tiny_random_converted, tmp_path_factory):
                       prefill_step_size=CHUNK)
     rec.close()
     plans = [_plan(tok, p) for p in PROMPTS]
+    residency = (eng.store.residency_method, eng.store.residency_fallback,
+                 eng.store.nowait_starts_io)
     eng.close()
-    return read_trace(out), results, plans
+    trace = read_trace(out)
+    return trace, results, plans, residency
 
 
 def test_steps_follow_the_generation_plan(traced):
-    trace, results, plans = traced
+    trace, results, plans, residency = traced
     s = trace.steps.sort("step")
     assert trace.complete
     assert dict(s.schema) == STEP_COLUMNS
@@ -75,6 +78,12 @@ def test_steps_follow_the_generation_plan(traced):
     assert trace.run["model"]["layers"] == 4 and len(trace.run["model"]["manifest_sha256"]) == 64
     assert trace.run["engine"]["paths_in_use"]["decode"] == {"exact": [0, 1, 2, 3]}
     assert trace.run["machine"]["filesystem"]
+    # the cold flags mean what the store's classification measures: run.json says which
+    method, fallback, starts_io = residency
+    assert method in ("rwf_nowait", "mincore")
+    assert trace.run["engine"]["residency"] == {"method": method, "fallback": fallback,
+                                                "nowait_starts_io": starts_io}
+    assert (method == "mincore") == (fallback is not None)
 
 
 def _manifest_files(trace) -> dict:
@@ -85,7 +94,7 @@ def _manifest_files(trace) -> dict:
 
 
 def test_step_counters_equal_the_load_rows(traced):
-    trace, _, _ = traced
+    trace, _, _, _ = traced
     loads = trace.loads
     assert loads["bytes"].sum() == trace.steps["bytes_read"].sum() > 0
     per_step = loads.group_by("step").agg(
@@ -116,7 +125,7 @@ def _spy(inner, fn) -> nn.Module:
 
 
 def test_routing_equals_a_resident_forward(traced, tiny_random_converted):
-    trace, results, _ = traced
+    trace, results, _, _ = traced
     model, tok = load_resident(tiny_random_converted)
     step = [0]
     logits: dict[tuple[int, int], np.ndarray] = {}

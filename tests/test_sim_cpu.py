@@ -135,3 +135,45 @@ def test_the_accelerator_timeline_equals_the_accelerator_process():
     _, process = _lookahead_run(1, False, shortcut=False)
     assert timeline.trace.steps["end_ns"].to_list() == process.trace.steps["end_ns"].to_list()
     assert timeline.trace.steps["eval_ns"].to_list() == process.trace.steps["eval_ns"].to_list()
+
+
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_a_bounded_queue_returns_once_little_is_left(shortcut):
+    """MLX's async_eval on its CPU backend returns once <= 10 operations are in flight: the
+    stream's `submit_async` returns when at most queue_ahead_s of the queued work is left.
+    By hand, q = 0.5 s, both ways of running the stream (timeline and process):
+      t=0  hand over 1.0 -> wait until 0.5 left: t = 0.5
+      t=0  also 0.2 (shorter than q): 1.2 queued, wait until 0.5 left: t = 0.7
+      t=0.7 hand over 0.3 (<= q) with 0.5 + 0.3 queued: wait until 0.5 left: t = 1.0
+      t=1.0 hand over 2.0: everything queued ends at 3.5; wait until 0.5 left: t = 3.0"""
+    env = simpy.Environment()
+    stream = ComputeStream(env, None, lazy=False, shortcut=shortcut, queue_ahead_s=0.5)
+    seen: list[float] = []
+
+    def host():
+        first = stream.submit_async(1.0)
+        second = stream.submit_async(0.2)
+        yield first
+        seen.append(env.now)
+        yield second
+        seen.append(env.now)
+        yield stream.submit_async(0.3)
+        seen.append(env.now)
+        yield stream.submit_async(2.0)
+        seen.append(env.now)
+        yield stream.sync()
+        seen.append(env.now)
+
+    env.process(host())
+    env.run()
+    assert seen == pytest.approx([0.5, 0.7, 1.0, 3.0, 3.5])
+
+
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_an_unbounded_or_short_queue_never_waits(shortcut):
+    env = simpy.Environment()
+    unbounded = ComputeStream(env, None, lazy=False, shortcut=shortcut)
+    assert unbounded.submit_async(1.0) is None
+    roomy = ComputeStream(env, None, lazy=False, shortcut=shortcut, queue_ahead_s=2.0)
+    assert roomy.submit_async(1.0) is None and roomy.submit_async(1.0) is None
+    assert roomy.submit_async(0.5) is not None  # 2.5 queued > 2.0

@@ -152,6 +152,33 @@ def test_demand_loads_add_their_wait_in_the_gap(b, window):
         assert _rows_ms(sync) == pytest.approx([L * (b + C + S + 0.5) + S] * STEPS, abs=1e-6)
 
 
+@pytest.mark.parametrize("q, window", [
+    # q = 0: async eval is a sync. Per layer b, then the experts x and the attention a run
+    # while the main thread waits; the accelerator is idle at every sync: L (b + c) = 7.6
+    (0.0, L * (0.4 + C)),
+    # q = 0.2 < b: per layer b + (x - q) + a; the token sync finds q left (+ s):
+    #   L (b + c - q) + s = 6.9
+    (0.2, L * (0.4 + C - 0.2) + S),
+    # q = 0.6 >= b: the bound never binds in the steady state: L (c + s) + s = 6.5
+    (0.6, L * (C + S) + S),
+])
+@pytest.mark.parametrize("on_cpu", [False, True])
+def test_a_bounded_queue_serialises_building_and_compute(q, window, on_cpu):
+    """MLX's async eval returns once little is left queued (hardware queue_ahead_ms, sim.
+    compute_stream): the main thread builds only while that little runs. b = 0.4 ms; the
+    middle windows, on an accelerator timeline and on the CPU-backend process alike; the
+    window's build is still L b, the waits are eval."""
+    b = 0.4
+    hw = _hw(queue_ahead_ms=q, compute_on_cpu=on_cpu, cpu_cores=0.0)
+    sc = scenario(hw=hw, m=_model(b), path="staged", decode_steps=STEPS, lookahead=True)
+    result = run_scenario(sc, routing=routing_input(_same_experts()))
+    assert _rows_ms(result)[1:-1] == pytest.approx([window] * (STEPS - 2), abs=1e-6)
+    assert _rows_ms(result, "build_ns")[1:-1] == pytest.approx([L * b] * (STEPS - 2),
+                                                               abs=1e-6)
+    unbounded = _run(b, lookahead=True)
+    assert _rows_ms(unbounded)[1:-1] == pytest.approx([L * (C + S) + S] * (STEPS - 2), abs=1e-6)
+
+
 def test_lookahead_compute_is_never_lazy():
     """The lookahead loop queues with async eval: lazy_compute (a property of the synchronous
     loop) changes nothing in it, while it does change the synchronous loop (b = 0.4 < x: with
