@@ -16,6 +16,8 @@ simulator's compute and graph-building figures for this machine come from measur
   cold bundles     the exact path right after dropping the expert files' pages: cold read cost
                    through the engine's store
   O_DIRECT bundles the store opened with O_DIRECT: every read goes to the device
+  refused warm     read_bundle_if_warm on a cold bundle (None): what the main thread pays per
+                   demand miss asking the page cache before it hands the reads out
   prefill          one prefill chunk through the resident path: prefill compute throughput
   thread hand-off  a no-op read request through engine.readers.ReaderPool (the engine's reader
                    threads, help_main off so a reader always does it): submit, reader wake-up,
@@ -247,6 +249,33 @@ def direct_bundle_ms(converted: Path, n: int = 48) -> float:
     return cost(times)
 
 
+def refused_warm_ms(converted: Path, n: int = 48) -> float:
+    """The main thread asking whether a cold bundle is wholly in the page cache and being told
+    no (ExpertStore.read_bundle_if_warm returning None, as engine.readers does for each demand
+    miss of a small bundle before it hands the reads out); nan when no page could be dropped."""
+    from engine.loader import open_manifest
+
+    manifest = open_manifest(converted, verify=False)
+    rng = np.random.default_rng(4)
+    with ExpertStore(manifest) as store:
+        if store.drop_until_cold() > 0:
+            return float("nan")
+        layers = manifest.moe_layers
+        views = {}
+        for layer in layers:
+            _, v = alloc_stack(store.expert_shapes(layer), 1)
+            views[layer] = row_views(v, 0)
+        times = []
+        for _ in range(n):
+            layer = int(rng.choice(layers))
+            t0 = time.perf_counter_ns()
+            row = store.read_bundle_if_warm(layer, int(rng.integers(manifest.num_experts)),
+                                            views[layer])
+            if row is None:
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+    return cost(times)
+
+
 class Runner:
     """One loaded model decoding greedily, one step at a time, so several configurations can
     take turns (round robin): every configuration then sees the same machine load, which
@@ -382,6 +411,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         for r in runners.values():
             r.close()
     direct_ms = direct_bundle_ms(converted)
+    refused_ms = refused_warm_ms(converted)
     exact_extra = exact_extra_ms(converted)
     handoff = handoff_times(handoff_reps)
     times = {name: r.times for name, r in runners.items()}
@@ -423,6 +453,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         cold_bundle_ms=read_ms(cold_loads, True),
         cold_bundles=sum(1 for r in cold_loads if r["cold"]),
         direct_bundle_ms=direct_ms,
+        refused_warm_ms=refused_ms,
         handoff_ms=float(np.median(handoff)),
         handoff_p10_ms=cost(handoff),
         handoff_reps=len(handoff),

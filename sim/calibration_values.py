@@ -130,6 +130,7 @@ class ComputeResult:
     cold_bundle_ms: float = 0.0  # the same right after dropping the expert files' pages
     cold_bundles: int = 0
     direct_bundle_ms: float = float("nan")  # one bundle read with O_DIRECT (nan: refused)
+    refused_warm_ms: float = float("nan")  # read_bundle_if_warm on a cold bundle (nan: none)
     handoff_ms: float = float("nan")  # median round trip of a no-op read request through the
     # engine's reader threads (nan: not measured)
     handoff_p10_ms: float = float("nan")
@@ -267,6 +268,11 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             "engine's reader threads (engine.readers.ReaderPool, 2 readers, help_main off): "
             "submit, reader wake-up, event set, main-thread wake-up in wait; 10th percentile "
             f"{c.handoff_p10_ms:.4f} ms. The sim adds it to every wait on a reader's load"))
+    if c.refused_warm_ms == c.refused_warm_ms:  # not nan
+        out["refused_warm_ms"] = (round(max(c.refused_warm_ms, 0.0), 4), (
+            f"engine store, read_bundle_if_warm on a cold bundle of {c.model} (10th "
+            "percentile): the main thread's ask before it hands a demand miss out "
+            "(engine.readers.wait, bundles up to INLINE_WARM_BYTES)"))
     if c.queue_ahead_ms == c.queue_ahead_ms:  # not nan
         out["queue_ahead_ms"] = (round(max(c.queue_ahead_ms, 0.0), 4), (
             f"median over {c.queue_ahead_reps} routers of a resident decode step, the walk to "

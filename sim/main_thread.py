@@ -98,6 +98,7 @@ class MainThread:
         self.flops = hw.compute_tflops * 1e12 / hw.compute_factor
         self.mem_bw = bw
         self.slot_update_s = hw.slot_update_ms / 1e3
+        self.refused_warm_s = hw.refused_warm_ms / 1e3
         self.lookahead = sc.lookahead
         owners = [policy.head_owner(layer) for layer in range(m.layers)]  # fixed per run
         self.layer_build_s = [self.build_s + (self.head_build_s if o else 0.0) for o in owners]
@@ -147,9 +148,16 @@ class MainThread:
         # A small demand read the page cache holds is a copy the engine's main thread does
         # itself (engine.readers.INLINE_WARM_BYTES: cheaper than a reader hand-off); others
         # go to the readers.
-        inline = (source == DEMAND and nbytes <= INLINE_WARM_BYTES
-                  and self.fetcher.pc.holds(key))
+        small = source == DEMAND and nbytes <= INLINE_WARM_BYTES
+        inline = small and self.fetcher.pc.holds(key)
         if self.readers is not None and not inline:
+            if hold and small and self.sc.help_reads and self.refused_warm_s \
+                    and not self.sc.o_direct:  # (O_DIRECT: never asked)
+                # the engine asked the page cache first and was refused (engine.readers.wait):
+                # main-thread work inside the fill's wait, so blocked time
+                start = self.env.now
+                yield from self.gil.run(self.cores, self.refused_warm_s, MAIN_THREAD)
+                self.blocked += self.env.now - start
             if not hold:
                 self.readers.submit(load)
         else:  # the main thread reads it now and is blocked meanwhile

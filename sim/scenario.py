@@ -71,6 +71,8 @@ class Hardware:
     # engine's own memory (sim.swap); below it an oversubscribed engine faults
     queue_speedup: list[float] = field(default_factory=list)  # device request rate with n
     # reads in flight over one's, n = 1, 2, ... (sim.shared_device); empty: queue_depth slots
+    refused_warm_ms: float = 0.0  # main-thread cost of asking whether a demand miss is wholly
+    # in the page cache and being refused (engine.readers: small bundles, help_reads)
     queue_ahead_ms: float = math.inf  # compute left queued when a non-blocking eval returns
     # (sim.compute_stream's bounded queue: MLX blocks while > 10 tasks are in flight, one
     # operation each on its CPU backend); inf = the host never waits (Metal command buffers)
@@ -207,5 +209,6 @@ HARDWARE_KEYS = tuple(f.name for f in fields(Hardware) if f.name not in ("name",
 HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
                      "handoff_ms", "throttle_read_mbps", "throttle_read_iops", "throttle_burst_s",
                      "compute_factor", "cpu_cores", "compute_on_cpu", "background_cores",
-                     "page_cache_floor_gib", "queue_ahead_ms", "queue_speedup")
+                     "page_cache_floor_gib", "queue_ahead_ms", "queue_speedup",
+                     "refused_warm_ms")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

@@ -211,6 +211,10 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     if st.small_iops:
         assert cal.hardware["queue_speedup"][0][0] == 1.0 and all(
             v > 0 for v in cal.hardware["queue_speedup"][0])
+    # the main thread's refused ask for a cold bundle (nan only when nothing could be dropped)
+    assert ("refused_warm_ms" in cal.hardware) == (c.refused_warm_ms == c.refused_warm_ms)
+    if "refused_warm_ms" in cal.hardware:
+        assert 0 < c.refused_warm_ms < c.cold_bundle_ms
     # async_eval's bounded queue: what was left after it returned is part of a step's compute
     # (quick: 2 warm-up + 4 decode steps, a router per layer timed, prompts not)
     assert c.queue_ahead_reps == 6 * c.layers

@@ -287,3 +287,31 @@ def test_staged_trace_maps_to_the_lookahead_loop_only_when_recorded(tmp_path):
     r_new = run_scenario(sc_new, trace=new)
     assert r_new.metrics["decode_tok_s"] > r_old.metrics["decode_tok_s"]
     assert r_new.trace.run["engine"]["lookahead"] is True
+
+
+def test_asking_the_page_cache_first_costs_each_cold_miss():
+    """engine.readers.wait asks the page cache for each small demand miss before it hands the
+    reads out (hardware refused_warm_ms, r); a cold miss is refused, and that is main-thread
+    time inside the fill's wait. Staged on demand, 2 readers, no page cache (every read cold),
+    free I/O: per step 2 misses x L layers, so blocked grows by exactly 2 L r and, with the
+    fills on the critical path (b < c), the window by as much (cycling sets: the staged slots
+    never hold a step's set). With O_DIRECT nothing is asked."""
+    from sim.compare import with_page_cache
+
+    r = 0.05
+    m = model(layers=L, experts=16, k=2, bundle_bytes=50_000, resident_bytes=4_000_000,
+              build_ms_per_layer=0.4)
+
+    def run(refused: float, o_direct: bool = False):
+        sc = scenario(hw=_hw(refused_warm_ms=refused), m=m, path="staged", readers=2,
+                      decode_steps=STEPS, lookahead=True, o_direct=o_direct)
+        sc = with_page_cache(sc, 0, [])
+        return run_scenario(sc, routing=routing_input(_cycling()))
+
+    base, asked = run(0.0), run(r)
+    assert asked.metrics["cold_fraction"] == pytest.approx(1.0)
+    added = np.array(_rows_ms(asked, "blocked_ns")) - np.array(_rows_ms(base, "blocked_ns"))
+    assert added == pytest.approx([2 * L * r] * STEPS, abs=1e-6)
+    grown = np.array(_rows_ms(asked))[1:-1] - np.array(_rows_ms(base))[1:-1]
+    assert grown == pytest.approx([2 * L * r] * (STEPS - 2), abs=1e-6)
+    assert _rows_ms(run(r, o_direct=True)) == _rows_ms(run(0.0, o_direct=True))
