@@ -36,7 +36,7 @@ vocabulary (sim.policies):
   build_ms_per_layer                    the scenario's notes "build_ms_per_layer.<path>" when
                                         present (per-path main-thread CPU, from calibrate)
   compute_factor, load_overhead_ms,     the scenario's notes "compute_factor",
-  handoff_ms, cold_overhead_ms          "load_overhead_ms.in_decode", "handoff_ms.in_decode"
+  cold_overhead_ms                      "load_overhead_ms.in_decode"
                                         and (buffered reads) "cold_overhead_ms.in_decode" when
                                         present (fitted inside decode by ssdmoe validate's
                                         calibration subset)
@@ -208,8 +208,7 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     if build is not None:
         sets.append(f"build_ms_per_layer={build}")
     fitted_keys = [("compute_factor", "compute_factor"),
-                   ("load_overhead_ms.in_decode", "load_overhead_ms"),
-                   ("handoff_ms.in_decode", "handoff_ms")]
+                   ("load_overhead_ms.in_decode", "load_overhead_ms")]
     if cfg.prerouter:
         fitted_keys.append(("head_build_ms.in_decode", "head_build_ms"))
     if not o_direct:
