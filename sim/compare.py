@@ -36,7 +36,7 @@ vocabulary (sim.policies):
   build_ms_per_layer                    the scenario's notes "build_ms_per_layer.<path>" when
                                         present (per-path main-thread CPU, from calibrate)
   compute_factor, load_overhead_ms,     the scenario's notes "compute_factor",
-  cold_overhead_ms                      "load_overhead_ms.in_decode"
+  handoff_ms, cold_overhead_ms          "load_overhead_ms.in_decode", "handoff_ms.in_decode"
                                         and (buffered reads) "cold_overhead_ms.in_decode" when
                                         present (fitted inside decode by ssdmoe validate's
                                         calibration subset)
@@ -208,7 +208,8 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     if build is not None:
         sets.append(f"build_ms_per_layer={build}")
     fitted_keys = [("compute_factor", "compute_factor"),
-                   ("load_overhead_ms.in_decode", "load_overhead_ms")]
+                   ("load_overhead_ms.in_decode", "load_overhead_ms"),
+                   ("handoff_ms.in_decode", "handoff_ms")]
     if cfg.prerouter:
         fitted_keys.append(("head_build_ms.in_decode", "head_build_ms"))
     if not o_direct:
@@ -368,6 +369,7 @@ def compare(trace: Trace, scenario: str | None = None, sets: list[str] | None = 
     extra["measured_build_ms_per_step"], extra["measured_eval_ms_per_step"] = _measured_split(
         trace)
     extra["reader_waits_per_step"] = reader_waits_per_step(result.trace)
+    extra["measured_reader_waits_per_step"] = reader_waits_per_step(trace)
     return Comparison(str(trace.path), sc, derived, measured, result.metrics, notes, extra)
 
 

@@ -27,11 +27,10 @@ def test_default_matrix_sweeps_every_axis_from_the_defaults():
     # one per path (and the heads' staged path): its costs inside decode
     warm = [c for c in cal if c.page_cache == "all"]
     assert {c.path for c in warm} == paths and len(warm) == 4
-    # one reading cold on the main thread; readers reading cold are held out
+    # one reading cold on the main thread, one reading cold through reader threads
     cold = [c for c in cal if c.page_cache != "all"]
-    assert [(c.path, c.storage) for c in cold] == [("on-demand", "unthrottled")]
-    assert any(c.path == "hot" and c.page_cache == "1/2" and c.role == "held-out"
-               for c in configs)
+    assert [(c.path, c.storage) for c in cold] == [("on-demand", "unthrottled"),
+                                                  ("hot", "unthrottled")]
     held = [c for c in configs if c.role == "held-out"]
     d = m.defaults
     for axis, values in m.axes.items():
@@ -131,7 +130,8 @@ def test_end_to_end_resume_and_missing(tmp_path, ssdmoe_subprocess, tiny_random_
     names = {x["config"]["name"] for x in doc["results"]}
     assert names == {"on-demand-pcall-unthrottled", "hot-pcall-unthrottled",
                      "staged-pcall-unthrottled", "staged-token-pcall-unthrottled",
-                     "on-demand-pc50-unthrottled", "on-demand-pc25-unthrottled",
+                     "on-demand-pc50-unthrottled",
+                     "hot-pc50-unthrottled", "on-demand-pc25-unthrottled",
                      "staged-layer-pc25-unthrottled", "on-demand-pc25-unthrottled-k2"}
     assert doc["missing"] == []
     for x in doc["results"]:
@@ -189,6 +189,30 @@ def test_calibration_fit_by_hand(tmp_path):
     import tomllib
 
     assert tomllib.loads(sc.read_text())["notes"]["build_ms_per_layer.staged"] == "1.2000"
+
+
+def test_reader_handoff_fit_by_hand(tmp_path):
+    """handoff_ms.in_decode = isolated + (measured - simulated blocked) / MEASURED reader
+    waits per step (the simulated 0.01 would give +200 ms), from the calibration
+    configuration whose readers read cold; held-out ones and main-thread-only ones change
+    nothing."""
+    from sim.profiles import load_hardware
+    from validation.calibration import current_note, fit_handoff
+
+    sc = tmp_path / "s.toml"
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n')
+    isolated = load_hardware("this-machine").handoff_ms
+    hot = {"config": {"name": "hot-pc50-unthrottled", "path": "hot", "page_cache": "1/2",
+                      "storage": "unthrottled", "role": "calibration"},
+           "measured": {"blocked_ms_per_step": 5.0, "reader_waits_per_step": 4.0},
+           "simulated": {"blocked_ms_per_step": 3.0, "reader_waits_per_step": 0.01}}
+    held = {**hot, "config": {**hot["config"], "page_cache": "1/4", "role": "held-out"},
+            "measured": {"blocked_ms_per_step": 50.0}}
+    main_only = {**hot, "config": {**hot["config"], "path": "on-demand"}}
+    got = fit_handoff([hot, held, main_only], sc, isolated)
+    assert got == {"handoff_ms.in_decode": {"before": isolated,
+                                            "after": pytest.approx(isolated + 0.5)}}
+    assert current_note(sc, "handoff_ms.in_decode") == pytest.approx(isolated + 0.5, abs=1e-4)
 
 
 def test_head_build_fit_by_hand(tmp_path):

@@ -17,11 +17,14 @@ decode they are larger, which is what the held-out configurations then test.
   head_build_ms.in_decode     the prerouter heads' graph building per head, from the staged
                               path with heads (lead token), every expert in the page cache:
                               old + (measured - simulated build/step) / heads
-The readers' hand-off is not fitted: it is calibrate's measured round trip. (It was, from a
-configuration whose readers read cold, as old + (measured - simulated blocked) / simulated
-waits on readers' loads per step; once the device model overlapped reads as measured, the
-simulated waits became rare and the fit divided a small residual by a count near zero: 0.08 ->
-12 ms on one run.)
+  handoff_ms.in_decode        machine-wide, the thread hand-off of a load a reader thread reads
+                              and the main thread waits for, inside decode (a reader's wake-up
+                              competes with the main and compute threads for the cores), from
+                              the one calibration configuration whose readers read cold (hot,
+                              1/2 page cache): old + (measured - simulated blocked) / the
+                              measured waits on readers' loads per step (not the simulated
+                              ones: they can be near zero, and the fit then ran away, 0.08 ->
+                              12 ms on one run)
 validation.run repeats the fit (FIT_ROUNDS): with shared cores the simulated times are not
 linear in these figures. Device figures (latency, bandwidth, queue depth, throttle) are never
 fitted here; the held-out configurations (other page caches, paths, throttles, K) predict them.
@@ -156,7 +159,28 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
         "ms over loads per step of {n} calibration configurations (isolated calibrate loop: "
         f"{hw.load_overhead_ms:.4f} ms)"))
     out.update(fit_cold(results, scenario, hw.cold_overhead_ms))
+    out.update(fit_handoff(results, scenario, hw.handoff_ms))
     return out
+
+
+def fit_handoff(results: list[dict[str, Any]], scenario: Path,
+                isolated: float) -> dict[str, dict[str, float]]:
+    """handoff_ms.in_decode from the calibration configurations whose reader threads read cold
+    (a path with readers under a page-cache budget, unthrottled)."""
+    readers = [r for r in results if r["config"].get("role", "calibration") == "calibration"
+               and r["config"]["page_cache"] != "all" and r["config"]["path"] != "on-demand"
+               and r["config"].get("storage") == "unthrottled"]
+    # per MEASURED wait on a reader's load: the simulated count can be near zero (when the
+    # sim's readers finish first), and a residual over it is no figure at all
+    deltas = [(r["measured"]["blocked_ms_per_step"] - r["simulated"]["blocked_ms_per_step"])
+              / r["measured"]["reader_waits_per_step"] for r in readers
+              if (r["measured"].get("reader_waits_per_step") or 0) > 0]
+    return _shift(
+        scenario, "handoff_ms.in_decode",
+        current_note(scenario, "handoff_ms.in_decode") or isolated, deltas,
+        "fitted by ssdmoe validate: the hand-off of a reader's load the main thread waits for, "
+        "inside decode, from blocked ms over such waits per step of {n} calibration "
+        f"configuration(s) (isolated calibrate loop: {isolated:.4f} ms)")
 
 
 def fit_cold(results: list[dict[str, Any]], scenario: Path,

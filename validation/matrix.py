@@ -176,20 +176,19 @@ def default_matrix(quick: bool = False, throttles: list[str] | None = None) -> M
     defaults = Config()
     corners = [Config(path="staged-token", storage=slow),
                Config(path="staged-layer", storage=slow)]
-    # readers reading cold at half the page cache: held out (the readers' hand-off is
-    # calibrate's measured figure, not fitted)
-    corners.append(Config(path="hot", page_cache="1/2"))
     if not quick:
         corners += [Config(path="staged", storage=slow), Config(path="hot", storage=slow),
                     Config(path="staged", k="2"), Config(path="on-demand", k="8")]
     # one per decode path, every expert in the page cache (no storage effects): they fit
-    # each path's main-thread cost inside decode (the staged path with heads also fits the
-    # heads' graph building); and one that reads cold on the main thread only (on-demand,
-    # 1/2 page cache, unthrottled): it fits a cold read's cost inside decode
-    # (validation.calibration)
+    # each path's main-thread cost inside decode; and one that reads cold on the main thread
+    # only (on-demand, 1/2 page cache, unthrottled): it fits a cold read's cost inside decode;
+    # and one whose reader threads read cold (hot, 1/2 page cache): it fits the hand-off of
+    # their loads inside decode; and the staged path with heads, every expert in the page
+    # cache: it fits the heads' graph building (validation.calibration)
     calibration = [Config(path=p, page_cache="all", role="calibration")
                    for p in ("on-demand", "hot", "staged", "staged-token")]
-    calibration.append(Config(path="on-demand", page_cache="1/2", role="calibration"))
+    calibration += [Config(path=p, page_cache="1/2", role="calibration")
+                    for p in ("on-demand", "hot")]
     return Matrix(axes, defaults, corners, calibration)
 
 

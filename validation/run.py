@@ -133,6 +133,7 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
     measured = dict(comp.measured)
     simulated = dict(comp.simulated)
     simulated["reader_waits_per_step"] = comp.extra["reader_waits_per_step"]
+    measured["reader_waits_per_step"] = comp.extra["measured_reader_waits_per_step"]
     measured["build_ms_per_step"] = comp.extra["measured_build_ms_per_step"]
     measured["eval_ms_per_step"] = comp.extra["measured_eval_ms_per_step"]
     simulated["build_ms_per_step"] = comp.extra["build_ms_per_step"]
