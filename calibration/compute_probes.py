@@ -225,6 +225,15 @@ def handoff_times(reps: int = 2000, warmup: int = 50, readers: int = 2) -> list[
     return times
 
 
+def _one_row_views(store: ExpertStore, layers: list[int]) -> dict[int, dict]:
+    """Per layer, the views of a one-row stack: where a probe reads one bundle."""
+    views = {}
+    for layer in layers:
+        _, v = alloc_stack(store.expert_shapes(layer), 1)
+        views[layer] = row_views(v, 0)
+    return views
+
+
 def direct_bundle_ms(converted: Path, n: int = 48) -> float:
     """O_DIRECT bundle reads through the engine's store (every read goes to the device, the
     9 ranges each through an aligned bounce buffer); nan when O_DIRECT is refused."""
@@ -236,10 +245,7 @@ def direct_bundle_ms(converted: Path, n: int = 48) -> float:
         if not store.direct:
             return float("nan")
         layers = manifest.moe_layers
-        views = {}
-        for layer in layers:
-            _, v = alloc_stack(store.expert_shapes(layer), 1)
-            views[layer] = row_views(v, 0)
+        views = _one_row_views(store, layers)
         times = []
         for _ in range(n):
             layer = int(rng.choice(layers))
@@ -261,10 +267,7 @@ def refused_warm_ms(converted: Path, n: int = 48) -> float:
         if store.drop_until_cold() > 0:
             return float("nan")
         layers = manifest.moe_layers
-        views = {}
-        for layer in layers:
-            _, v = alloc_stack(store.expert_shapes(layer), 1)
-            views[layer] = row_views(v, 0)
+        views = _one_row_views(store, layers)
         times = []
         for _ in range(n):
             layer = int(rng.choice(layers))

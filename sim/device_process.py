@@ -14,7 +14,7 @@ from collections.abc import Generator
 
 import simpy
 
-from sim.throttle import TokenBucket
+from sim.throttle import TokenBucket, admitted
 
 
 class DeviceProcess:
@@ -32,11 +32,8 @@ class DeviceProcess:
     def read(self, nbytes: int, requests: int = 1) -> Generator:
         """A SimPy sub-process reading `nbytes` now; returns (service start, finish)."""
         env = self.env
-        passed = env.now
-        if self.throttle_bytes is not None:
-            passed = self.throttle_bytes.admit(passed, nbytes)
-        if self.throttle_requests is not None:
-            passed = self.throttle_requests.admit(passed, requests)
+        passed = admitted(env.now, nbytes, requests, self.throttle_bytes,
+                          self.throttle_requests)
         if passed > env.now:
             yield env.timeout(passed - env.now)
         with self.slots.request() as slot:

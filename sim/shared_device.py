@@ -17,7 +17,7 @@ from collections.abc import Generator
 import simpy
 
 from sim.sharing import ProcessorSharing
-from sim.throttle import TokenBucket
+from sim.throttle import TokenBucket, admitted
 
 
 class _Latency(ProcessorSharing):
@@ -58,11 +58,8 @@ class SharedDevice:
         """A SimPy sub-process: `requests` back-to-back reads of `nbytes` in all, by one
         thread (each pays the latency); returns (service start, finish)."""
         env = self.env
-        passed = env.now
-        if self.throttle_bytes is not None:
-            passed = self.throttle_bytes.admit(passed, nbytes)
-        if self.throttle_requests is not None:
-            passed = self.throttle_requests.admit(passed, requests)
+        passed = admitted(env.now, nbytes, requests, self.throttle_bytes,
+                          self.throttle_requests)
         if passed > env.now:
             yield env.timeout(passed - env.now)
         start = env.now

@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from sim.throttle import TokenBucket
+from sim.throttle import TokenBucket, admitted
 
 EPS_S = 1e-12
 
@@ -60,12 +60,8 @@ class Device:
         `requests` > 1 models back-to-back reads of one thread (each pays the latency)."""
         assert arrival + EPS_S >= self._last_arrival, "device requests must arrive in time order"
         self._last_arrival = arrival
-        passed = arrival
-        if self.throttle_bytes is not None:
-            passed = self.throttle_bytes.admit(passed, nbytes)
-        if self.throttle_requests is not None:
-            passed = self.throttle_requests.admit(passed, requests)
-        arrival = passed
+        arrival = admitted(arrival, nbytes, requests, self.throttle_bytes,
+                           self.throttle_requests)
         free = self._slots[0]
         start = arrival if arrival > free else free
         xfer = start + self.latency_s * requests

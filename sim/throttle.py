@@ -41,3 +41,14 @@ class TokenBucket:
             start, level = t + (tokens - level) / self.rate, 0.0
         self._level, self._at, self._last = level, start, start
         return start
+
+
+def admitted(now: float, nbytes: int, requests: int, throttle_bytes: TokenBucket | None,
+             throttle_requests: TokenBucket | None) -> float:
+    """When a read of `nbytes` in `requests` arriving at `now` passes the throttle's buckets."""
+    passed = now
+    if throttle_bytes is not None:
+        passed = throttle_bytes.admit(passed, nbytes)
+    if throttle_requests is not None:
+        passed = throttle_requests.admit(passed, requests)
+    return passed
