@@ -48,6 +48,7 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
     return hardware and model profile values with how each was measured."""
     from calibration.compute_probes import measure_compute
     from calibration.machine import facts
+    from calibration.stall_probe import measure_stall_wake
     from calibration.storage_probes import measure_storage
     from sim.calibration_values import hardware_values, now_text
     from sim.model_profile import profile_from_manifest
@@ -67,6 +68,15 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
     else:
         storage = measure_storage(scratch)
         compute, engine = measure_compute(model_dir)
+        stall = measure_stall_wake(model_dir)
+        if stall is not None:
+            compute.stall_points_ms = stall.stall_ms
+            compute.stall_wake_main_ms = stall.main_ms
+            compute.stall_wake_compute_ms = stall.compute_ms
+            compute.stall_wake_how = (
+                f"{' and '.join(f'{d:g}' for d in stall.delays_ms)} ms held before each expert "
+                f"read vs none, hot path, page cache warm, {stall.rounds} rounds rotated, "
+                "medians of paired rounds")
     build_how = (f"measured {when}: graph building of one decode step / {compute.layers} layers, "
                  f"experts resident behind the engine's kernel (no reads, no syncs), 10th "
                  f"percentile of the steps; the engine's paths add main-thread work per layer ("

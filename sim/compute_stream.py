@@ -15,6 +15,11 @@ order, one item at a time.
                               the host runs only a few operations ahead (on Metal a task is a
                               command buffer of many: unbounded, `queue_ahead_s` None)
 
+  wake-up after a stall the compute thread, idle while the main thread was blocked on loads,
+                              waits for a core before it runs the next work it is handed
+                              (`wake_after`: sim.stall_wake's curve, measured by
+                              calibration.stall_probe); only if it is idle by then
+
 `submit` queues an item; `submit_async` queues it and returns the event the host waits on for
 the bounded queue (None: no wait); `sync` returns an event that fires when everything queued so
 far has run. On a CPU backend the stream is one SimPy process working through the items
@@ -55,8 +60,15 @@ class ComputeStream:
         self._wake: simpy.Event | None = None
         self.timeline = cores is None and shortcut
         self.free_at = 0.0  # timeline: when the accelerator finishes what it was handed
+        self.wake_s = 0.0  # run-queue wait before the next work handed to an idle stream
+        self.waking_s = 0.0  # total of those waits (not compute: busy_s leaves them out)
         if not self.timeline:
             env.process(self._run())
+
+    def wake_after(self, seconds: float) -> None:
+        """The next work handed over starts `seconds` late if the stream is idle by then (its
+        thread slept through a main-thread stall and waits for a core to run again)."""
+        self.wake_s = max(self.wake_s, seconds)
 
     def _busy(self) -> bool:
         if self.timeline:
@@ -100,7 +112,7 @@ class ComputeStream:
         first = 1 if self.running else 0
         acc = 0.0
         for i in range(len(items) - 2, -1, -1):
-            seconds, done = items[i]
+            seconds, done, *waking = items[i]
             if acc + seconds <= left:
                 acc += seconds
                 continue
@@ -108,8 +120,8 @@ class ComputeStream:
                 return done
             tail = left - acc
             point = self.env.event()
-            items[i] = [tail, done]
-            items.insert(i, [seconds - tail, point])
+            items[i] = [tail, done, *waking]
+            items.insert(i, [seconds - tail, point, *waking])
             return point
         return None
 
@@ -131,12 +143,19 @@ class ComputeStream:
         return self.last
 
     def _hand_over(self, seconds: float) -> simpy.Event | None:
+        wake, self.wake_s = self.wake_s, 0.0
         if self.timeline:  # no event per item: sync reads the timeline
-            start = self.free_at if self.free_at > self.env.now else self.env.now
+            if self.free_at > self.env.now:
+                start = self.free_at
+            else:
+                start = self.env.now + wake
+                self.waking_s += wake
             self.free_at = start + seconds
             self.busy_s += seconds
             return None
         done = self.env.event()
+        if wake and not self.inflight:  # idle: the thread waits for a core first
+            self.inflight.append([wake, self.env.event(), True])
         self.inflight.append([seconds, done])
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -148,13 +167,17 @@ class ComputeStream:
                 self._wake = self.env.event()
                 yield self._wake
                 continue
-            seconds, done = self.inflight[0]
+            seconds, done, *waking = self.inflight[0]
             self.running = True
-            if self.cores is None:
+            if waking:  # runnable, not running: no core's time
                 yield self.env.timeout(seconds)
+                self.waking_s += seconds
+            elif self.cores is None:
+                yield self.env.timeout(seconds)
+                self.busy_s += seconds
             else:
                 yield self.cores.work(seconds, COMPUTE_THREAD)
-            self.busy_s += seconds
+                self.busy_s += seconds
             self.inflight.popleft()
             self.running = False
             done.succeed()

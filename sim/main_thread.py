@@ -58,6 +58,7 @@ from sim.prefill import whole_layer_prefill
 from sim.readers import DEMAND_PRIORITY, INLINE_WARM_BYTES, PREFETCH_PRIORITY, ReaderThreads
 from sim.record import StepLog
 from sim.scenario import Scenario
+from sim.stall_wake import StallWake
 from sim.swap import Swap
 from traces.schema import DEMAND, PREFETCH
 
@@ -99,6 +100,8 @@ class MainThread:
         self.mem_bw = bw
         self.slot_update_s = hw.slot_update_ms / 1e3
         self.refused_warm_s = hw.refused_warm_ms / 1e3
+        self.stall_wake = StallWake(f"hardware {hw.name}", hw.stall_points_ms,
+                                    hw.stall_wake_main_ms, hw.stall_wake_compute_ms)
         self.lookahead = sc.lookahead
         owners = [policy.head_owner(layer) for layer in range(m.layers)]  # fixed per run
         self.layer_build_s = [self.build_s + (self.head_build_s if o else 0.0) for o in owners]
@@ -374,11 +377,21 @@ class MainThread:
                        charge: Callable[[float], Generator]) -> Generator:
         """Get `layer`'s executed experts in place (staged slots, or a sync on the router then
         the caches and demand loads), charge the slot rewrites to `charge` (graph building in
-        the synchronous loop, fill work in the lookahead loop) and log the set."""
+        the synchronous loop, fill work in the lookahead loop) and log the set. A main thread
+        blocked on the loads, and the compute thread idle meanwhile, wait for a core before
+        they run again (sim.stall_wake)."""
+        blocked = self.blocked
         if self.policy.staged_layer(layer):
             executed = yield from self._staged_layer(step, row, layer)
         else:
             executed = yield from self._router_layer(step, row, layer)  # syncs on the router
+        stall = self.blocked - blocked
+        if stall > 0:
+            self.compute.wake_after(self.stall_wake.compute_wait(stall))
+            wake = self.stall_wake.main_wait(stall)
+            if wake > 0:
+                yield self.env.timeout(wake)
+                self.blocked += wake
         if self.policy.slots and self.slot_update_s:
             last = self.slots.last_call[layer]
             yield from charge(self.slot_update_s * sum(1 for e in executed if e not in last))

@@ -73,6 +73,12 @@ class Hardware:
     # reads in flight over one's, n = 1, 2, ... (sim.shared_device); empty: queue_depth slots
     refused_warm_ms: float = 0.0  # main-thread cost of asking whether a demand miss is wholly
     # in the page cache and being refused (engine.readers: small bundles, help_reads)
+    stall_points_ms: list[float] = field(default_factory=list)  # a fill's blocked time at
+    # which the waits below were measured (sim.stall_wake; empty: not modelled)
+    stall_wake_main_ms: list[float] = field(default_factory=list)  # the main thread's wait for
+    # a core after that stall, before it runs again (calibration.stall_probe)
+    stall_wake_compute_ms: list[float] = field(default_factory=list)  # the compute thread's,
+    # idle through the stall, before it runs the next work it is handed
     queue_ahead_ms: float = math.inf  # compute left queued when a non-blocking eval returns
     # (sim.compute_stream's bounded queue: MLX blocks while > 10 tasks are in flight, one
     # operation each on its CPU backend); inf = the host never waits (Metal command buffers)
@@ -210,5 +216,6 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "handoff_ms", "throttle_read_mbps", "throttle_read_iops", "throttle_burst_s",
                      "compute_factor", "cpu_cores", "compute_on_cpu", "background_cores",
                      "page_cache_floor_gib", "queue_ahead_ms", "queue_speedup",
-                     "refused_warm_ms")
+                     "refused_warm_ms", "stall_points_ms", "stall_wake_main_ms",
+                     "stall_wake_compute_ms")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

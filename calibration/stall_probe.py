@@ -1,0 +1,185 @@
+"""Stall probe: what a thread pays to run again after the main thread blocked on loads.
+
+The engine's hot path decodes with every expert in the page cache, each expert load held for an
+injected delay (a sleep before the store's read, on whichever thread reads: a slow device with
+the device itself left out), against the same run with no delay, arms rotated over rounds.
+Each capture is its own process; at its exit the kernel's per-thread scheduler statistics
+(/proc/self/task/*/schedstat: CPU time, time runnable but waiting for a core, timeslices) are
+read for the main thread and for MLX's compute thread (the other thread with the most CPU).
+
+What it showed on this project's 2-core VM (reports/validation/stall_probe.json): the compute
+thread's CPU per step does not change with the delay, but its run-queue wait grows with the
+main thread's blocked time, and so does the main thread's; the measured eval grows with the
+compute thread's wait. Per fill that blocked (a layer's loads waited for), the growth of each
+thread's wait against the growth of the fill's blocked time, one point per delay, is the curve
+the simulator takes (hardware `stall_points_ms`, `stall_wake_main_ms`,
+`stall_wake_compute_ms`: sim.stall_wake).
+
+    curve = measure_stall_wake(Path("models/tiny-trained-stream"))
+
+Linux only (schedstat); `measure_stall_wake` returns None elsewhere. Never imports MLX here:
+the captures do, in their own processes.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PRESET = "hot"  # fills at fill points, every load waited for at a fill
+
+
+@dataclass
+class StallRun:
+    """One capture: decode split per step and the two threads' scheduler figures per step."""
+
+    delay_ms: float
+    trace: Path
+    steps: int
+    build_ms: float
+    eval_ms: float
+    blocked_ms: float
+    fills: float  # fills per step that waited on a load (distinct layers with a waited load)
+    threads: dict[str, dict[str, float]]  # "main" / "compute" -> run_ms, runqueue_ms, switches
+
+
+@dataclass
+class StallCurve:
+    """Per fill that blocked: the stall (ms) and each thread's wait for a core (ms) beyond the
+    no-delay run's, one point per injected delay."""
+
+    stall_ms: list[float]
+    main_ms: list[float]
+    compute_ms: list[float]
+    delays_ms: list[float]
+    rounds: int
+    runs: list[StallRun] = field(default_factory=list)
+
+
+def child(delay_ms: float, stats_out: Path, capture_args: list[str]) -> int:
+    """Run `ssdmoe capture` with every expert read held `delay_ms`; schedstat at exit."""
+    import atexit
+
+    import engine.store as store
+
+    if delay_ms > 0:
+        load = store.ExpertStore._load
+
+        def held(self, *a, **k):
+            time.sleep(delay_ms / 1e3)
+            return load(self, *a, **k)
+
+        store.ExpertStore._load = held
+    atexit.register(lambda: stats_out.write_text(json.dumps(thread_stats())))
+    from ssdmoe_cli.main import main
+
+    sys.argv = ["ssdmoe", "capture", *capture_args]
+    return main()
+
+
+def thread_stats() -> dict[str, dict[str, float]]:
+    """Task id -> CPU ms, run-queue wait ms and timeslices, for this process's threads."""
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            run, wait, slices = map(int, (task / "schedstat").read_text().split())
+        except (OSError, ValueError):
+            continue
+        out[task.name] = {"run_ms": run / 1e6, "runqueue_ms": wait / 1e6, "switches": slices}
+    return out
+
+
+def per_step(stats: dict[str, dict[str, float]], steps: int) -> dict[str, dict[str, float]]:
+    """The main thread (its task id is the process id, the lowest) and the compute thread (the
+    other with the most CPU), per decode step."""
+    stats = dict(stats)
+    main = stats.pop(str(min(int(t) for t in stats)))
+    compute = max(stats.values(), key=lambda s: s["run_ms"])
+    return {name: {k: v / steps for k, v in s.items()}
+            for name, s in (("main", main), ("compute", compute))}
+
+
+def capture(model_dir: Path, delay_ms: float, out: Path, *, tokens: int,
+            prompts: Path | None = None) -> StallRun:
+    import polars as pl
+
+    from traces.reader import read_trace
+
+    stats = out.with_suffix(".sched.json")
+    args = [str(model_dir), "--out", str(out), "--force", "--no-progress", "--max-tokens",
+            str(tokens), "--temp", "1.0", "--seed", "0", "--preset", PRESET,
+            *(["--prompts", str(prompts)] if prompts is not None else [])]
+    proc = subprocess.run([sys.executable, "-m", "calibration.stall_probe", str(delay_ms),
+                           str(stats), *args], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    if proc.returncode != 0 or not stats.is_file():
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"stall probe capture (delay {delay_ms} ms) failed: {tail}")
+    trace = read_trace(out)
+    steps = trace.steps.filter(pl.col("phase") == "decode")
+    waited = trace.loads.filter(pl.col("step").is_in(steps["step"].implode())
+                                & pl.col("waited") & (pl.col("wait_ns") > 0))
+    fills = waited.select(["step", "layer"]).unique().height / max(steps.height, 1)
+    ms = {k: steps[k].mean() / 1e6 for k in ("build_ns", "eval_ns", "blocked_ns")}
+    return StallRun(delay_ms, out, steps.height, ms["build_ns"], ms["eval_ns"],
+                    ms["blocked_ns"], fills, per_step(json.loads(stats.read_text()),
+                                                      steps.height))
+
+
+def run_arms(model_dir: Path, delays: list[float], rounds: int, work: Path, *, tokens: int,
+             prompts: Path | None = None) -> list[StallRun]:
+    """Every delay captured `rounds` times, the order rotated per round."""
+    runs = []
+    for r in range(rounds):
+        for d in delays[r % len(delays):] + delays[:r % len(delays)]:
+            runs.append(capture(model_dir, d, work / f"delay{d}-round{r}", tokens=tokens,
+                                prompts=prompts))
+    return runs
+
+
+def curve_point(runs: list[StallRun], delay_ms: float) -> tuple[float, float, float]:
+    """(stall, main wait, compute wait) ms per fill that blocked, each the growth over the
+    no-delay arm: medians over rounds, the arms paired in round order."""
+    base = [r for r in runs if r.delay_ms == 0]
+    held = [r for r in runs if r.delay_ms == delay_ms]
+    points: list[tuple[float, float, float]] = []
+    for b, h in zip(base, held, strict=True):
+        if h.fills <= 0 or h.blocked_ms <= b.blocked_ms:
+            continue
+        stall = h.blocked_ms / h.fills - (b.blocked_ms / b.fills if b.fills else 0.0)
+        waits = [max(h.threads[t]["runqueue_ms"] - b.threads[t]["runqueue_ms"], 0.0) / h.fills
+                 for t in ("main", "compute")]
+        points.append((stall, *waits))
+    if not points:
+        raise RuntimeError(f"stall probe: a {delay_ms} ms delay did not lengthen the fills' "
+                           "blocked time")
+    return tuple(statistics.median(p[i] for p in points) for i in range(3))  # type: ignore
+
+
+def measure_stall_wake(model_dir: Path, *, delays_ms: tuple[float, ...] = (1.0, 4.0),
+                       rounds: int = 2, tokens: int = 24) -> StallCurve | None:
+    """The probe on `model_dir` (None where there is no schedstat: not Linux)."""
+    if not (Path("/proc/self/task") / str(_tid()) / "schedstat").is_file():
+        return None
+    with tempfile.TemporaryDirectory(prefix="ssdmoe-stall-") as tmp:
+        runs = run_arms(Path(model_dir).resolve(), [0.0, *delays_ms], rounds, Path(tmp),
+                        tokens=tokens)
+    points = sorted(curve_point(runs, d) for d in delays_ms)
+    return StallCurve([p[0] for p in points], [p[1] for p in points], [p[2] for p in points],
+                      list(delays_ms), rounds, runs)
+
+
+def _tid() -> int:
+    import threading
+
+    return threading.get_native_id()
+
+
+if __name__ == "__main__":  # a probe capture: DELAY_MS STATS_OUT CAPTURE_ARGS...
+    sys.exit(child(float(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]))

@@ -1,0 +1,117 @@
+"""What a main-thread stall at a fill costs beyond the stall, measured and simulated.
+
+calibration.stall_probe's arms (the hot path, every expert in the page cache, each expert read
+held for an injected delay; arms rotated over rounds), with longer captures and more delays,
+and each capture replayed by `sim compare` with the same delay added to the warm load's cost,
+on the validation's fitted settings: once with this machine's hardware profile as calibrated
+(the stall curve, sim.stall_wake) and once with the curve taken out. Per arm (medians over
+rounds): build, eval and blocked ms per decode step, measured and simulated, and per step the
+CPU time, run-queue wait and timeslices of the main thread and MLX's compute thread.
+
+    uv run python reports/validation/stall_probe.py [--delays 0,0.5,1,2,4] [--rounds 3]
+
+Writes stall_probe.json next to this file. Linux only (schedstat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from calibration.stall_probe import StallRun, run_arms  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+MODEL = ROOT / "models" / "tiny-trained-stream"
+CALIBRATION_CONFIG = "hot-pcall-unthrottled"  # its fitted settings are replayed
+OWN_SETTINGS = ("k", "path", "lead", "lru_bytes", "readers", "lookahead", "help_reads", "gil",
+                "lora", "o_direct")  # what each trace's own run.json sets
+NO_CURVE = ["stall_points_ms=", "stall_wake_main_ms=", "stall_wake_compute_ms="]
+TOKENS = 48
+
+
+def _settings() -> list[str]:
+    doc = json.loads((HERE / "results" / f"{CALIBRATION_CONFIG}.json").read_text())
+    return [s for s in doc["settings"] if s.split("=", 1)[0] not in OWN_SETTINGS]
+
+
+def _simulated(run: StallRun, settings: list[str], extra: list[str]) -> dict[str, float]:
+    from sim.compare import compare
+    from traces.reader import read_trace
+
+    base = next(float(s.split("=", 1)[1]) for s in settings if s.startswith("load_overhead_ms="))
+    sets = [s for s in settings if not s.startswith("load_overhead_ms=")]
+    sim = compare(read_trace(run.trace),
+                  sets=[*sets, f"load_overhead_ms={base + run.delay_ms}", *extra])
+    return {"build_ms": sim.extra["build_ms_per_step"], "eval_ms": sim.extra["eval_ms_per_step"],
+            "blocked_ms": sim.simulated["blocked_ms_per_step"]}
+
+
+def run(delays: list[float], rounds: int) -> dict:
+    settings = _settings()
+    rows: dict[str, list[dict]] = {str(d): [] for d in delays}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in run_arms(MODEL, delays, rounds, Path(tmp), tokens=TOKENS,
+                          prompts=HERE / "prompts.jsonl"):
+            rows[str(r.delay_ms)].append({
+                "measured": {"build_ms": r.build_ms, "eval_ms": r.eval_ms,
+                             "blocked_ms": r.blocked_ms, "fills": r.fills},
+                "simulated": _simulated(r, settings, []),
+                "simulated_no_curve": _simulated(r, settings, NO_CURVE),
+                "threads": r.threads})
+    return {"command": "uv run python reports/validation/stall_probe.py "
+                       f"--delays {','.join(f'{d:g}' for d in delays)} --rounds {rounds}",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "model": str(MODEL.relative_to(ROOT)), "preset": "hot", "tokens": TOKENS,
+            "settings": settings, "arms": {d: _medians(v) for d, v in rows.items()},
+            "rounds": rows}
+
+
+def _medians(rounds: list[dict]) -> dict:
+    return {side: {k: statistics.median(r[side][k] for r in rounds) for k in rounds[0][side]}
+            for side in ("measured", "simulated", "simulated_no_curve")} | {
+        "threads": {t: {k: statistics.median(r["threads"][t][k] for r in rounds)
+                        for k in rounds[0]["threads"][t]} for t in ("main", "compute")}}
+
+
+def _table(doc: dict) -> str:
+    lines = ["| delay ms/load | build ms/step: measured / sim / sim without curve | eval | "
+             "blocked | compute thread: CPU, run-queue wait ms/step, timeslices/step | main "
+             "thread: same |", "|---|---|---|---|---|---|"]
+    for d, a in doc["arms"].items():
+        m, s, n, th = a["measured"], a["simulated"], a["simulated_no_curve"], a["threads"]
+        cells = [f"{m[k]:.2f} / {s[k]:.2f} / {n[k]:.2f}"
+                 for k in ("build_ms", "eval_ms", "blocked_ms")]
+        cells += [f"{th[t]['run_ms']:.2f}, {th[t]['runqueue_ms']:.2f}, {th[t]['switches']:.0f}"
+                  for t in ("compute", "main")]
+        lines.append(f"| {d} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--delays", default="0,0.5,1,2,4")
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    try:
+        delays = sorted({float(x) for x in a.delays.split(",")} | {0.0})
+    except ValueError:
+        sys.exit(f"--delays {a.delays!r}: not a comma-separated list of milliseconds")
+    if not Path("/proc/self/schedstat").is_file():
+        sys.exit("stall_probe: needs Linux's /proc schedstat")
+    if not (MODEL / "manifest.json").is_file():
+        sys.exit(f"{MODEL}: no converted model (bash scripts/setup.sh builds it)")
+    doc = run(delays, a.rounds)
+    (HERE / "stall_probe.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(_table(doc))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Waking after a stall: a thread that slept while the main thread was blocked on a fill's loads
+waits for a core before it runs again.
+
+Measured on this project's 2-core VM (calibration.stall_probe, /proc schedstat): with each
+expert read held longer, the main thread's and MLX's compute thread's CPU time per step stay
+the same, but the time each spends runnable and not running grows, and the measured eval grows
+with the compute thread's share. The growth per fill rises with the stall and levels off
+(a stall of ~1.5 ms costs ~0.3 ms, one of ~12 ms ~1 ms), so the hardware profile holds it as a
+curve: `stall_points_ms` (a fill's time blocked) -> `stall_wake_main_ms` (the main thread's
+wait, blocked time) and `stall_wake_compute_ms` (the compute thread's, before the next work
+it is handed: sim.compute_stream), linear from (0, 0) through the points and flat after the
+last. An empty curve (the paper's machines: nothing measured) costs nothing."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from contract.errors import BadInput
+
+
+class StallWake:
+    def __init__(self, where: str, points_ms: list[float], main_ms: list[float],
+                 compute_ms: list[float]) -> None:
+        if not points_ms and (main_ms or compute_ms):
+            raise BadInput(f"{where}: stall_wake_main_ms / stall_wake_compute_ms need "
+                           "stall_points_ms (the stalls they were measured at)")
+        for name, values in (("stall_wake_main_ms", main_ms),
+                             ("stall_wake_compute_ms", compute_ms)):
+            if points_ms and len(values) != len(points_ms):
+                raise BadInput(f"{where}: {name} has {len(values)} values for "
+                               f"{len(points_ms)} stall_points_ms: one per point")
+        self.points = [p / 1e3 for p in points_ms]
+        self.main = [v / 1e3 for v in main_ms]
+        self.compute = [v / 1e3 for v in compute_ms]
+
+    def _at(self, curve: list[float], stall_s: float) -> float:
+        if not self.points or stall_s <= 0:
+            return 0.0
+        i = bisect_left(self.points, stall_s)
+        if i == len(self.points):
+            return curve[-1]
+        x0, y0 = (self.points[i - 1], curve[i - 1]) if i else (0.0, 0.0)
+        x1, y1 = self.points[i], curve[i]
+        return y0 + (y1 - y0) * (stall_s - x0) / (x1 - x0)
+
+    def main_wait(self, stall_s: float) -> float:
+        return self._at(self.main, stall_s)
+
+    def compute_wait(self, stall_s: float) -> float:
+        return self._at(self.compute, stall_s)
