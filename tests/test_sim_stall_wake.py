@@ -1,0 +1,154 @@
+"""Waking after a stall (sim.stall_wake, sim.compute_stream.wake_after, and its use at a fill
+in sim.main_thread) against hand-worked numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import simpy
+from sim_helpers import hardware, model, routing_input, scenario
+
+from contract.errors import BadInput
+from sim.compute_stream import ComputeStream
+from sim.cpu import Cores
+from sim.replay import run_scenario
+from sim.stall_wake import StallWake
+
+CURVE = dict(stall_points_ms=[0.25, 1.0], stall_wake_main_ms=[0.05, 0.2],
+             stall_wake_compute_ms=[0.1, 0.3])
+
+
+def test_the_curve_is_linear_from_zero_through_the_points_and_flat_after():
+    w = StallWake("hw", points_ms=[2.0, 10.0], main_ms=[0.5, 0.9], compute_ms=[0.6, 1.0])
+    ms = 1e-3
+    assert w.main_wait(0.0) == 0.0
+    assert w.main_wait(1 * ms) == pytest.approx(0.25 * ms)  # half way to the first point
+    assert w.main_wait(2 * ms) == pytest.approx(0.5 * ms)
+    assert w.main_wait(6 * ms) == pytest.approx(0.7 * ms)  # half way between the points
+    assert w.main_wait(50 * ms) == pytest.approx(0.9 * ms)  # flat after the last
+    assert w.compute_wait(6 * ms) == pytest.approx(0.8 * ms)
+    assert StallWake("hw", [], [], []).compute_wait(5 * ms) == 0.0
+
+
+def test_a_curve_without_its_points_or_of_another_length_is_one_clear_line():
+    with pytest.raises(BadInput, match="hardware x: stall_wake_main_ms has 1 values for 2"):
+        StallWake("hardware x", [1.0, 2.0], [0.1], [0.1, 0.2])
+    with pytest.raises(BadInput, match="need stall_points_ms"):
+        StallWake("hardware x", [], [0.1], [])
+
+
+@pytest.mark.parametrize("cores", [None, 1.0])
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_an_idle_stream_starts_late_a_busy_one_does_not(cores, shortcut):
+    """Idle at t=0: wake_after(0.3), then 1.0 of work: done at 1.3. Busy (1.0 handed over at
+    t=1.3, running): wake_after(0.3) at t=1.5 and 0.5 more: done at 2.3 + 0.5 = 2.8, no wait.
+    On a CPU backend the wait holds no core: a main-thread job of 0.2 s on the one core beside
+    it, from t=0, is done at 0.2 (it would share the core with compute work)."""
+    env = simpy.Environment()
+    cpu = Cores(env, cores) if cores else None
+    if cpu is None and not shortcut:
+        pytest.skip("the accelerator process is the timeline's twin (tests/test_sim_cpu.py)")
+    stream = ComputeStream(env, cpu, lazy=False, shortcut=shortcut)
+    seen: list[float] = []
+
+    def host():
+        stream.wake_after(0.3)
+        stream.submit(1.0)
+        yield stream.sync()
+        seen.append(env.now)
+        stream.submit(1.0)
+        yield env.timeout(0.2)
+        stream.wake_after(0.3)
+        stream.submit(0.5)
+        yield stream.sync()
+        seen.append(env.now)
+
+    def beside():
+        if cpu is not None:
+            yield cpu.work(0.2, "main")
+            seen.append(env.now)
+
+    env.process(host())
+    env.process(beside())
+    env.run()
+    expect = [1.3, 2.8] if cpu is None else [0.2, 1.3, 2.8]
+    assert sorted(seen) == pytest.approx(expect)
+    assert stream.waking_s == pytest.approx(0.3)
+    assert stream.busy_s == pytest.approx(2.5)
+
+
+L, C, S, D, B = 4, 1.5, 0.1, 0.5, 0.4  # tests/test_sim_lookahead.py's model and demand fills
+
+
+@pytest.mark.parametrize("on_cpu", [False, True])
+def test_a_blocked_fill_delays_the_main_thread_and_the_compute_after_it(on_cpu):
+    """tests/test_sim_lookahead.py's demand fills: every fill blocks D = 0.5 ms (two cold
+    250 kB reads at 1 GB/s on the main thread), b = 0.4 < c, so every fill is on the critical
+    path: the window is L (c + s + D) + s. With the curve, a 0.5 ms stall costs the main
+    thread mw = 0.05 + 0.15 x 1/3 = 0.1 ms (blocked) and the compute thread cw = 0.1 + 0.2 x
+    1/3 = 0.1667 ms before the fill's gather (eval): the window grows by L (mw + cw)."""
+    mw, cw = 0.1, 0.1 + 0.2 / 3
+    io = dict(ssd_latency_ms=0.0, ssd_bandwidth_gbps=1.0, load_overhead_ms=0.0,
+              cold_overhead_ms=0.0, memcpy_gbps=0.0)
+
+    def run(curve: dict):
+        hw = hardware(mem_bandwidth_gbps=1.0, sync_overhead_ms=S, lazy_compute=True,
+                      compute_on_cpu=on_cpu, cpu_cores=0.0, **io, **curve)
+        m = model(layers=L, experts=16, k=2, bundle_bytes=250_000, resident_bytes=4_000_000,
+                  build_ms_per_layer=B)
+        sc = scenario(hw=hw, m=m, path="hot", lru_bytes=250_000, o_direct=True, readers=0,
+                      decode_steps=6, lookahead=True)
+        sets = [[0, 1], [2, 3]]
+        router = np.array([[sets[t % 2]] * L for t in range(6)], dtype=np.int16)
+        return run_scenario(sc, routing=routing_input(router))
+
+    def rows(result, col):
+        d = result.trace.steps.filter(pl.col("phase") == "decode").sort("step")
+        if col == "window":
+            return ((d["end_ns"] - d["start_ns"]) / 1e6).to_list()[1:-1]
+        return (d[col] / 1e6).to_list()[1:-1]
+
+    base, woken = run({}), run(CURVE)
+    assert rows(base, "window") == pytest.approx([L * (C + S + D) + S] * 4, abs=1e-6)
+    assert rows(woken, "window") == pytest.approx([L * (C + S + D + mw + cw) + S] * 4, abs=1e-6)
+    assert rows(woken, "blocked_ns") == pytest.approx([L * (D + mw)] * 4, abs=1e-6)
+    grown = [w - b for w, b in zip(rows(woken, "eval_ns"), rows(base, "eval_ns"), strict=True)]
+    assert grown == pytest.approx([L * cw] * 4, abs=1e-6)
+
+
+def _run(delay: float, blocked: float, fills: float, main_wait: float, compute_wait: float):
+    from calibration.stall_probe import StallRun
+
+    threads = {"main": {"run_ms": 1.0, "runqueue_ms": main_wait, "switches": 1.0},
+               "compute": {"run_ms": 1.0, "runqueue_ms": compute_wait, "switches": 1.0}}
+    return StallRun(delay, Path("."), 10, 1.0, 5.0, blocked, fills, threads)
+
+
+def test_the_probe_point_is_the_growth_per_blocked_fill_over_the_no_delay_arm():
+    """Per step, round 1: no delay 1 ms blocked over 5 fills (0.2 ms each), run-queue waits
+    0.1 / 0.05 ms; 1 ms held: 16 ms over 5 fills (3.2 ms each), waits 2.6 / 3.05 ms: the
+    point is (3.0, 0.5, 0.6) ms per fill. Round 2 gives (5.0, 1.0, 1.0): medians over rounds
+    (two: their means)."""
+    from calibration.stall_probe import curve_point
+
+    runs = [_run(0, 1.0, 5, 0.1, 0.05), _run(1, 16.0, 5, 2.6, 3.05),
+            _run(1, 26.0, 5, 5.1, 5.05), _run(0, 1.0, 5, 0.1, 0.05)]
+    assert curve_point(runs, 1) == pytest.approx((4.0, 0.75, 0.8))
+    with pytest.raises(RuntimeError, match="did not lengthen"):
+        curve_point([_run(0, 1.0, 5, 0, 0), _run(1, 0.5, 5, 0, 0)], 1)
+
+
+def test_a_profile_with_a_descending_curve_is_one_clear_line(tmp_path):
+    from sim.profiles import load_hardware
+
+    text = Path("scenarios/hardware/this-machine.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text("\n".join(
+        "stall_points_ms = [3.0, 1.0]" if line.startswith("stall_points_ms") else line
+        for line in text.splitlines()) + "\n")
+    with pytest.raises(BadInput,
+                       match=r"bad.toml: stall_points_ms: \[3.0, 1.0\] must be distinct"):
+        load_hardware(bad)
