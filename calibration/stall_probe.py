@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.errors import IOFault
+
 PRESET = "hot"  # fills at fill points, every load waited for at a fill
 
 
@@ -68,14 +70,14 @@ def child(delay_ms: float, stats_out: Path, capture_args: list[str]) -> int:
 
     import engine.store as store
 
-    if delay_ms > 0:
-        load = store.ExpertStore._load
+    if delay_ms > 0:  # in _row: every read ends there (buffered, RWF_NOWAIT, O_DIRECT), and
+        row = store.ExpertStore._row  # the delay falls inside its started..finished
 
         def held(self, *a, **k):
             time.sleep(delay_ms / 1e3)
-            return load(self, *a, **k)
+            return row(self, *a, **k)
 
-        store.ExpertStore._load = held
+        store.ExpertStore._row = held
     atexit.register(lambda: stats_out.write_text(json.dumps(thread_stats())))
     from ssdmoe_cli.main import main
 
@@ -120,7 +122,7 @@ def capture(model_dir: Path, delay_ms: float, out: Path, *, tokens: int,
                           cwd=Path(__file__).resolve().parents[1])
     if proc.returncode != 0 or not stats.is_file():
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"stall probe capture (delay {delay_ms} ms) failed: {tail}")
+        raise IOFault(f"{model_dir}: stall probe capture (delay {delay_ms} ms) failed: {tail}")
     trace = read_trace(out)
     steps = trace.steps.filter(pl.col("phase") == "decode")
     waited = trace.loads.filter(pl.col("step").is_in(steps["step"].implode())
@@ -157,7 +159,7 @@ def curve_point(runs: list[StallRun], delay_ms: float) -> tuple[float, float, fl
                  for t in ("main", "compute")]
         points.append((stall, *waits))
     if not points:
-        raise RuntimeError(f"stall probe: a {delay_ms} ms delay did not lengthen the fills' "
+        raise IOFault(f"stall probe: a {delay_ms} ms delay did not lengthen the fills' "
                            "blocked time")
     return tuple(statistics.median(p[i] for p in points) for i in range(3))  # type: ignore
 
@@ -165,7 +167,7 @@ def curve_point(runs: list[StallRun], delay_ms: float) -> tuple[float, float, fl
 def measure_stall_wake(model_dir: Path, *, delays_ms: tuple[float, ...] = (1.0, 4.0),
                        rounds: int = 2, tokens: int = 24) -> StallCurve | None:
     """The probe on `model_dir` (None where there is no schedstat: not Linux)."""
-    if not (Path("/proc/self/task") / str(_tid()) / "schedstat").is_file():
+    if not Path("/proc/self/schedstat").is_file():
         return None
     with tempfile.TemporaryDirectory(prefix="ssdmoe-stall-") as tmp:
         runs = run_arms(Path(model_dir).resolve(), [0.0, *delays_ms], rounds, Path(tmp),
@@ -173,12 +175,6 @@ def measure_stall_wake(model_dir: Path, *, delays_ms: tuple[float, ...] = (1.0, 
     points = sorted(curve_point(runs, d) for d in delays_ms)
     return StallCurve([p[0] for p in points], [p[1] for p in points], [p[2] for p in points],
                       list(delays_ms), rounds, runs)
-
-
-def _tid() -> int:
-    import threading
-
-    return threading.get_native_id()
 
 
 if __name__ == "__main__":  # a probe capture: DELAY_MS STATS_OUT CAPTURE_ARGS...

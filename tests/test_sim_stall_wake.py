@@ -137,7 +137,9 @@ def test_the_probe_point_is_the_growth_per_blocked_fill_over_the_no_delay_arm():
     runs = [_run(0, 1.0, 5, 0.1, 0.05), _run(1, 16.0, 5, 2.6, 3.05),
             _run(1, 26.0, 5, 5.1, 5.05), _run(0, 1.0, 5, 0.1, 0.05)]
     assert curve_point(runs, 1) == pytest.approx((4.0, 0.75, 0.8))
-    with pytest.raises(RuntimeError, match="did not lengthen"):
+    from contract.errors import IOFault
+
+    with pytest.raises(IOFault, match="did not lengthen"):
         curve_point([_run(0, 1.0, 5, 0, 0), _run(1, 0.5, 5, 0, 0)], 1)
 
 
