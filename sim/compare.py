@@ -325,7 +325,9 @@ def scenario_for(trace: Trace, scenario: str | None = None,
     sc = apply_overrides(sc, derived + list(sets or []))
     engine = trace.run.get("engine") or {}
     budget_bytes = engine.get("page_cache_budget")
-    paged = paged_bundle_bytes(trace)
+    # the manifest the trace names, else the model profile's figure from the same manifest (a
+    # trace moved to another machine: the page cache must not depend on where it is replayed)
+    paged = paged_bundle_bytes(trace) or sc.model.device_bundle_bytes or None
     if paged is not None and not sc.model.device_bundle_bytes:
         sc.model.device_bundle_bytes = int(round(paged))  # what a cold read moves
     if budget_bytes is not None and not engine.get("o_direct_effective", engine.get("o_direct")):

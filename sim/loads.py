@@ -13,8 +13,10 @@ Where a load's bytes are decides its cost, on the thread doing it (main or a rea
 With the engine's emulated page-cache budget, each bundle a fill pushes out costs the reading
 thread `budget_evict_ms` of CPU after the load is done (the store drops its pages).
 The per-read work is Python and holds the GIL (sim.gil) when the scenario models it; copy and
-fault work happen inside the read. All of it is CPU time on the host's shared cores (sim.cpu),
-so a load slows down when graph building and compute run beside it, and slows them in turn.
+fault work happen inside the read. The engine reads a bundle one pread per tensor slice and each
+pread takes the GIL back, so with the GIL modelled a load runs slice by slice (`_by_syscall`).
+All of it is CPU time on the host's shared cores (sim.cpu), so a load slows down when graph
+building and compute run beside it, and slows them in turn.
 A bundle may be read as several pieces (tensor-wise partial reads, `*_pieces`): with readahead
 the first cold piece brings the whole bundle in and the others are warm; without it every piece
 of a cold bundle is a separate device request.
@@ -82,6 +84,9 @@ class Fetcher:
         self.readahead = hw.readahead
         self.evict_s = evict_ms / 1e3  # Scenario.budget_evict_ms
         self.gil = gil if gil is not None else Gil(env, False)
+        # each pread takes the GIL back (the engine); False: once per load, as the sim did
+        # before (kept for reports/validation/gil_probe.py's comparison)
+        self.slices_take_the_gil = True
         self.log: list[Load] = []
 
     def _edge_bytes(self, load: Load) -> int:
@@ -106,32 +111,31 @@ class Fetcher:
             missing = self.pc.probe_layer(load.layer)
             requests, cold_bytes = load.pieces, missing * self.device_bytes
             cold_pieces = 1 if missing else 0
-        elif self.pc.probe(load.key):
-            requests = cold_bytes = cold_pieces = 0
+            syscalls = load.pieces
         else:
-            # without readahead every range is its own read (one pread per tensor slice)
-            requests = 1 if self.readahead else max(load.pieces, self.bundle_reads)
-            cold_bytes = load.nbytes + self._edge_bytes(load)
-            cold_pieces = 1 if self.readahead else load.pieces
-        evicted = 0
-        if cold_bytes:
-            if isinstance(self.device, SharedDevice):
-                yield from self.device.read(cold_bytes, requests)
+            syscalls = max(load.pieces, self.bundle_reads)  # one pread per tensor slice
+            if self.pc.probe(load.key):
+                requests = cold_bytes = cold_pieces = 0
             else:
-                _, io_end = self.device.read(env.now, cold_bytes, requests)
-                yield env.timeout(io_end - env.now)
-            before = self.pc.lru.evictions
-            if load.expert < 0:
-                self.pc.fill_layer(load.layer)
-            else:
-                self.pc.fill(load.key)
-            evicted = self.pc.lru.evictions - before
+                # without readahead every range is its own device request
+                requests = 1 if self.readahead else syscalls
+                cold_bytes = load.nbytes + self._edge_bytes(load)
+                cold_pieces = 1 if self.readahead else load.pieces
         kernel = cold_pieces * self.cold_overhead  # faults and the copy: inside pread
         if self.copy_bps:
             kernel += load.nbytes / self.copy_bps
-        if kernel > 0:
-            yield self.cores.work(kernel, thread)
-        yield from self.gil.run(self.cores, load.pieces * self.overhead, thread)  # Python
+        python = load.pieces * self.overhead
+        if self.gil.enabled and syscalls > 1 and self.slices_take_the_gil:
+            evicted = yield from self._by_syscall(load, thread, syscalls, requests, cold_bytes,
+                                                  kernel, python)
+        else:
+            evicted = 0
+            if cold_bytes:
+                yield from self._device_read(cold_bytes, requests)
+                evicted = self._fill(load)
+            if kernel > 0:
+                yield self.cores.work(kernel, thread)
+            yield from self.gil.run(self.cores, python, thread)
         load.cold = cold_pieces > 0
         load.cold_pieces = cold_pieces
         load.finished = env.now
@@ -139,3 +143,40 @@ class Fetcher:
         load.done.succeed()
         if evicted and self.evict_s:  # the engine's budget drops what the fill pushed out
             yield self.cores.work(evicted * self.evict_s, thread)
+
+    def _by_syscall(self, load: Load, thread: str, syscalls: int, requests: int,
+                    cold_bytes: int, kernel: float, python: float) -> Generator:
+        """The load as the engine does it, one pread per tensor slice: each pread lets go of
+        the GIL and takes it back for the Python before the next, so a thread whose read lands
+        while another runs Python waits for it once per slice, not once per load. Without a
+        holder it costs what the one-shot load does (tests/test_sim_gil.py). Returns how many
+        bundles the page-cache fill pushed out."""
+        evicted = 0
+        for i in range(syscalls):
+            if cold_bytes and (requests == syscalls or i == 0):
+                share = cold_bytes // syscalls if requests == syscalls else cold_bytes
+                if requests == syscalls and i == syscalls - 1:
+                    share = cold_bytes - share * (syscalls - 1)
+                yield from self._device_read(share, 1 if requests == syscalls else requests)
+                if i == syscalls - 1 or requests != syscalls:
+                    evicted = self._fill(load)
+            if kernel > 0:
+                yield self.cores.work(kernel / syscalls, thread)
+            yield from self.gil.run(self.cores, python / syscalls, thread)
+        return evicted
+
+    def _device_read(self, nbytes: int, requests: int) -> Generator:
+        if isinstance(self.device, SharedDevice):
+            yield from self.device.read(nbytes, requests)
+        else:
+            _, io_end = self.device.read(self.env.now, nbytes, requests)
+            yield self.env.timeout(io_end - self.env.now)
+
+    def _fill(self, load: Load) -> int:
+        """The read's bytes enter the page cache; returns how many bundles that pushed out."""
+        before = self.pc.lru.evictions
+        if load.expert < 0:
+            self.pc.fill_layer(load.layer)
+        else:
+            self.pc.fill(load.key)
+        return self.pc.lru.evictions - before

@@ -103,7 +103,7 @@ def test_engine_configs_map_onto_scenario_keys():
 
 
 def test_page_cache_budget_becomes_the_simulated_page_cache(captured, tiny_random_converted,
-                                                            tmp_path):
+                                                            tmp_path, monkeypatch):
     import shutil
 
     import numpy as np
@@ -137,6 +137,15 @@ def test_page_cache_budget_becomes_the_simulated_page_cache(captured, tiny_rando
     result = compare(read_trace(copy))
     assert result.extra["page_cache_capacity_bytes"] == held * bundle  # a Comparison: JSON
     assert np.isfinite(result.simulated["decode_tok_s"])
+    # the trace moved to another machine (its model directory gone): the model profile's
+    # page-rounded bundle (from the same manifest) gives the same page cache, not a warmer one
+    with_manifest = scenario_for(read_trace(copy))[0].model
+    run["model"]["path"] = str(tmp_path / "gone")
+    (copy / "run.json").write_text(json.dumps(run))
+    monkeypatch.setattr("sim.compare.trace_model", lambda trace, notes: with_manifest)
+    assert paged_bundle_bytes(read_trace(copy)) is None
+    moved, _, _ = scenario_for(read_trace(copy))
+    assert budget(moved).page_cache == pytest.approx(held * bundle, abs=2)
 
 
 def test_trace_without_a_model_profile_is_bad_input(captured, tmp_path):

@@ -184,11 +184,11 @@ def write_report(out: Path, results: list[dict], missing: list[str], meta: dict[
         plots.plot_errors(results, out / "errors.png")
     if worst is not None:
         plots.plot_timelines(worst, out / "worst-timeline.png")
-    (out / "README.md").write_text(_markdown(doc, results, worst))
+    (out / "README.md").write_text(_markdown(doc, results, worst, out))
     return doc
 
 
-def _markdown(doc: dict, results: list[dict], worst: dict | None) -> str:
+def _markdown(doc: dict, results: list[dict], worst: dict | None, out: Path) -> str:
     lines = ["# Simulator vs this machine: `ssdmoe validate`", "",
              f"Produced by `{doc['command']}` on {doc['date']} ({doc['machine']}). "
              f"Model `{doc['model']}`, manifest sha256 `{doc['model_sha256']}`. "
@@ -270,12 +270,44 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None) -> str:
                          f" | {LABELS[comp]} {diff:+.2f} |")
         lines.append("")
     lines += _gain_markdown(doc["gain"])
+    lines += _probes_markdown(out)
     lines += ["## Reproduce", "", f"    {doc['command']}", "",
               "Per-configuration results (with each capture's command and the settings `sim "
               "compare` derived) are in `results/`; the traces in `traces/` and the simulated "
               "traces in `simulated/` open with `ssdmoe trace summary` and export to Perfetto "
               "with `ssdmoe trace export`.", ""]
     return "\n".join(lines)
+
+
+def _probes_markdown(out: Path) -> list[str]:
+    """The mechanism probes next to the report (their own scripts write the JSON), if run."""
+    lines: list[str] = []
+    gil = out / "gil_probe.json"
+    if gil.is_file():
+        g = json.loads(gil.read_text())
+        lines += ["## Mechanism probes", "",
+                  f"**A reader's cold bundle read while the main thread runs Python** "
+                  f"(`gil_probe.py`, `{g['command']}`, {g['date']}): the engine reads a bundle "
+                  "one pread per tensor slice and each takes the GIL back, so the simulator "
+                  "takes it per slice (sim.loads); per load, as it did before, it misses "
+                  "most of the wait. Median cold read, ms:", "",
+                  "| main thread | realized busy / idle ms | measured | simulated, per slice | "
+                  "simulated, per load |", "|---|---|---|---|---|"]
+        for a in g["arms"]:
+            spell = " / ".join(f"{v:.3f}" for v in a["main_busy_idle_ms"] or []) or "-"
+            lines.append(f"| {a['arm']} | {spell} | {a['measured_ms']:.3f} | "
+                         f"{a['simulated_per_slice_ms']:.3f} | {a['simulated_per_load_ms']:.3f} |")
+        lines.append("")
+    stall = out / "stall_probe.json"
+    if stall.is_file():
+        st = json.loads(stall.read_text())
+        if not lines:
+            lines += ["## Mechanism probes", ""]
+        lines += [f"**Waking after a stall** (`stall_probe.py`, `{st['command']}`, "
+                  f"{st['date']}): each expert read held for an injected delay, measured and "
+                  "simulated with and without the stall curve (sim.stall_wake); per-thread "
+                  "run-queue waits in `stall_probe.json`.", ""]
+    return lines
 
 
 def _regime_markdown(results: list[dict], heldout: float | None) -> list[str]:
