@@ -118,6 +118,29 @@ def _start(out: Path, settings: dict, fresh: bool) -> None:
     stamp.write_text(json.dumps(settings) + "\n")
 
 
+def _recompared(out: Path, settings: dict) -> str:
+    """--recompare re-simulates the traces in `out` and never deletes them: the model sha they
+    were captured on (a conversion elsewhere may hash differently: it is said, not fatal);
+    any other setting that differs is bad input. Returns the traces' model sha."""
+    stamp = out / "run-settings.json"
+    if not stamp.is_file():
+        raise BadInput(f"{stamp}: no earlier run to recompare (run ssdmoe validate first)")
+    from contract.errors import read_json_object
+
+    old = read_json_object(stamp)
+    for key in ("prompts", "max_tokens", "rounds"):
+        if old.get(key) != settings.get(key):
+            raise BadInput(f"{stamp}: the traces were captured with {key}={old.get(key)}, "
+                           f"this run asks {settings.get(key)}: --recompare keeps them as "
+                           "captured (give the same settings, or --fresh to start over)")
+    captured = str(old.get("model_sha256") or "")
+    if captured != settings["model_sha256"]:
+        _say(f"validate: the traces in {out} were captured on model manifest "
+             f"{captured[:12]}, this model's is {settings['model_sha256'][:12]}: "
+             "re-simulating them as they are (nothing is captured)")
+    return captured
+
+
 def _calibration(model: Path, out: Path, calibrate: bool) -> dict:
     cal_file = out / "calibration-run.json"
     if cal_file.is_file():  # a resumed run keeps its calibration
@@ -212,8 +235,12 @@ def validate(
     if recompare and fresh:
         raise BadInput("--recompare keeps the captured traces; --fresh forgets them: one or "
                        "the other")
-    _start(out, {"model_sha256": sha, "prompts": n_prompts, "max_tokens": tokens,
-                 **({"rounds": rounds} if rounds > 1 else {})}, fresh)
+    settings = {"model_sha256": sha, "prompts": n_prompts, "max_tokens": tokens,
+                **({"rounds": rounds} if rounds > 1 else {})}
+    if recompare:
+        sha = _recompared(out, settings)
+        settings["model_sha256"] = sha
+    _start(out, settings, fresh)
     if recompare:  # predictions only: the traces stay, results and fits are redone (the fit
         # file keeps the isolated-loop figures of the first fit)
         for sub in ("results", "simulated"):

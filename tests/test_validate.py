@@ -327,6 +327,27 @@ def test_rounds_capture_each_configuration_again_and_compare_the_median(
     assert "capturing" not in again.stderr and "kept" not in again.stderr
     doc2 = json.loads((out / "validation.json").read_text())
     assert {x["config"]["name"]: x["measured"]["decode_tok_s"] for x in doc2["results"]} == before
+    # traces captured on another conversion (its manifest hashes differently): said, kept
+    stamp = out / "run-settings.json"
+    settings = json.loads(stamp.read_text())
+    stamp.write_text(json.dumps({**settings, "model_sha256": "ab" * 32}))
+    moved = ssdmoe_subprocess("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
+                              str(out), "--no-calibrate", "--prompts", "1", "--max-tokens", "6",
+                              "--rounds", "3", "--recompare")
+    assert moved.returncode == 0, moved.stderr
+    assert "captured on model manifest abababababab" in moved.stderr
+    assert "starting over" not in moved.stderr and "capturing" not in moved.stderr
+    doc3 = json.loads((out / "validation.json").read_text())
+    assert {x["config"]["name"]: x["measured"]["decode_tok_s"] for x in doc3["results"]} == before
+    assert doc3["model_sha256"] == "ab" * 32  # the report names the traces' model
+    # other settings than those captured: one line, nothing deleted
+    other = ssdmoe_subprocess("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
+                              str(out), "--no-calibrate", "--prompts", "1", "--max-tokens", "7",
+                              "--rounds", "3", "--recompare")
+    assert other.returncode != 0 and "captured with max_tokens=6" in other.stderr
+    assert "Traceback" not in other.stderr
+    assert all((out / "traces" / x["config"]["name"] / "run.json").is_file()
+               for x in doc3["results"])
     bad = ssdmoe_subprocess("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
                             str(out), "--no-calibrate", "--rounds", "0")
     assert bad.returncode != 0 and "--rounds: must be >= 1, got 0" in bad.stderr
