@@ -125,9 +125,10 @@ class Fetcher:
         if self.copy_bps:
             kernel += load.nbytes / self.copy_bps
         python = load.pieces * self.overhead
-        if self.gil.enabled and syscalls > 1 and self.slices_take_the_gil:
-            evicted = yield from self._by_syscall(load, thread, syscalls, requests, cold_bytes,
-                                                  kernel, python)
+        if (self.gil.enabled and self.slices_take_the_gil and cold_bytes and syscalls > 1
+                and requests == syscalls):
+            evicted = yield from self._by_syscall(load, thread, syscalls, cold_bytes, kernel,
+                                                  python)
         else:
             evicted = 0
             if cold_bytes:
@@ -144,22 +145,22 @@ class Fetcher:
         if evicted and self.evict_s:  # the engine's budget drops what the fill pushed out
             yield self.cores.work(evicted * self.evict_s, thread)
 
-    def _by_syscall(self, load: Load, thread: str, syscalls: int, requests: int,
-                    cold_bytes: int, kernel: float, python: float) -> Generator:
-        """The load as the engine does it, one pread per tensor slice: each pread lets go of
-        the GIL and takes it back for the Python before the next, so a thread whose read lands
-        while another runs Python waits for it once per slice, not once per load. Without a
-        holder it costs what the one-shot load does (tests/test_sim_gil.py). Returns how many
-        bundles the page-cache fill pushed out."""
-        evicted = 0
+    def _by_syscall(self, load: Load, thread: str, syscalls: int, cold_bytes: int,
+                    kernel: float, python: float) -> Generator:
+        """A cold load as the engine does it, one pread per tensor slice: each pread waits on
+        the device and lets go of the GIL meanwhile, long enough for a waiting thread to take
+        it, so a read that lands while another thread runs Python waits for it once per slice,
+        not once per load. (A warm pread returns in microseconds, before a waiting thread is
+        even awake: a GIL hand-over took 0.02 ms median here, so a warm load keeps the GIL,
+        as a load always did in the sim.) Without a holder it costs what the one-shot load
+        does (tests/test_sim_mechanisms.py). Returns how many bundles the page-cache fill
+        pushed out."""
+        share, evicted = cold_bytes // syscalls, 0
         for i in range(syscalls):
-            if cold_bytes and (requests == syscalls or i == 0):
-                share = cold_bytes // syscalls if requests == syscalls else cold_bytes
-                if requests == syscalls and i == syscalls - 1:
-                    share = cold_bytes - share * (syscalls - 1)
-                yield from self._device_read(share, 1 if requests == syscalls else requests)
-                if i == syscalls - 1 or requests != syscalls:
-                    evicted = self._fill(load)
+            last = i == syscalls - 1
+            yield from self._device_read(cold_bytes - share * i if last else share, 1)
+            if last:
+                evicted = self._fill(load)
             if kernel > 0:
                 yield self.cores.work(kernel / syscalls, thread)
             yield from self.gil.run(self.cores, python / syscalls, thread)

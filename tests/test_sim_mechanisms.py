@@ -126,7 +126,8 @@ def test_a_readers_python_bookkeeping_waits_for_the_main_threads_build():
     assert off.lock is None
 
 
-def _sliced_load(main_build_s: float, readahead: bool = False, gil_on: bool = True) -> float:
+def _sliced_load(main_build_s: float, readahead: bool = False, gil_on: bool = True,
+                 warm: bool = False) -> float:
     """A cold bundle of 3 tensor slices (3 preads, 0.2 ms each on the device, 0.03 ms of Python
     in all) read by a reader from t=0 while the main thread holds the GIL for `main_build_s`;
     returns when the load finished (ms)."""
@@ -140,6 +141,8 @@ def _sliced_load(main_build_s: float, readahead: bool = False, gil_on: bool = Tr
     hw = hardware(**dict(IO, load_overhead_ms=0.03, readahead=readahead))
     f = Fetcher(env, hw, device, pc, cores, 16, 1000, gil=gil, bundle_reads=3)
     load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())
+    if warm:
+        pc.fill(3)
 
     def main():
         yield from gil.run(cores, main_build_s, "main")
@@ -163,4 +166,6 @@ def test_each_pread_of_a_bundle_takes_the_gil_back_once():
     # with readahead the first pread brings the bundle in (one request), the others are warm
     assert _sliced_load(0.0, readahead=True) == pytest.approx(0.23, abs=1e-5)
     assert _sliced_load(0.001, readahead=True) == pytest.approx(1.03, abs=1e-5)
+    # a warm pread returns before a waiting thread is awake: a warm load keeps the GIL
+    assert _sliced_load(0.001, warm=True) == pytest.approx(1.03, abs=1e-5)
 
