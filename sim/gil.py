@@ -4,8 +4,10 @@ The main thread holds it while it builds a layer's graph and while it does a fil
 work; a reader thread needs it for a load's Python bookkeeping (`load_overhead_ms`: arrays,
 rows, the budget's accounting) but not inside the read itself (pread releases it, so a load's
 device time, copy and page faults run beside Python). So a reader whose read lands while the
-main thread builds finishes its load only when that build step ends. A Resource of one slot;
-a GIL that is off (`Scenario.gil`, the default for a simulated engine) costs nothing.
+main thread builds finishes its load only when that build step ends; a cold bundle, one pread
+per tensor slice, takes it back after each slice (sim.loads, measured by
+reports/validation/gil_probe.py). A Resource of one slot; a GIL that is off (`Scenario.gil`,
+the default for a simulated engine) costs nothing.
 """
 
 from __future__ import annotations
