@@ -141,6 +141,20 @@ def _recompared(out: Path, settings: dict) -> str:
     return captured
 
 
+def _captured_by(out: Path) -> dict | None:
+    """The command and date of the run that captured the traces in `out` (its report), or
+    None when there is no earlier report."""
+    report_file = out / "validation.json"
+    if not report_file.is_file():
+        return None
+    from contract.errors import read_json_object
+
+    doc = read_json_object(report_file)
+    if not isinstance(doc.get("command"), str) or not isinstance(doc.get("date"), str):
+        return None
+    return {"command": doc["command"], "date": doc["date"]}
+
+
 def _calibration(model: Path, out: Path, calibrate: bool) -> dict:
     cal_file = out / "calibration-run.json"
     if cal_file.is_file():  # a resumed run keeps its calibration
@@ -151,10 +165,24 @@ def _calibration(model: Path, out: Path, calibrate: bool) -> dict:
             "profile": "scenarios/hardware/this-machine.toml", "date": "-"}
 
 
+def _refit_from_isolated(scenario: Path, fit_file: Path) -> None:
+    """A resumed run (or --recompare) sets every fitted figure back to the isolated-loop value
+    the first fit started from, before anything is compared: the fit is a few correction rounds
+    of coupled figures, not a fixed point, so starting from where it ended walks it further on
+    every rerun, and the same traces would not give the same report."""
+    from validation.calibration import write_note
+
+    if not (scenario.is_file() and fit_file.is_file()):
+        return
+    for key, v in json.loads(fit_file.read_text()).items():
+        write_note(scenario, key, v["before"], "isolated-loop figure, refitted by ssdmoe "
+                   "validate")
+
+
 def _profile_fitter(scenario: Path, fit_file: Path, fitted: dict):
     """fit(calibration results): the calibration configurations fit the scenario's per-path
-    costs (validation.calibration); a resumed run refits from the same measurements (a fixed
-    point) and keeps the isolated-loop figures of the first fit as `before`."""
+    costs (validation.calibration); the fit file keeps the isolated-loop figures of the first
+    fit as `before` (a resumed run starts from them again: `_refit_from_isolated`)."""
     from validation.calibration import fit
 
     def fit_profile(cal_results: list[dict]) -> None:
@@ -255,6 +283,7 @@ def validate(
         _say(f"[{i}/{n}] {c.name} ({c.role}): {what}  [{time.perf_counter() - t0:.0f} s]")
 
     scenario = Path("scenarios") / f"this-machine-{_model_name(model)}.toml"
+    _refit_from_isolated(scenario, out / "calibration-fit.json")
     fitted: dict = {}
     interrupted = False
     try:
@@ -266,9 +295,13 @@ def validate(
         _say("validate: interrupted; reporting what was measured")
     missing = [c.name for c in run.missing(plan, configs)] + skipped
     hw = load_hardware("this-machine")
-    meta = {"command": " ".join(["ssdmoe", "validate", *sys.argv[2:]]) if len(sys.argv) > 1
-            and sys.argv[1] == "validate" else f"ssdmoe validate {model}",
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    command = (" ".join(["ssdmoe", "validate", *sys.argv[2:]]) if len(sys.argv) > 1
+               and sys.argv[1] == "validate" else f"ssdmoe validate {model}")
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    captured = _captured_by(out) if recompare else None  # the traces' own run
+    meta = {"command": captured["command"] if captured else command,
+            "date": captured["date"] if captured else now,
+            **({"resimulated": {"command": command, "date": now}} if captured else {}),
             "machine": _machine(), "model": str(model), "model_sha256": sha,
             "prompts": n_prompts, "max_tokens": tokens, "rounds": rounds,
             "decode_routing": f"sampled at temperature {plan.temp} with seed {plan.seed}",

@@ -191,6 +191,31 @@ def test_calibration_fit_by_hand(tmp_path):
     assert tomllib.loads(sc.read_text())["notes"]["build_ms_per_layer.staged"] == "1.2000"
 
 
+def test_a_refit_starts_from_the_isolated_figures_not_from_the_last_fit(tmp_path):
+    """A resumed run or --recompare sets each fitted figure back to the `before` of the first
+    fit before comparing anything, so the same traces give the same fit (the fit is a few
+    correction rounds, not a fixed point: from its own result it walked on, 16.1% -> 10.8%
+    p90 on one report); figures the fit never set are left alone; no fit file: nothing."""
+    from ssdmoe_cli.validate_cmd import _refit_from_isolated
+    from validation.calibration import current_note
+
+    sc = tmp_path / "s.toml"
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n\n[notes]\n'
+                  '"build_ms_per_layer.staged" = "0.2519"  # fitted\n'
+                  '"handoff_ms.in_decode" = "0.8207"  # fitted\n'
+                  '"build_ms_per_layer.pure" = "0.1090"  # measured, never fitted\n')
+    fit_file = tmp_path / "calibration-fit.json"
+    _refit_from_isolated(sc, fit_file)  # no fit file yet (a fresh run): unchanged
+    assert current_note(sc, "handoff_ms.in_decode") == pytest.approx(0.8207)
+    fit_file.write_text(json.dumps({
+        "build_ms_per_layer.staged": {"before": 0.1995, "after": 0.2519},
+        "handoff_ms.in_decode": {"before": 0.0869, "after": 0.8207}}))
+    _refit_from_isolated(sc, fit_file)
+    assert current_note(sc, "build_ms_per_layer.staged") == pytest.approx(0.1995)
+    assert current_note(sc, "handoff_ms.in_decode") == pytest.approx(0.0869)
+    assert current_note(sc, "build_ms_per_layer.pure") == pytest.approx(0.1090)
+
+
 def test_reader_handoff_fit_by_hand(tmp_path):
     """handoff_ms.in_decode = isolated + (measured - simulated blocked) / MEASURED reader
     waits per step (the simulated 0.01 would give +200 ms), from the calibration
@@ -327,6 +352,10 @@ def test_rounds_capture_each_configuration_again_and_compare_the_median(
     assert "capturing" not in again.stderr and "kept" not in again.stderr
     doc2 = json.loads((out / "validation.json").read_text())
     assert {x["config"]["name"]: x["measured"]["decode_tok_s"] for x in doc2["results"]} == before
+    # the report keeps the run that captured the traces and says when they were re-simulated
+    assert doc2["command"] == doc["command"] and "--recompare" not in doc2["command"]
+    assert "--recompare" in doc2["resimulated"]["command"]
+    assert "Re-simulated by `ssdmoe validate" in (out / "README.md").read_text()
     # traces captured on another conversion (its manifest hashes differently): said, kept
     stamp = out / "run-settings.json"
     settings = json.loads(stamp.read_text())

@@ -191,7 +191,10 @@ def write_report(out: Path, results: list[dict], missing: list[str], meta: dict[
 def _markdown(doc: dict, results: list[dict], worst: dict | None, out: Path) -> str:
     lines = ["# Simulator vs this machine: `ssdmoe validate`", "",
              f"Produced by `{doc['command']}` on {doc['date']} ({doc['machine']}). "
-             f"Model `{doc['model']}`, manifest sha256 `{doc['model_sha256']}`. "
+             + (f"Re-simulated by `{doc['resimulated']['command']}` on "
+                f"{doc['resimulated']['date']} (the same traces, predicted again). "
+                if doc.get("resimulated") else "")
+             + f"Model `{doc['model']}`, manifest sha256 `{doc['model_sha256']}`. "
              f"Each configuration is its own `ssdmoe capture` process: {doc['prompts']} prompts x "
              f"{doc['max_tokens']} decode tokens, decode routing {doc['decode_routing']}. "
              f"Simulated by `sim compare` on the profile `ssdmoe calibrate` wrote "
@@ -271,7 +274,9 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None, out: Path) -> 
         lines.append("")
     lines += _gain_markdown(doc["gain"])
     lines += _probes_markdown(out)
+    again = doc.get("resimulated")
     lines += ["## Reproduce", "", f"    {doc['command']}", "",
+              *([f"then, on those traces, `{again['command']}`.", ""] if again else []),
               "Per-configuration results (with each capture's command and the settings `sim "
               "compare` derived) are in `results/`; the traces in `traces/` and the simulated "
               "traces in `simulated/` open with `ssdmoe trace summary` and export to Perfetto "

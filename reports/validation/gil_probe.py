@@ -7,7 +7,8 @@ runs Python (graph building, fill work) waits for it once per slice. sim.loads m
 
 Measured: one reader thread reads cold bundles of models/tiny-trained-stream through the
 engine's store (ExpertStore.read_bundle, pages dropped first) while the main thread alternates
-`busy` ms of pure Python with `idle` ms of sleep (the GIL free); arms rotated over rounds.
+`busy` ms of pure Python (or of MLX graph building) with `idle` ms of sleep (the GIL free);
+arms rotated over rounds.
 Simulated: the pattern as it was realized (the main thread's median busy and idle spells,
 measured: a sleep lasts longer than asked) on this machine's profile
 (scenarios/hardware/this-machine.toml): one reader, the main thread holding the GIL for `busy`
@@ -35,17 +36,26 @@ sys.path.insert(0, str(ROOT))
 HERE = Path(__file__).resolve().parent
 MODEL = ROOT / "models" / "tiny-trained-stream"
 ARMS = {"main idle": None, "busy 0.2 / idle 0.05 ms": (0.2, 0.05),
-        "busy 0.5 / idle 0.1 ms": (0.5, 0.1), "busy 1.0 / idle 0.1 ms": (1.0, 0.1)}
+        "busy 0.5 / idle 0.1 ms": (0.5, 0.1), "busy 1.0 / idle 0.1 ms": (1.0, 0.1),
+        "mx graph 0.5 / idle 0.1 ms": (0.5, 0.1)}  # building an MLX graph, as decode does
 
 
-def _spin(ms: float) -> None:
+def _spin(ms: float, graph: bool = False) -> None:
+    """`ms` of pure Python, or (`graph`) of MLX graph building (never evaluated)."""
     end = time.perf_counter() + ms / 1e3
+    if graph:
+        import mlx.core as mx
+
+        x = y = mx.ones((8, 8))
+        while time.perf_counter() < end:
+            y = mx.maximum(y * 1.0001 + 0.5, x)
+        return
     while time.perf_counter() < end:
         pass
 
 
-def measure(arm: tuple[float, float] | None, reads: int,
-            seed: int) -> tuple[list[float], list[float], list[float]]:
+def measure(arm: tuple[float, float] | None, reads: int, seed: int,
+            graph: bool = False) -> tuple[list[float], list[float], list[float]]:
     """One arm: the cold read times (ms), and the main thread's realized busy and idle spells
     (ms: a sleep of 0.05 ms lasts longer on this VM, and the simulation is given what was)."""
     import numpy as np
@@ -81,7 +91,7 @@ def measure(arm: tuple[float, float] | None, reads: int,
                 time.sleep(0.001)
             else:
                 t0 = time.perf_counter()
-                _spin(arm[0])
+                _spin(arm[0], graph)
                 t1 = time.perf_counter()
                 time.sleep(arm[1] / 1e3)
                 busy.append((t1 - t0) * 1e3)
@@ -140,7 +150,7 @@ def run(rounds: int, reads: int) -> dict:
     spells: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            times, busy, idle = measure(ARMS[name], reads, seed=r)
+            times, busy, idle = measure(ARMS[name], reads, seed=r, graph=name.startswith("mx"))
             measured[name].append(statistics.median(times))
             spells[name][0].extend(busy)
             spells[name][1].extend(idle)
