@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from contract.errors import BadInput
+from contract.errors import BadInput, read_json_object
 
 DEFAULT_MODEL = Path("models") / "tiny-trained-stream"
 
@@ -107,7 +107,7 @@ def _runnable(configs: list, model: Path, train_heads: bool) -> tuple[list, list
 def _start(out: Path, settings: dict, fresh: bool) -> None:
     """Keep earlier measurements in `out` unless --fresh or the model or settings changed."""
     stamp = out / "run-settings.json"
-    if fresh or (stamp.is_file() and json.loads(stamp.read_text()) != settings):
+    if fresh or (stamp.is_file() and read_json_object(stamp) != settings):
         if stamp.is_file() and not fresh:
             _say("validate: model or settings changed since the last run: starting over")
         for sub in ("traces", "results", "simulated"):
@@ -125,8 +125,6 @@ def _recompared(out: Path, settings: dict) -> str:
     stamp = out / "run-settings.json"
     if not stamp.is_file():
         raise BadInput(f"{stamp}: no earlier run to recompare (run ssdmoe validate first)")
-    from contract.errors import read_json_object
-
     old = read_json_object(stamp)
     for key in ("prompts", "max_tokens", "rounds"):
         if old.get(key) != settings.get(key):
@@ -147,8 +145,6 @@ def _captured_by(out: Path) -> dict | None:
     report_file = out / "validation.json"
     if not report_file.is_file():
         return None
-    from contract.errors import read_json_object
-
     doc = read_json_object(report_file)
     if not isinstance(doc.get("command"), str) or not isinstance(doc.get("date"), str):
         return None
@@ -158,7 +154,7 @@ def _captured_by(out: Path) -> dict | None:
 def _calibration(model: Path, out: Path, calibrate: bool) -> dict:
     cal_file = out / "calibration-run.json"
     if cal_file.is_file():  # a resumed run keeps its calibration
-        return json.loads(cal_file.read_text())
+        return read_json_object(cal_file)
     if calibrate:
         return _calibrate(model, out)
     return {"command": "(not run: --no-calibrate; the committed profile)",
@@ -174,7 +170,7 @@ def _refit_from_isolated(scenario: Path, fit_file: Path) -> None:
 
     if not (scenario.is_file() and fit_file.is_file()):
         return
-    for key, v in json.loads(fit_file.read_text()).items():
+    for key, v in read_json_object(fit_file).items():
         write_note(scenario, key, v["before"], "isolated-loop figure, refitted by ssdmoe "
                    "validate")
 
@@ -188,7 +184,7 @@ def _profile_fitter(scenario: Path, fit_file: Path, fitted: dict):
     def fit_profile(cal_results: list[dict]) -> None:
         if not scenario.is_file():
             return
-        first = json.loads(fit_file.read_text()) if fit_file.is_file() else {}
+        first = read_json_object(fit_file) if fit_file.is_file() else {}
         for key, v in fit(cal_results, scenario).items():
             fitted[key] = {**v, "before": first.get(key, v)["before"]}
         fit_file.write_text(json.dumps(fitted, indent=1) + "\n")

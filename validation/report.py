@@ -286,12 +286,13 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None, out: Path) -> 
 
 def _probes_markdown(out: Path) -> list[str]:
     """The mechanism probes next to the report (their own scripts write the JSON), if run."""
+    from contract.errors import read_json_object
+
     lines: list[str] = []
     gil = out / "gil_probe.json"
     if gil.is_file():
-        g = json.loads(gil.read_text())
-        lines += ["## Mechanism probes", "",
-                  f"**A reader's cold bundle read while the main thread runs Python** "
+        g = read_json_object(gil)
+        lines += [f"**A reader's cold bundle read while the main thread runs Python** "
                   f"(`gil_probe.py`, `{g['command']}`, {g['date']}): the engine reads a bundle "
                   "one pread per tensor slice and each takes the GIL back, so the simulator "
                   "takes it per slice (sim.loads); per load, as it did before, it misses "
@@ -305,14 +306,12 @@ def _probes_markdown(out: Path) -> list[str]:
         lines.append("")
     stall = out / "stall_probe.json"
     if stall.is_file():
-        st = json.loads(stall.read_text())
-        if not lines:
-            lines += ["## Mechanism probes", ""]
+        st = read_json_object(stall)
         lines += [f"**Waking after a stall** (`stall_probe.py`, `{st['command']}`, "
                   f"{st['date']}): each expert read held for an injected delay, measured and "
                   "simulated with and without the stall curve (sim.stall_wake); per-thread "
                   "run-queue waits in `stall_probe.json`.", ""]
-    return lines
+    return ["## Mechanism probes", "", *lines] if lines else []
 
 
 def _regime_markdown(results: list[dict], heldout: float | None) -> list[str]:

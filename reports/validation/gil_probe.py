@@ -173,6 +173,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reads", type=int, default=120)
     args = ap.parse_args()
+    if args.rounds < 1 or args.reads < 1:
+        sys.exit(f"gil_probe: --rounds and --reads must be >= 1, got {args.rounds} and "
+                 f"{args.reads}")
     if not (MODEL / "manifest.json").is_file():
         sys.exit(f"gil_probe: {MODEL}: no converted model (bash scripts/demo.sh builds it)")
     doc = run(args.rounds, args.reads)
