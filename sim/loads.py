@@ -151,8 +151,9 @@ class Fetcher:
         the device and lets go of the GIL meanwhile, long enough for a waiting thread to take
         it, so a read that lands while another thread runs Python waits for it once per slice,
         not once per load. (A warm pread returns in microseconds, before a waiting thread is
-        even awake: a GIL hand-over took 0.02 ms median here, so a warm load keeps the GIL,
-        as a load always did in the sim.) Without a holder it costs what the one-shot load
+        even awake: a GIL hand-over took about 0.02 ms median here, measured once by a
+        scratch script that is not in the repo, so a warm load keeps the GIL, as a load
+        always did in the sim.) Without a holder it costs what the one-shot load
         does (tests/test_sim_mechanisms.py). Returns how many bundles the page-cache fill
         pushed out."""
         share, evicted = cold_bytes // syscalls, 0
