@@ -27,7 +27,9 @@ simulator's compute and graph-building figures for this machine come from measur
                    mx.async_eval, then waited for. async_eval returns only once few tasks are
                    in flight (MLX blocks the caller above MAX_ACTIVE_TASKS; on CPU a task is
                    one operation); the median time still left after it returned (the rest of
-                   the walk, and the waiter's wake-up) is `queue_ahead_ms`
+                   the walk, and the waiter's wake-up) is `queue_ahead_ms`, and the main
+                   thread's CPU time inside async_eval (MLX prepares and dispatches each
+                   operation on the calling thread) is `dispatch_ms`, per router
 
 The decode configurations are loaded side by side and take turns, one step each (round robin),
 so they see the same machine load. Every timing is the 10th percentile of its repeats
@@ -86,18 +88,19 @@ class AsyncProbePath(ResidentPath):
     waited for (the compute still left when it returned)."""
 
     def __init__(self, store: ExpertStore, layer: int, stacks: dict,
-                 samples: list[tuple[float, float]]):
+                 samples: list[tuple[float, float, float]]):
         super().__init__(store, layer, False, stacks)
-        self.samples = samples  # (ms blocked in async_eval, ms left after it), per router
+        # (ms blocked in async_eval, ms left after it, main-thread CPU ms inside it) per router
+        self.samples = samples
 
     def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
         if inds.size == inds.shape[-1]:  # one token (a decode step; prompts are not timed)
-            t0 = time.perf_counter_ns()
+            t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
             mx.async_eval(inds)
-            t1 = time.perf_counter_ns()
+            t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
             np.array(inds, copy=True)
             t2 = time.perf_counter_ns()
-            self.samples.append(((t1 - t0) / 1e6, (t2 - t1) / 1e6))
+            self.samples.append(((t1 - t0) / 1e6, (t2 - t1) / 1e6, (c1 - c0) / 1e6))
         return switch_glu(x, self.stack, inds, self.quant)
 
 
@@ -383,7 +386,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     layers = len(manifest.moe_layers)
     glu = glu_times(converted, ks, glu_reps)
     stacks: dict = {}
-    queue_samples: list[tuple[float, float]] = []
+    queue_samples: list[tuple[float, float, float]] = []
     runners = {
         "resident": Runner(converted, path_factory=lambda s, i: ResidentPath(s, i, False, stacks)),
         "resident_synced": Runner(converted,
@@ -460,8 +463,9 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         handoff_ms=float(np.median(handoff)),
         handoff_p10_ms=cost(handoff),
         handoff_reps=len(handoff),
-        queue_ahead_ms=float(np.median([left for _, left in queue_samples])),
-        async_blocked_ms=float(np.median([blocked for blocked, _ in queue_samples])),
+        queue_ahead_ms=float(np.median([left for _, left, _ in queue_samples])),
+        async_blocked_ms=float(np.median([blocked for blocked, _, _ in queue_samples])),
+        dispatch_ms=float(np.median([cpu for _, _, cpu in queue_samples])),
         queue_ahead_reps=len(queue_samples),
     )
     engine = {name: {"build_ms": m(t.build_ms), "sync_ms": m(t.sync_ms), "read_ms": m(t.read_ms),

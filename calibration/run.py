@@ -68,21 +68,28 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
     else:
         storage = measure_storage(scratch)
         compute, engine = measure_compute(model_dir)
-        stall = measure_stall_wake(model_dir)
-        if stall is not None:
-            compute.stall_points_ms = stall.stall_ms
-            compute.stall_wake_main_ms = stall.main_ms
-            compute.stall_wake_compute_ms = stall.compute_ms
+        curves = measure_stall_wake(model_dir)
+        for loop, stall in (curves or {}).items():
+            prefix = "sync_" if loop == "sync" else ""
+            setattr(compute, f"{prefix}stall_points_ms", stall.stall_ms)
+            setattr(compute, f"{prefix}stall_wake_main_ms", stall.main_ms)
+            setattr(compute, f"{prefix}stall_wake_compute_ms", stall.compute_ms)
             compute.stall_wake_how = (
-                f"{' and '.join(f'{d:g}' for d in stall.delays_ms)} ms held before each expert "
-                f"read vs none, hot path, page cache warm, {stall.rounds} rounds rotated, "
-                "medians of paired rounds")
+                f"{', '.join(f'{d:g}' for d in stall.delays_ms)} ms held before each expert "
+                f"read vs none, page cache warm, {stall.rounds} rounds rotated, medians of "
+                "paired rounds")
     build_how = (f"measured {when}: graph building of one decode step / {compute.layers} layers, "
                  f"experts resident behind the engine's kernel (no reads, no syncs), 10th "
                  f"percentile of the steps; the engine's paths add main-thread work per layer ("
                  + ", ".join(f"{p} {v:.3f}" for p, v in compute.path_build_ms_per_layer.items())
                  + " ms, net of read waits and router syncs)")
     model = profile_from_manifest(model_dir, compute.build_ms_per_layer, build_how)
+    if compute.dispatch_ms == compute.dispatch_ms:  # not nan
+        model["fill_ms_per_layer"] = (round(compute.dispatch_ms, 4), (
+            f"measured {when}: the main thread's CPU time inside mx.async_eval of the walk to "
+            f"each router of a resident decode step (median over {compute.queue_ahead_reps} "
+            "routers): MLX prepares and dispatches the operations on the calling thread; "
+            "`ssdmoe validate` fits it inside decode (note fill_ms_per_layer.in_decode)"))
     hardware = hardware_values(storage, compute, facts(), active_params=model["active_params"][0])
     return Calibration(model_dir, label, storage, compute, engine, hardware, model, when,
                        time.perf_counter() - t0)

@@ -1,21 +1,27 @@
 """Stall probe: what a thread pays to run again after the main thread blocked on loads.
 
-The engine's hot path decodes with every expert in the page cache, each expert load held for an
-injected delay (a sleep before the store's read, on whichever thread reads: a slow device with
-the device itself left out), against the same run with no delay, arms rotated over rounds.
-Each capture is its own process; at its exit the kernel's per-thread scheduler statistics
+The engine decodes with every expert in the page cache, each expert read held for an injected
+delay (a sleep before the store's read, on whichever thread reads: a slow device with the device
+itself left out), against the same run with no delay, arms rotated over rounds. Each capture is
+its own process; at its exit the kernel's per-thread scheduler statistics
 (/proc/self/task/*/schedstat: CPU time, time runnable but waiting for a core, timeslices) are
 read for the main thread and for MLX's compute thread (the other thread with the most CPU).
+Both decode loops are probed, each with the preset that runs it (LOOP_PRESETS): hot in the
+lookahead loop, on-demand (exact) in the synchronous one.
 
 What it showed on this project's 2-core VM (reports/validation/stall_probe.json): the compute
 thread's CPU per step does not change with the delay, but its run-queue wait grows with the
 main thread's blocked time, and so does the main thread's; the measured eval grows with the
 compute thread's wait. Per fill that blocked (a layer's loads waited for), the growth of each
 thread's wait against the growth of the fill's blocked time, one point per delay, is the curve
-the simulator takes (hardware `stall_points_ms`, `stall_wake_main_ms`,
-`stall_wake_compute_ms`: sim.stall_wake).
+the simulator takes (hardware `stall_points_ms`, `stall_wake_main_ms`, `stall_wake_compute_ms`
+for the lookahead loop, the same keys prefixed `sync_` for the synchronous one:
+sim.stall_wake). The curve bends: up to ~1.5 ms of stall per fill the waits stay at the no-delay
+run's (both loops, 2026-12-02), while ~3-5 ms costs the compute thread ~0.5-0.8 ms; so the
+delays start small (0.2 ms a read), where a line from the origin to a first point at ~3 ms
+would charge short stalls (unthrottled cold reads) a wake they do not pay.
 
-    curve = measure_stall_wake(Path("models/tiny-trained-stream"))
+    curves = measure_stall_wake(Path("models/tiny-trained-stream"))  # lookahead, sync
 
 Linux only (schedstat); `measure_stall_wake` returns None elsewhere. Never imports MLX here:
 the captures do, in their own processes.
@@ -34,7 +40,11 @@ from pathlib import Path
 
 from contract.errors import IOFault
 
-PRESET = "hot"  # fills at fill points, every load waited for at a fill
+# The engine preset each decode loop is probed with: hot runs the lookahead loop (fills at fill
+# points, every load waited for at a fill), on-demand (exact) the synchronous loop (the router
+# syncs while the graph is built, each routed bundle read on the main thread).
+LOOP_PRESETS = {"lookahead": "hot", "sync": "on-demand"}
+DELAYS_MS = (0.2, 0.5, 1.0, 4.0)
 
 
 @dataclass
@@ -61,6 +71,7 @@ class StallCurve:
     compute_ms: list[float]
     delays_ms: list[float]
     rounds: int
+    preset: str = LOOP_PRESETS["lookahead"]
     runs: list[StallRun] = field(default_factory=list)
 
 
@@ -108,14 +119,14 @@ def per_step(stats: dict[str, dict[str, float]], steps: int) -> dict[str, dict[s
 
 
 def capture(model_dir: Path, delay_ms: float, out: Path, *, tokens: int,
-            prompts: Path | None = None) -> StallRun:
+            prompts: Path | None = None, preset: str = LOOP_PRESETS["lookahead"]) -> StallRun:
     import polars as pl
 
     from traces.reader import read_trace
 
-    stats = out.with_suffix(".sched.json")
+    stats = out.parent / f"{out.name}.sched.json"
     args = [str(model_dir), "--out", str(out), "--force", "--no-progress", "--max-tokens",
-            str(tokens), "--temp", "1.0", "--seed", "0", "--preset", PRESET,
+            str(tokens), "--temp", "1.0", "--seed", "0", "--preset", preset,
             *(["--prompts", str(prompts)] if prompts is not None else [])]
     proc = subprocess.run([sys.executable, "-m", "calibration.stall_probe", str(delay_ms),
                            str(stats), *args], capture_output=True, text=True,
@@ -135,13 +146,14 @@ def capture(model_dir: Path, delay_ms: float, out: Path, *, tokens: int,
 
 
 def run_arms(model_dir: Path, delays: list[float], rounds: int, work: Path, *, tokens: int,
-             prompts: Path | None = None) -> list[StallRun]:
+             prompts: Path | None = None,
+             preset: str = LOOP_PRESETS["lookahead"]) -> list[StallRun]:
     """Every delay captured `rounds` times, the order rotated per round."""
     runs = []
     for r in range(rounds):
         for d in delays[r % len(delays):] + delays[:r % len(delays)]:
-            runs.append(capture(model_dir, d, work / f"delay{d}-round{r}", tokens=tokens,
-                                prompts=prompts))
+            runs.append(capture(model_dir, d, work / f"{preset}-delay{d}-round{r}",
+                                tokens=tokens, prompts=prompts, preset=preset))
     return runs
 
 
@@ -164,17 +176,32 @@ def curve_point(runs: list[StallRun], delay_ms: float) -> tuple[float, float, fl
     return tuple(statistics.median(p[i] for p in points) for i in range(3))  # type: ignore
 
 
-def measure_stall_wake(model_dir: Path, *, delays_ms: tuple[float, ...] = (1.0, 4.0),
-                       rounds: int = 2, tokens: int = 24) -> StallCurve | None:
-    """The probe on `model_dir` (None where there is no schedstat: not Linux)."""
+def curve(runs: list[StallRun], delays_ms: tuple[float, ...], rounds: int,
+          preset: str) -> StallCurve:
+    """The points of every delay in order of stall (a noisy round can give a longer delay
+    less stall); of points with the same stall the first stays, since the curve needs
+    distinct stalls."""
+    points: list[tuple[float, float, float]] = []
+    for p in sorted(curve_point(runs, d) for d in delays_ms):
+        if not points or p[0] > points[-1][0]:
+            points.append(p)
+    return StallCurve([p[0] for p in points], [p[1] for p in points],
+                      [p[2] for p in points], list(delays_ms), rounds, preset, runs)
+
+
+def measure_stall_wake(model_dir: Path, *, delays_ms: tuple[float, ...] = DELAYS_MS,
+                       rounds: int = 2, tokens: int = 24) -> dict[str, StallCurve] | None:
+    """The probe on `model_dir`, one curve per decode loop ("lookahead", "sync"); None where
+    there is no schedstat (not Linux)."""
     if not Path("/proc/self/schedstat").is_file():
         return None
+    out = {}
     with tempfile.TemporaryDirectory(prefix="ssdmoe-stall-") as tmp:
-        runs = run_arms(Path(model_dir).resolve(), [0.0, *delays_ms], rounds, Path(tmp),
-                        tokens=tokens)
-    points = sorted(curve_point(runs, d) for d in delays_ms)
-    return StallCurve([p[0] for p in points], [p[1] for p in points], [p[2] for p in points],
-                      list(delays_ms), rounds, runs)
+        for loop, preset in LOOP_PRESETS.items():
+            runs = run_arms(Path(model_dir).resolve(), [0.0, *delays_ms], rounds, Path(tmp),
+                            tokens=tokens, preset=preset)
+            out[loop] = curve(runs, delays_ms, rounds, preset)
+    return out
 
 
 if __name__ == "__main__":  # a probe capture: DELAY_MS STATS_OUT CAPTURE_ARGS...

@@ -114,9 +114,14 @@ class ComputeResult:
     queue_ahead_ms: float = float("nan")  # median compute left when mx.async_eval of the
     # walk to a router returned (nan: not measured)
     async_blocked_ms: float = float("nan")  # median time that async_eval blocked
+    dispatch_ms: float = float("nan")  # median main-thread CPU inside that async_eval: MLX
+    # prepares and dispatches a layer's operations on the calling thread (nan: not measured)
     stall_points_ms: list[float] = field(default_factory=list)  # calibration.stall_probe's
-    stall_wake_main_ms: list[float] = field(default_factory=list)  # curve (empty: not measured)
-    stall_wake_compute_ms: list[float] = field(default_factory=list)
+    stall_wake_main_ms: list[float] = field(default_factory=list)  # curve in the lookahead
+    stall_wake_compute_ms: list[float] = field(default_factory=list)  # loop (empty: not measured)
+    sync_stall_points_ms: list[float] = field(default_factory=list)  # ... and in the
+    sync_stall_wake_main_ms: list[float] = field(default_factory=list)  # synchronous loop
+    sync_stall_wake_compute_ms: list[float] = field(default_factory=list)
     stall_wake_how: str = ""  # the probe's arms
     queue_ahead_reps: int = 0  # routers timed
     seconds: float = 0.0
@@ -261,15 +266,21 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             f"{c.async_blocked_ms:.3f} ms): MLX blocks the caller while more than 10 tasks are "
             "in flight, one operation each on its CPU backend (the sim's bounded queue, "
             "sim.compute_stream)"))
-    if c.stall_points_ms:
-        out["stall_points_ms"] = ([round(x, 4) for x in c.stall_points_ms], (
-            f"calibration.stall_probe ({c.stall_wake_how}): a fill's extra blocked time per "
-            "injected delay"))
-        out["stall_wake_main_ms"] = ([round(x, 4) for x in c.stall_wake_main_ms], (
+    for prefix, loop in (("", "the lookahead loop (hot preset)"),
+                         ("sync_", "the synchronous loop (on-demand preset)")):
+        points = getattr(c, f"{prefix}stall_points_ms")
+        if not points:
+            continue
+        out[f"{prefix}stall_points_ms"] = ([round(x, 4) for x in points], (
+            f"calibration.stall_probe in {loop} ({c.stall_wake_how}): a fill's extra blocked "
+            "time per injected delay"))
+        out[f"{prefix}stall_wake_main_ms"] = (
+            [round(x, 4) for x in getattr(c, f"{prefix}stall_wake_main_ms")],
             "the main thread's extra run-queue wait per such fill (/proc schedstat): it waits "
-            "for a core after the stall (sim.stall_wake)"))
-        out["stall_wake_compute_ms"] = ([round(x, 4) for x in c.stall_wake_compute_ms], (
-            "MLX's compute thread's, idle through the stall (its CPU per step unchanged)"))
+            "for a core after the stall (sim.stall_wake)")
+        out[f"{prefix}stall_wake_compute_ms"] = (
+            [round(x, 4) for x in getattr(c, f"{prefix}stall_wake_compute_ms")],
+            "MLX's compute thread's, idle through the stall (its CPU per step unchanged)")
     if active_params and c.prefill_ms > 0 and c.prefill_tokens:
         tflops = 2 * active_params * c.prefill_tokens / (c.prefill_ms / 1e3) / 1e12
         out["compute_tflops"] = (round(tflops, 6), (

@@ -27,7 +27,11 @@ t's fill points. Per decode step t (a window of wall time, as the engine's trace
             just before; the accelerator timeline is the same)
   Work is handed over as async_eval does (`queue_async`): where the stream's queue is bounded
   (hardware queue_ahead_ms: MLX's CPU backend) the main thread waits, as eval, until little is
-  left queued, so it builds only beside that little.
+  left queued, so it builds only beside that little. Before each layer's hand-over the main
+  thread prepares and dispatches its operations (model fill_ms_per_layer: `dispatch`), with
+  the queue that nearly empty, so compute waits on it. The synchronous loop has no such
+  charge: its router syncs dispatch inside the sync, and calibrate's synced compute, which
+  its eval is made of, was timed the same way.
   The window is [end of the previous window, token t on the host]; build = step t+1's graph
   building in it, eval = the rest net of blocked (fill host work included).
 
@@ -88,6 +92,7 @@ class MainThread:
         self.build_s = (m.build_ms_per_layer + (m.lora_build_ms if lora else 0.0)) \
             * hw.cpu_factor / 1e3
         self.head_build_s = m.head_build_ms * hw.cpu_factor / 1e3
+        self.dispatch_s = m.fill_ms_per_layer * hw.cpu_factor / 1e3
         bw = hw.mem_bandwidth_gbps * 1e9 / hw.compute_factor
         self.attn_s = (m.resident_bytes - m.unembed_bytes
                        + (m.lora_bytes if lora else 0)) / m.layers / bw
@@ -100,9 +105,8 @@ class MainThread:
         self.mem_bw = bw
         self.slot_update_s = hw.slot_update_ms / 1e3
         self.refused_warm_s = hw.refused_warm_ms / 1e3
-        self.stall_wake = StallWake(f"hardware {hw.name}", hw.stall_points_ms,
-                                    hw.stall_wake_main_ms, hw.stall_wake_compute_ms)
         self.lookahead = sc.lookahead
+        self.stall_wake = StallWake.for_loop(hw, sc.lookahead)
         owners = [policy.head_owner(layer) for layer in range(m.layers)]  # fixed per run
         self.layer_build_s = [self.build_s + (self.head_build_s if o else 0.0) for o in owners]
         self.layer_attn_s = [self.attn_s + (self.head_s if o else 0.0) for o in owners]
@@ -132,6 +136,15 @@ class MainThread:
         start = self.env.now
         yield from self.gil.run(self.cores, seconds, MAIN_THREAD)
         self.eval += self.env.now - start
+
+    def dispatch(self, seconds: float) -> Generator:
+        """Handing a layer's work over (lookahead loop): MLX prepares and dispatches each
+        operation on the calling thread inside async_eval, which releases the GIL, so a core
+        but not the lock; waiting on compute to start it, so eval time."""
+        if seconds > 0:
+            start = self.env.now
+            yield self.cores.work(seconds, MAIN_THREAD)
+            self.eval += self.env.now - start
 
     def gpu_sync(self) -> Generator:
         """Wait until the compute stream has run everything queued (the host needs a value)."""
@@ -362,7 +375,9 @@ class MainThread:
                     yield from self._execute_layer(step, row, later, self.fill_cpu)
                     resolved.add(later)
                     later += 1
-            # the fill's gather, then the walk to the next router (engine.fill_points.progress)
+            # the fill's gather, then the walk to the next router (engine.fill_points.progress),
+            # each prepared and dispatched on this thread first
+            yield from self.dispatch(self.dispatch_s)
             yield from self.queue_async(self.expert_s)
             if layer + 1 < self.layers:
                 yield from self.queue_async(self._attention_s(layer + 1))
@@ -379,7 +394,9 @@ class MainThread:
         the caches and demand loads), charge the slot rewrites to `charge` (graph building in
         the synchronous loop, fill work in the lookahead loop) and log the set. A main thread
         blocked on the loads, and the compute thread idle meanwhile, wait for a core before
-        they run again (sim.stall_wake)."""
+        they run again (sim.stall_wake): the main thread's wait is blocked time in the
+        lookahead loop, and graph building in the synchronous one, where the stall probe saw
+        it land (its build grew by about 2/3 of the main thread's run-queue wait)."""
         blocked = self.blocked
         if self.policy.staged_layer(layer):
             executed = yield from self._staged_layer(step, row, layer)
@@ -391,7 +408,10 @@ class MainThread:
             wake = self.stall_wake.main_wait(stall)
             if wake > 0:
                 yield self.env.timeout(wake)
-                self.blocked += wake
+                if self.lookahead:
+                    self.blocked += wake
+                else:
+                    self.build += wake
         if self.policy.slots and self.slot_update_s:
             last = self.slots.last_call[layer]
             yield from charge(self.slot_update_s * sum(1 for e in executed if e not in last))

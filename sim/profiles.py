@@ -31,7 +31,7 @@ from sim.scenario import (
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
 OPTIONAL = {"description", "whole_layer_reads", "bundle_reads", "unembed_bytes",
             "device_bundle_bytes",
-            "lora_bytes", "lora_build_ms",
+            "lora_bytes", "lora_build_ms", "fill_ms_per_layer",
             "routing_k", "routing_reuse", "routing_skew", "routing_recall",
             "routing_recall_window",
             *HARDWARE_OPTIONAL}
@@ -75,10 +75,11 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "page_cache_floor_gib": (_nonneg, "must be >= 0"),
     "queue_ahead_ms": (_nonneg, "must be >= 0 (inf = the host never waits)"),
     "refused_warm_ms": (_nonneg, "must be >= 0"),
-    "stall_points_ms": (lambda v: all(x > 0 for x in v) and v == sorted(set(v)),
-                        "must be distinct stalls > 0 ms in ascending order"),
-    "stall_wake_main_ms": (lambda v: all(x >= 0 for x in v), "must be >= 0"),
-    "stall_wake_compute_ms": (lambda v: all(x >= 0 for x in v), "must be >= 0"),
+    **{f"{loop}stall_points_ms": (lambda v: all(x > 0 for x in v) and v == sorted(set(v)),
+                                  "must be distinct stalls > 0 ms in ascending order")
+       for loop in ("", "sync_")},
+    **{f"{loop}stall_wake_{who}_ms": (lambda v: all(x >= 0 for x in v), "must be >= 0")
+       for loop in ("", "sync_") for who in ("main", "compute")},
     "throttle_read_mbps": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_read_iops": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_burst_s": (_nonneg, "must be >= 0"),
@@ -94,6 +95,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "head_build_ms": (_nonneg, "must be >= 0"),
     "lora_bytes": (_nonneg, "must be >= 0"),
     "lora_build_ms": (_nonneg, "must be >= 0"),
+    "fill_ms_per_layer": (_nonneg, "must be >= 0"),
     "whole_layer_reads": (_positive, "must be >= 1"),
     "bundle_reads": (_positive, "must be >= 1"),
     "queue_speedup": (lambda v: not v or (v[0] == 1.0 and all(x > 0 for x in v)),

@@ -74,11 +74,15 @@ class Hardware:
     refused_warm_ms: float = 0.0  # main-thread cost of asking whether a demand miss is wholly
     # in the page cache and being refused (engine.readers: small bundles, help_reads)
     stall_points_ms: list[float] = field(default_factory=list)  # a fill's blocked time at
-    # which the waits below were measured (sim.stall_wake; empty: not modelled)
+    # which the waits below were measured in the lookahead decode loop (sim.stall_wake; empty:
+    # not modelled)
     stall_wake_main_ms: list[float] = field(default_factory=list)  # the main thread's wait for
     # a core after that stall, before it runs again (calibration.stall_probe)
     stall_wake_compute_ms: list[float] = field(default_factory=list)  # the compute thread's,
     # idle through the stall, before it runs the next work it is handed
+    sync_stall_points_ms: list[float] = field(default_factory=list)  # the same curve measured
+    sync_stall_wake_main_ms: list[float] = field(default_factory=list)  # in the synchronous
+    sync_stall_wake_compute_ms: list[float] = field(default_factory=list)  # loop (empty: none)
     queue_ahead_ms: float = math.inf  # compute left queued when a non-blocking eval returns
     # (sim.compute_stream's bounded queue: MLX blocks while > 10 tasks are in flight, one
     # operation each on its CPU backend); inf = the host never waits (Metal command buffers)
@@ -118,6 +122,11 @@ class ModelProfile:
     lora_bytes: int = 0  # the recovery LoRA's weights (engine.lora), held and read every token
     # beside each layer's attention when a scenario serves it (Scenario.lora)
     lora_build_ms: float = 0.0  # CPU graph building the adapter adds per decoder layer
+    fill_ms_per_layer: float = 0.0  # the lookahead decode loop's main-thread work per layer
+    # as it hands the layer's gather and the walk to the next router over (mx.async_eval: MLX
+    # prepares and dispatches each operation on the calling thread; on a CPU backend the queue
+    # is nearly empty then, so compute waits on it); not in the synchronous loop, whose
+    # measured compute already holds its dispatch (sim.main_thread)
     description: str = ""
 
     def is_consumer(self, layer: int) -> bool:
@@ -217,5 +226,6 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "compute_factor", "cpu_cores", "compute_on_cpu", "background_cores",
                      "page_cache_floor_gib", "queue_ahead_ms", "queue_speedup",
                      "refused_warm_ms", "stall_points_ms", "stall_wake_main_ms",
-                     "stall_wake_compute_ms")
+                     "stall_wake_compute_ms", "sync_stall_points_ms", "sync_stall_wake_main_ms",
+                     "sync_stall_wake_compute_ms")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

@@ -179,6 +179,31 @@ def test_a_bounded_queue_serialises_building_and_compute(q, window, on_cpu):
     assert _rows_ms(unbounded)[1:-1] == pytest.approx([L * (C + S) + S] * (STEPS - 2), abs=1e-6)
 
 
+@pytest.mark.parametrize("on_cpu", [False, True])
+def test_dispatch_waits_on_the_main_thread_before_each_layer_is_handed_over(on_cpu):
+    """Model fill_ms_per_layer f = 0.3 ms: before each layer's experts and the walk to the
+    next router are handed over, the main thread prepares and dispatches them (MLX on the
+    calling thread), and the accelerator, idle after the sync, waits. b = 0.4 ms < a, so the
+    middle window of test_build_hides_behind_compute_when_shorter grows by f per layer:
+      (a + s + f) + 3 (c + s + f) + x + s = L (c + s + f) + s = 7.7 ms, all of it eval
+    but the L b of building. On this machine's CPU backend (2 cores: dispatch, compute and
+    building never outnumber them) the same. The synchronous loop has no dispatch charge
+    (its synced compute holds it): L (b + c + s) + s = 8.1 ms as before."""
+    b, f = 0.4, 0.3
+    hw = _hw(compute_on_cpu=on_cpu, cpu_cores=2.0 if on_cpu else 0.0)
+    m = _model(b, fill_ms_per_layer=f)
+    sc = scenario(hw=hw, m=m, path="staged", decode_steps=STEPS, lookahead=True)
+    result = run_scenario(sc, routing=routing_input(_same_experts()))
+    window = L * (C + S + f) + S
+    assert window == pytest.approx(7.7)
+    assert _rows_ms(result)[1:-1] == pytest.approx([window] * (STEPS - 2), abs=1e-6)
+    assert _rows_ms(result, "eval_ns")[1:-1] == pytest.approx([window - L * b] * (STEPS - 2),
+                                                              abs=1e-6)
+    sc.lookahead = False
+    sync = run_scenario(sc, routing=routing_input(_same_experts()))
+    assert _rows_ms(sync) == pytest.approx([L * (b + C + S) + S] * STEPS, abs=1e-6)
+
+
 def test_lookahead_compute_is_never_lazy():
     """The lookahead loop queues with async eval: lazy_compute (a property of the synchronous
     loop) changes nothing in it, while it does change the synchronous loop (b = 0.4 < x: with

@@ -119,6 +119,77 @@ def test_a_blocked_fill_delays_the_main_thread_and_the_compute_after_it(on_cpu):
     assert grown == pytest.approx([L * cw] * 4, abs=1e-6)
 
 
+def test_each_decode_loop_takes_its_own_curve():
+    """The lookahead loop reads the stall_* keys, the synchronous loop the sync_stall_* ones;
+    a profile that measured only the lookahead loop leaves the synchronous loop without."""
+    ms = 1e-3
+    both = hardware(**CURVE, sync_stall_points_ms=[2.0], sync_stall_wake_main_ms=[0.4],
+                    sync_stall_wake_compute_ms=[0.8])
+    assert StallWake.for_loop(both, lookahead=True).compute_wait(1.0 * ms) == \
+        pytest.approx(0.3 * ms)
+    assert StallWake.for_loop(both, lookahead=False).compute_wait(1.0 * ms) == \
+        pytest.approx(0.4 * ms)
+    assert StallWake.for_loop(hardware(**CURVE), lookahead=False).compute_wait(1.0 * ms) == 0.0
+
+
+@pytest.mark.parametrize("on_cpu", [False, True])
+def test_a_blocked_fill_in_the_synchronous_loop_costs_build_and_eval(on_cpu):
+    """The same demand fills in the synchronous loop (lazy compute): a step is
+    L (b + c + s + D) + s = 10.1 ms. With a curve measured in this loop (sync_stall_*, the
+    CURVE's figures), each 0.5 ms stall costs the main thread mw = 0.1 ms, counted as graph
+    building (where the probe saw it land), and the compute thread cw before the next work
+    it is handed (the next layer's sync, or the token's): the step grows by L (mw + cw), build
+    by L mw, eval by L cw, blocked not at all. The lookahead loop's curve alone changes
+    nothing here."""
+    mw, cw = 0.1, 0.1 + 0.2 / 3
+    io = dict(ssd_latency_ms=0.0, ssd_bandwidth_gbps=1.0, load_overhead_ms=0.0,
+              cold_overhead_ms=0.0, memcpy_gbps=0.0)
+    sync_curve = {f"sync_{k}": v for k, v in CURVE.items()}
+
+    def run(curve: dict):
+        hw = hardware(mem_bandwidth_gbps=1.0, sync_overhead_ms=S, lazy_compute=True,
+                      compute_on_cpu=on_cpu, cpu_cores=0.0, **io, **curve)
+        m = model(layers=L, experts=16, k=2, bundle_bytes=250_000, resident_bytes=4_000_000,
+                  build_ms_per_layer=B)
+        sc = scenario(hw=hw, m=m, path="hot", lru_bytes=250_000, o_direct=True, readers=0,
+                      decode_steps=6, lookahead=False)
+        sets = [[0, 1], [2, 3]]
+        router = np.array([[sets[t % 2]] * L for t in range(6)], dtype=np.int16)
+        return run_scenario(sc, routing=routing_input(router))
+
+    def rows(result, col):
+        d = result.trace.steps.filter(pl.col("phase") == "decode").sort("step")
+        if col == "window":
+            return ((d["end_ns"] - d["start_ns"]) / 1e6).to_list()
+        return (d[col] / 1e6).to_list()
+
+    step = L * (B + C + S + D) + S
+    base, other_loop, woken = run({}), run(CURVE), run(sync_curve)
+    assert rows(base, "window") == pytest.approx([step] * 6, abs=1e-6)
+    assert rows(other_loop, "window") == pytest.approx([step] * 6, abs=1e-6)
+    assert rows(woken, "window") == pytest.approx([step + L * (mw + cw)] * 6, abs=1e-6)
+    for col, grows in (("build_ns", L * mw), ("eval_ns", L * cw), ("blocked_ns", 0.0)):
+        grown = [w - b for w, b in zip(rows(woken, col), rows(base, col), strict=True)]
+        assert grown == pytest.approx([grows] * 6, abs=1e-6), col
+
+
+def test_the_probe_curve_is_sorted_by_stall_and_drops_ties():
+    """Per fill, over the no-delay arm's 0.2 ms: delay 0.2 -> (1.0, 0, 0.01); delay 0.5 ->
+    (3.5, 0.6, 0.6); delay 1 -> (3.0, 0.5, 0.5), less stall than the shorter delay's (a noisy
+    round), so it comes first; delay 4 -> (3.0, 1.0, 1.0), a tie with delay 1's stall: the
+    curve needs distinct stalls, and the first of the tie in sorted order stays."""
+    from calibration.stall_probe import curve
+
+    runs = [_run(0, 1.0, 5, 0.0, 0.0), _run(0.2, 6.0, 5, 0.0, 0.05),
+            _run(0.5, 18.5, 5, 3.0, 3.0), _run(1, 16.0, 5, 2.5, 2.5),
+            _run(4, 16.0, 5, 5.0, 5.0)]
+    c = curve(runs, (0.2, 0.5, 1.0, 4.0), 1, "on-demand")
+    assert c.stall_ms == pytest.approx([1.0, 3.0, 3.5])
+    assert c.main_ms == pytest.approx([0.0, 0.5, 0.6])
+    assert c.compute_ms == pytest.approx([0.01, 0.5, 0.6])
+    assert c.preset == "on-demand"
+
+
 def _run(delay: float, blocked: float, fills: float, main_wait: float, compute_wait: float):
     from calibration.stall_probe import StallRun
 

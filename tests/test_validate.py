@@ -159,15 +159,28 @@ def test_end_to_end_resume_and_missing(tmp_path, ssdmoe_subprocess, tiny_random_
 
 
 def test_calibration_fit_by_hand(tmp_path):
+    """Each warm calibration configuration fits its path's graph building; the eval of the
+    synchronous loop's (on-demand: eval is the compute and its syncs) fits compute_factor,
+    that of the lookahead loop's (staged) the main-thread dispatch per layer instead:
+      compute_factor 1.0 x 4.5 / 3.0 = 1.5 (the staged result's 3.0 / 2.5 is not in it:
+      with it the median would be 1.35)
+      fill_ms_per_layer.in_decode = 0 (the model profile's) + (3.0 - 2.5) / 6 layers."""
     from sim.profiles import load_hardware
     from validation.calibration import current_note, fit, fitted_build
 
     r = {"config": {"name": "staged-pcall-unthrottled", "path": "staged", "page_cache": "all"},
          "measured": {"build_ms_per_step": 8.0, "eval_ms_per_step": 3.0,
                       "blocked_ms_per_step": 1.0, "loads_per_step": 6.0},
-         "simulated": {"build_ms_per_step": 2.0, "eval_ms_per_step": 2.0,
+         "simulated": {"build_ms_per_step": 2.0, "eval_ms_per_step": 2.5,
                        "blocked_ms_per_step": 0.4},
-         "layers": 6}
+         "layers": 6, "settings": ["path=staged", "lookahead=true"]}
+    sync = {"config": {"name": "on-demand-pcall-unthrottled", "path": "on-demand",
+                       "page_cache": "all"},
+            "measured": {"build_ms_per_step": 3.0, "eval_ms_per_step": 4.5,
+                         "blocked_ms_per_step": 1.0, "loads_per_step": 6.0},
+            "simulated": {"build_ms_per_step": 3.0, "eval_ms_per_step": 3.0,
+                          "blocked_ms_per_step": 0.4},
+            "layers": 6, "settings": ["path=exact", "lookahead=false"]}
     assert fitted_build(r, 6, 0.2) == pytest.approx(0.2 + 6.0 / 6)
     sc = tmp_path / "s.toml"
     sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n\n[notes]\n'
@@ -176,16 +189,19 @@ def test_calibration_fit_by_hand(tmp_path):
     # the 1/4 page-cache result is not a calibration configuration: it changes nothing
     other = {**r, "config": {**r["config"], "page_cache": "1/4"},
              "measured": {**r["measured"], "eval_ms_per_step": 100.0}}
-    got = fit([r, other], sc)
+    got = fit([r, sync, other], sc)
     warm_load = load_hardware("this-machine").load_overhead_ms
     assert got == {"build_ms_per_layer.staged": {"before": 0.2, "after": pytest.approx(1.2),
                                                  "measured_build_ms_per_step": 8.0},
                    "compute_factor": {"before": 1.0, "after": pytest.approx(1.5)},
+                   "fill_ms_per_layer.in_decode": {"before": 0.0,
+                                                   "after": pytest.approx(0.5 / 6)},
                    "load_overhead_ms.in_decode": {"before": warm_load,
                                                   "after": pytest.approx(warm_load + 0.1)}}
     assert current_note(sc, "build_ms_per_layer.staged") == pytest.approx(1.2)
     assert current_note(sc, "build_ms_per_layer.hot") == pytest.approx(0.1)
     assert current_note(sc, "compute_factor") == pytest.approx(1.5)
+    assert current_note(sc, "fill_ms_per_layer.in_decode") == pytest.approx(0.5 / 6, abs=1e-4)
     import tomllib
 
     assert tomllib.loads(sc.read_text())["notes"]["build_ms_per_layer.staged"] == "1.2000"

@@ -7,6 +7,15 @@ decode they are larger, which is what the held-out configurations then test.
                               new = old + (measured build/step - simulated build/step) / layers
   compute_factor              machine-wide, the accelerator's time inside decode against the
                               microbenchmarks': old x median(measured / simulated eval per step)
+                              over the configurations that decode in the synchronous loop
+                              (on-demand), where eval is the compute and its syncs alone
+  fill_ms_per_layer.in_decode machine-wide, the lookahead loop's main-thread work per layer as
+                              it hands work over (MLX's dispatch on the calling thread, which
+                              compute waits on): old + median((measured - simulated eval per
+                              step) / layers) over the warm configurations that look ahead.
+                              Before these two were split, one compute_factor fitted mostly to
+                              the lookahead configurations (1.26) charged the synchronous loop
+                              ~25% too much eval
   load_overhead_ms.in_decode  machine-wide, a warm load's CPU inside decode: old + median((measured
                               - simulated blocked per step) / loads per step)
   cold_overhead_ms.in_decode  machine-wide, a cold read's fault work inside decode, from the
@@ -138,19 +147,32 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
     cal = [r for r in results if r["config"]["page_cache"] == "all"]
     if not cal:
         return {}
-    hw = load_scenario(str(scenario)).hardware
+    sc = load_scenario(str(scenario))
+    hw = sc.hardware
     out: dict[str, dict[str, float]] = {}
     old_cf = current_note(scenario, "compute_factor") or hw.compute_factor
     ratios = [r["measured"]["eval_ms_per_step"] / r["simulated"]["eval_ms_per_step"]
-              for r in cal if (r["simulated"].get("eval_ms_per_step") or 0) > 0
+              for r in cal if not looks_ahead(r)
+              and (r["simulated"].get("eval_ms_per_step") or 0) > 0
               and r["measured"].get("eval_ms_per_step") is not None]
     if ratios:
         new_cf = max(old_cf * statistics.median(ratios), 0.05)
         write_note(scenario, "compute_factor", new_cf,
                    f"fitted by ssdmoe validate: median measured / simulated eval per decode step "
-                   f"over {len(ratios)} calibration configurations (before this fit: "
-                   f"{old_cf:.4f})")
+                   f"over {len(ratios)} calibration configuration(s) of the synchronous decode "
+                   f"loop (before this fit: {old_cf:.4f})")
         out["compute_factor"] = {"before": old_cf, "after": new_cf}
+    old_fill = current_note(scenario, "fill_ms_per_layer.in_decode")
+    out.update(_shift(
+        scenario, "fill_ms_per_layer.in_decode",
+        sc.model.fill_ms_per_layer if old_fill is None else old_fill,
+        [(r["measured"]["eval_ms_per_step"] - r["simulated"]["eval_ms_per_step"]) / r["layers"]
+         for r in cal if looks_ahead(r) and r["simulated"].get("eval_ms_per_step") is not None
+         and r["measured"].get("eval_ms_per_step") is not None],
+        "fitted by ssdmoe validate: the lookahead loop's main-thread work per layer as it hands "
+        "work over, from eval ms over layers of {n} calibration configurations that look ahead "
+        f"(isolated calibrate probe, CPU inside async_eval: {sc.model.fill_ms_per_layer:.4f} "
+        "ms)"))
     out.update(_shift(
         scenario, "load_overhead_ms.in_decode",
         current_note(scenario, "load_overhead_ms.in_decode") or hw.load_overhead_ms,
@@ -161,6 +183,12 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
     out.update(fit_cold(results, scenario, hw.cold_overhead_ms))
     out.update(fit_handoff(results, scenario, hw.handoff_ms))
     return out
+
+
+def looks_ahead(result: dict[str, Any]) -> bool:
+    """The configuration decoded in the lookahead loop (the setting sim compare derived from
+    its trace's run.json)."""
+    return "lookahead=true" in result.get("settings", [])
 
 
 def fit_handoff(results: list[dict[str, Any]], scenario: Path,

@@ -1,16 +1,20 @@
 """What a main-thread stall at a fill costs beyond the stall, measured and simulated.
 
-calibration.stall_probe's arms (the hot path, every expert in the page cache, each expert read
-held for an injected delay; arms rotated over rounds), with longer captures and more delays,
-and each capture replayed by `sim compare` with the same delay added to the warm load's cost,
-on the validation's fitted settings: once with this machine's hardware profile as calibrated
-(the stall curve, sim.stall_wake) and once with the curve taken out. Per arm (medians over
-rounds): build, eval and blocked ms per decode step, measured and simulated, and per step the
-CPU time, run-queue wait and timeslices of the main thread and MLX's compute thread.
+calibration.stall_probe's arms (every expert in the page cache, each expert read held for an
+injected delay; arms rotated over rounds) in one decode loop (--loop: lookahead, the hot path;
+sync, the on-demand path), with longer captures and more delays, and each capture replayed by
+`sim compare` with the same delay added to the warm load's cost, on the validation's fitted
+settings of that path's warm calibration configuration: once with this machine's hardware
+profile as calibrated (the loop's stall curve, sim.stall_wake) and once with the curve taken
+out. Per arm (medians over rounds): build, eval and blocked ms per decode step, measured and
+simulated, and per step the CPU time, run-queue wait and timeslices of the main thread and
+MLX's compute thread.
 
-    uv run python reports/validation/stall_probe.py [--delays 0,0.5,1,2,4] [--rounds 3]
+    uv run python reports/validation/stall_probe.py [--loop sync] [--delays 0,0.5,1,2,4]
+        [--rounds 3]
 
-Writes stall_probe.json next to this file. Linux only (schedstat).
+Writes stall_probe.json (lookahead) or stall_probe-sync.json next to this file. Linux only
+(schedstat).
 """
 
 from __future__ import annotations
@@ -26,19 +30,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from calibration.stall_probe import StallRun, run_arms  # noqa: E402
+from calibration.stall_probe import LOOP_PRESETS, StallRun, run_arms  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MODEL = ROOT / "models" / "tiny-trained-stream"
-CALIBRATION_CONFIG = "hot-pcall-unthrottled"  # its fitted settings are replayed
+# each loop's warm calibration configuration: its fitted settings are replayed
+CALIBRATION_CONFIG = {"lookahead": "hot-pcall-unthrottled", "sync": "on-demand-pcall-unthrottled"}
 OWN_SETTINGS = ("k", "path", "lead", "lru_bytes", "readers", "lookahead", "help_reads", "gil",
                 "lora", "o_direct")  # what each trace's own run.json sets
-NO_CURVE = ["stall_points_ms=", "stall_wake_main_ms=", "stall_wake_compute_ms="]
 TOKENS = 48
 
 
-def _settings() -> list[str]:
-    doc = json.loads((HERE / "results" / f"{CALIBRATION_CONFIG}.json").read_text())
+def _no_curve(loop: str) -> list[str]:
+    prefix = "sync_" if loop == "sync" else ""
+    return [f"{prefix}{k}=" for k in ("stall_points_ms", "stall_wake_main_ms",
+                                       "stall_wake_compute_ms")]
+
+
+def _settings(loop: str) -> list[str]:
+    doc = json.loads((HERE / "results" / f"{CALIBRATION_CONFIG[loop]}.json").read_text())
     return [s for s in doc["settings"] if s.split("=", 1)[0] not in OWN_SETTINGS]
 
 
@@ -54,22 +64,24 @@ def _simulated(run: StallRun, settings: list[str], extra: list[str]) -> dict[str
             "blocked_ms": sim.simulated["blocked_ms_per_step"]}
 
 
-def run(delays: list[float], rounds: int) -> dict:
-    settings = _settings()
+def run(delays: list[float], rounds: int, loop: str) -> dict:
+    settings = _settings(loop)
     rows: dict[str, list[dict]] = {str(d): [] for d in delays}
     with tempfile.TemporaryDirectory() as tmp:
         for r in run_arms(MODEL, delays, rounds, Path(tmp), tokens=TOKENS,
-                          prompts=HERE / "prompts.jsonl"):
+                          prompts=HERE / "prompts.jsonl", preset=LOOP_PRESETS[loop]):
             rows[str(r.delay_ms)].append({
                 "measured": {"build_ms": r.build_ms, "eval_ms": r.eval_ms,
                              "blocked_ms": r.blocked_ms, "fills": r.fills},
                 "simulated": _simulated(r, settings, []),
-                "simulated_no_curve": _simulated(r, settings, NO_CURVE),
+                "simulated_no_curve": _simulated(r, settings, _no_curve(loop)),
                 "threads": r.threads})
     return {"command": "uv run python reports/validation/stall_probe.py "
-                       f"--delays {','.join(f'{d:g}' for d in delays)} --rounds {rounds}",
+                       + ("--loop sync " if loop == "sync" else "")
+                       + f"--delays {','.join(f'{d:g}' for d in delays)} --rounds {rounds}",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "model": str(MODEL.relative_to(ROOT)), "preset": "hot", "tokens": TOKENS,
+            "model": str(MODEL.relative_to(ROOT)), "loop": loop,
+            "preset": LOOP_PRESETS[loop], "tokens": TOKENS,
             "settings": settings, "arms": {d: _medians(v) for d, v in rows.items()},
             "rounds": rows}
 
@@ -97,6 +109,7 @@ def _table(doc: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--loop", choices=sorted(LOOP_PRESETS), default="lookahead")
     p.add_argument("--delays", default="0,0.5,1,2,4")
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
@@ -108,8 +121,11 @@ def main() -> None:
         sys.exit("stall_probe: needs Linux's /proc schedstat")
     if not (MODEL / "manifest.json").is_file():
         sys.exit(f"{MODEL}: no converted model (bash scripts/setup.sh builds it)")
-    doc = run(delays, a.rounds)
-    (HERE / "stall_probe.json").write_text(json.dumps(doc, indent=1) + "\n")
+    if a.rounds < 1:
+        sys.exit(f"--rounds {a.rounds}: must be >= 1")
+    doc = run(delays, a.rounds, a.loop)
+    name = "stall_probe.json" if a.loop == "lookahead" else f"stall_probe-{a.loop}.json"
+    (HERE / name).write_text(json.dumps(doc, indent=1) + "\n")
     print(_table(doc))
 
 
