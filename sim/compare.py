@@ -35,11 +35,14 @@ vocabulary (sim.policies):
                                         RAM - unreclaimable = that
   build_ms_per_layer                    the scenario's notes "build_ms_per_layer.<path>" when
                                         present (per-path main-thread CPU, from calibrate)
+  fill_ms_per_layer                     the scenario's notes "fill_ms_per_layer.<path>" when
+                                        present (the lookahead loop's dispatch per layer, fitted
+                                        per path by ssdmoe validate)
   compute_factor, load_overhead_ms,     the scenario's notes "compute_factor",
-  handoff_ms, fill_ms_per_layer,        "load_overhead_ms.in_decode", "handoff_ms.in_decode",
-  cold_overhead_ms                      "fill_ms_per_layer.in_decode" and (buffered reads)
-                                        "cold_overhead_ms.in_decode" when present (fitted
-                                        inside decode by ssdmoe validate's calibration subset)
+  handoff_ms, cold_overhead_ms          "load_overhead_ms.in_decode", "handoff_ms.in_decode"
+                                        and (buffered reads) "cold_overhead_ms.in_decode" when
+                                        present (fitted inside decode by ssdmoe validate's
+                                        calibration subset)
   head_build_ms (traces with heads)     the scenario's note "head_build_ms.in_decode" when
                                         ssdmoe validate fitted it
   cold_overhead_ms (O_DIRECT traces)    the scenario's notes "cold_overhead_ms.o_direct" when
@@ -207,10 +210,12 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     build = sc.notes.get(f"build_ms_per_layer.{path}")
     if build is not None:
         sets.append(f"build_ms_per_layer={build}")
+    fill = sc.notes.get(f"fill_ms_per_layer.{path}")  # lookahead paths, fitted per path
+    if fill is not None:
+        sets.append(f"fill_ms_per_layer={fill}")
     fitted_keys = [("compute_factor", "compute_factor"),
                    ("load_overhead_ms.in_decode", "load_overhead_ms"),
-                   ("handoff_ms.in_decode", "handoff_ms"),
-                   ("fill_ms_per_layer.in_decode", "fill_ms_per_layer")]
+                   ("handoff_ms.in_decode", "handoff_ms")]
     if cfg.prerouter:
         fitted_keys.append(("head_build_ms.in_decode", "head_build_ms"))
     if not o_direct:

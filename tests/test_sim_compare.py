@@ -98,6 +98,15 @@ def test_engine_configs_map_onto_scenario_keys():
     assert sets[-3:] == ["build_ms_per_layer=0.42", "compute_factor=1.2", "cold_overhead_ms=0.6"]
     sets, _, _ = engine_settings({"decode": "hot", "k": 2, "o_direct": True}, sc)
     assert sets[-3:] == ["build_ms_per_layer=0.42", "compute_factor=1.2", "cold_overhead_ms=0.9"]
+    # the lookahead loop's dispatch is fitted per path: each trace gets its own path's
+    sc.notes["fill_ms_per_layer.hot"] = "0.05"
+    sc.notes["fill_ms_per_layer.staged"] = "0.16"
+    sets, _, _ = engine_settings({"decode": "hot", "k": 2}, sc)
+    assert "fill_ms_per_layer=0.05" in sets and "fill_ms_per_layer=0.16" not in sets
+    sets, _, _ = engine_settings({"decode": "staged", "k": 2}, sc)
+    assert "fill_ms_per_layer=0.16" in sets and "fill_ms_per_layer=0.05" not in sets
+    sets, _, _ = engine_settings({"decode": "exact", "k": 2}, sc)
+    assert not any(s.startswith("fill_ms_per_layer") for s in sets)
     with pytest.raises(BadInput, match="decode path 'fancy' unknown"):  # the contract's check
         engine_settings({"decode": "fancy"}, sc)
 

@@ -164,7 +164,8 @@ def test_calibration_fit_by_hand(tmp_path):
     that of the lookahead loop's (staged) the main-thread dispatch per layer instead:
       compute_factor 1.0 x 4.5 / 3.0 = 1.5 (the staged result's 3.0 / 2.5 is not in it:
       with it the median would be 1.35)
-      fill_ms_per_layer.in_decode = 0 (the model profile's) + (3.0 - 2.5) / 6 layers."""
+      fill_ms_per_layer.staged = 0 (the model profile's) + (3.0 - 2.5) / 6 layers; the hot
+      path's has no warm hot configuration here: not fitted."""
     from sim.profiles import load_hardware
     from validation.calibration import current_note, fit, fitted_build
 
@@ -194,17 +195,44 @@ def test_calibration_fit_by_hand(tmp_path):
     assert got == {"build_ms_per_layer.staged": {"before": 0.2, "after": pytest.approx(1.2),
                                                  "measured_build_ms_per_step": 8.0},
                    "compute_factor": {"before": 1.0, "after": pytest.approx(1.5)},
-                   "fill_ms_per_layer.in_decode": {"before": 0.0,
-                                                   "after": pytest.approx(0.5 / 6)},
+                   "fill_ms_per_layer.staged": {"before": 0.0,
+                                                "after": pytest.approx(0.5 / 6)},
                    "load_overhead_ms.in_decode": {"before": warm_load,
                                                   "after": pytest.approx(warm_load + 0.1)}}
     assert current_note(sc, "build_ms_per_layer.staged") == pytest.approx(1.2)
     assert current_note(sc, "build_ms_per_layer.hot") == pytest.approx(0.1)
     assert current_note(sc, "compute_factor") == pytest.approx(1.5)
-    assert current_note(sc, "fill_ms_per_layer.in_decode") == pytest.approx(0.5 / 6, abs=1e-4)
+    assert current_note(sc, "fill_ms_per_layer.staged") == pytest.approx(0.5 / 6, abs=1e-4)
+    assert current_note(sc, "fill_ms_per_layer.hot") is None
     import tomllib
 
     assert tomllib.loads(sc.read_text())["notes"]["build_ms_per_layer.staged"] == "1.2000"
+
+
+def test_dispatch_fit_is_per_lookahead_path(tmp_path):
+    """fill_ms_per_layer.<path> = the model profile's isolated figure (0 here) + the median of
+    (measured - simulated eval) / layers over that path's warm lookahead configurations:
+      hot:    (7.2 - 6.0) / 6 = 0.2 (hot-pcall alone)
+      staged: median((8.0 - 7.4) / 6, (8.0 - 7.7) / 6) = 0.075 (with and without heads)
+    The synchronous on-demand configuration fits compute_factor only."""
+    from validation.calibration import current_note, fit_machine
+
+    def warm(name: str, path: str, lookahead: bool, measured: float, simulated: float) -> dict:
+        return {"config": {"name": name, "path": path, "page_cache": "all"}, "layers": 6,
+                "settings": [f"lookahead={'true' if lookahead else 'false'}"],
+                "measured": {"eval_ms_per_step": measured}, "simulated": {
+                    "eval_ms_per_step": simulated}}
+
+    sc = tmp_path / "s.toml"
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n')
+    got = fit_machine([warm("hot-pcall", "hot", True, 7.2, 6.0),
+                       warm("staged-pcall", "staged", True, 8.0, 7.4),
+                       warm("staged-token-pcall", "staged-token", True, 8.0, 7.7),
+                       warm("on-demand-pcall", "on-demand", False, 6.0, 5.0)], sc)
+    assert got["fill_ms_per_layer.hot"] == {"before": 0.0, "after": pytest.approx(0.2)}
+    assert got["fill_ms_per_layer.staged"] == {"before": 0.0, "after": pytest.approx(0.075)}
+    assert got["compute_factor"] == {"before": 1.0, "after": pytest.approx(1.2)}
+    assert current_note(sc, "fill_ms_per_layer.hot") == pytest.approx(0.2)
 
 
 def test_a_refit_starts_from_the_isolated_figures_not_from_the_last_fit(tmp_path):

@@ -9,10 +9,13 @@ decode they are larger, which is what the held-out configurations then test.
                               microbenchmarks': old x median(measured / simulated eval per step)
                               over the configurations that decode in the synchronous loop
                               (on-demand), where eval is the compute and its syncs alone
-  fill_ms_per_layer.in_decode machine-wide, the lookahead loop's main-thread work per layer as
-                              it hands work over (MLX's dispatch on the calling thread, which
-                              compute waits on): old + median((measured - simulated eval per
-                              step) / layers) over the warm configurations that look ahead.
+  fill_ms_per_layer.<path>    per lookahead path (hot, staged), the main-thread work per layer
+                              as it hands work over (MLX's dispatch on the calling thread, which
+                              compute waits on, and the fill's host work: an LRU lookup on the
+                              hot path, slot tables on the staged one): old + median((measured -
+                              simulated eval per step) / layers) over that path's warm
+                              configurations (staged: with and without heads); old starts at
+                              calibrate's isolated figure (the model profile's).
                               Before these two were split, one compute_factor fitted mostly to
                               the lookahead configurations (1.26) charged the synchronous loop
                               ~25% too much eval
@@ -162,17 +165,20 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
                    f"over {len(ratios)} calibration configuration(s) of the synchronous decode "
                    f"loop (before this fit: {old_cf:.4f})")
         out["compute_factor"] = {"before": old_cf, "after": new_cf}
-    old_fill = current_note(scenario, "fill_ms_per_layer.in_decode")
-    out.update(_shift(
-        scenario, "fill_ms_per_layer.in_decode",
-        sc.model.fill_ms_per_layer if old_fill is None else old_fill,
-        [(r["measured"]["eval_ms_per_step"] - r["simulated"]["eval_ms_per_step"]) / r["layers"]
-         for r in cal if looks_ahead(r) and r["simulated"].get("eval_ms_per_step") is not None
-         and r["measured"].get("eval_ms_per_step") is not None],
-        "fitted by ssdmoe validate: the lookahead loop's main-thread work per layer as it hands "
-        "work over, from eval ms over layers of {n} calibration configurations that look ahead "
-        f"(isolated calibrate probe, CPU inside async_eval: {sc.model.fill_ms_per_layer:.4f} "
-        "ms)"))
+    for path in ("hot", "staged"):
+        key = f"fill_ms_per_layer.{path}"
+        old_fill = current_note(scenario, key)
+        out.update(_shift(
+            scenario, key, sc.model.fill_ms_per_layer if old_fill is None else old_fill,
+            [(r["measured"]["eval_ms_per_step"] - r["simulated"]["eval_ms_per_step"])
+             / r["layers"] for r in cal if looks_ahead(r)
+             and DECODE_PATH.get(r["config"]["path"].split("-")[0]) == path
+             and r["simulated"].get("eval_ms_per_step") is not None
+             and r["measured"].get("eval_ms_per_step") is not None],
+            f"fitted by ssdmoe validate: the {path} path's main-thread work per layer as the "
+            "lookahead loop hands work over, from eval ms over layers of {n} calibration "
+            "configuration(s) (isolated calibrate probe, CPU inside async_eval: "
+            f"{sc.model.fill_ms_per_layer:.4f} ms)"))
     out.update(_shift(
         scenario, "load_overhead_ms.in_decode",
         current_note(scenario, "load_overhead_ms.in_decode") or hw.load_overhead_ms,
