@@ -89,7 +89,8 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
             f"measured {when}: the main thread's CPU time inside mx.async_eval of the walk to "
             f"each router of a resident decode step (median over {compute.queue_ahead_reps} "
             "routers): MLX prepares and dispatches the operations on the calling thread; "
-            "`ssdmoe validate` fits it inside decode (note fill_ms_per_layer.in_decode)"))
+            "`ssdmoe validate` fits the part compute waits on inside decode, per path (notes "
+            "fill_ms_per_layer.hot, fill_ms_per_layer.staged)"))
     hardware = hardware_values(storage, compute, facts(), active_params=model["active_params"][0])
     return Calibration(model_dir, label, storage, compute, engine, hardware, model, when,
                        time.perf_counter() - t0)

@@ -15,11 +15,12 @@ main thread's blocked time, and so does the main thread's; the measured eval gro
 compute thread's wait. Per fill that blocked (a layer's loads waited for), the growth of each
 thread's wait against the growth of the fill's blocked time, one point per delay, is the curve
 the simulator takes (hardware `stall_points_ms`, `stall_wake_main_ms`, `stall_wake_compute_ms`
-for the lookahead loop, the same keys prefixed `sync_` for the synchronous one:
-sim.stall_wake). The curve bends: up to ~1.5 ms of stall per fill the waits stay at the no-delay
-run's (both loops, 2026-12-02), while ~3-5 ms costs the compute thread ~0.5-0.8 ms; so the
-delays start small (0.2 ms a read), where a line from the origin to a first point at ~3 ms
-would charge short stalls (unthrottled cold reads) a wake they do not pay.
+for the lookahead loop, the same keys prefixed `sync_` for the synchronous one, where the waits
+are what the step's build and eval grew by: LOOP_WAITS; sim.stall_wake). The curve bends:
+up to ~1-1.5 ms of stall per fill the waits stay at the no-delay run's (both loops,
+2026-12-02), while ~3-5 ms costs the compute thread ~0.7 ms; so the delays start small (0.2 ms
+a read), where a line from the origin to a first point at ~3 ms would charge short stalls
+(unthrottled cold reads) a wake they do not pay.
 
     curves = measure_stall_wake(Path("models/tiny-trained-stream"))  # lookahead, sync
 
@@ -44,6 +45,15 @@ from contract.errors import IOFault
 # points, every load waited for at a fill), on-demand (exact) the synchronous loop (the router
 # syncs while the graph is built, each routed bundle read on the main thread).
 LOOP_PRESETS = {"lookahead": "hot", "sync": "on-demand"}
+# What each loop's curve takes as the waits (curve_point). In the lookahead loop the threads'
+# run-queue waits: replayed by the sim they give the probe's own eval (1 ms holds: 9.9 vs 11.0
+# ms/step measured, 4 ms: 13.4 vs 13.6). In the synchronous loop they land only partly on the
+# step: the compute thread, woken per operation while the main thread still dispatches
+# (timeslices 26 -> ~220 per step), waits mostly beside the step, and the run-queue curve gave
+# the probe's own runs eval 12.9 vs 9.9 and 15.0 vs 10.1 ms/step (2026-12-02, stall_probe.py
+# --loop sync). There the curve takes what the step grew by: build (the main thread's share,
+# where the sim books its wait) and eval (the compute thread's).
+LOOP_WAITS = {"lookahead": "runqueue", "sync": "step"}
 DELAYS_MS = (0.2, 0.5, 1.0, 4.0)
 
 
@@ -157,9 +167,12 @@ def run_arms(model_dir: Path, delays: list[float], rounds: int, work: Path, *, t
     return runs
 
 
-def curve_point(runs: list[StallRun], delay_ms: float) -> tuple[float, float, float]:
+def curve_point(runs: list[StallRun], delay_ms: float,
+                waits_from: str = "runqueue") -> tuple[float, float, float]:
     """(stall, main wait, compute wait) ms per fill that blocked, each the growth over the
-    no-delay arm: medians over rounds, the arms paired in round order."""
+    no-delay arm: medians over rounds, the arms paired in round order. The waits are the
+    threads' run-queue waits (`waits_from` "runqueue"), or what the step's components grew by
+    ("step": build for the main thread, eval for the compute thread; see LOOP_WAITS)."""
     base = [r for r in runs if r.delay_ms == 0]
     held = [r for r in runs if r.delay_ms == delay_ms]
     points: list[tuple[float, float, float]] = []
@@ -167,9 +180,12 @@ def curve_point(runs: list[StallRun], delay_ms: float) -> tuple[float, float, fl
         if h.fills <= 0 or h.blocked_ms <= b.blocked_ms:
             continue
         stall = h.blocked_ms / h.fills - (b.blocked_ms / b.fills if b.fills else 0.0)
-        waits = [max(h.threads[t]["runqueue_ms"] - b.threads[t]["runqueue_ms"], 0.0) / h.fills
-                 for t in ("main", "compute")]
-        points.append((stall, *waits))
+        if waits_from == "step":
+            grown = [h.build_ms - b.build_ms, h.eval_ms - b.eval_ms]
+        else:
+            grown = [h.threads[t]["runqueue_ms"] - b.threads[t]["runqueue_ms"]
+                     for t in ("main", "compute")]
+        points.append((stall, *(max(g, 0.0) / h.fills for g in grown)))
     if not points:
         raise IOFault(f"stall probe: a {delay_ms} ms delay did not lengthen the fills' "
                            "blocked time")
@@ -177,12 +193,12 @@ def curve_point(runs: list[StallRun], delay_ms: float) -> tuple[float, float, fl
 
 
 def curve(runs: list[StallRun], delays_ms: tuple[float, ...], rounds: int,
-          preset: str) -> StallCurve:
+          preset: str, waits_from: str = "runqueue") -> StallCurve:
     """The points of every delay in order of stall (a noisy round can give a longer delay
     less stall); of points with the same stall the first stays, since the curve needs
     distinct stalls."""
     points: list[tuple[float, float, float]] = []
-    for p in sorted(curve_point(runs, d) for d in delays_ms):
+    for p in sorted(curve_point(runs, d, waits_from) for d in delays_ms):
         if not points or p[0] > points[-1][0]:
             points.append(p)
     return StallCurve([p[0] for p in points], [p[1] for p in points],
@@ -200,7 +216,7 @@ def measure_stall_wake(model_dir: Path, *, delays_ms: tuple[float, ...] = DELAYS
         for loop, preset in LOOP_PRESETS.items():
             runs = run_arms(Path(model_dir).resolve(), [0.0, *delays_ms], rounds, Path(tmp),
                             tokens=tokens, preset=preset)
-            out[loop] = curve(runs, delays_ms, rounds, preset)
+            out[loop] = curve(runs, delays_ms, rounds, preset, LOOP_WAITS[loop])
     return out
 
 

@@ -274,13 +274,19 @@ def compute_values(c: ComputeResult, active_params: float | None = None
         out[f"{prefix}stall_points_ms"] = ([round(x, 4) for x in points], (
             f"calibration.stall_probe in {loop} ({c.stall_wake_how}): a fill's extra blocked "
             "time per injected delay"))
+        main, compute = (("the main thread's extra run-queue wait per such fill (/proc "
+                          "schedstat): it waits for a core after the stall (sim.stall_wake)",
+                          "MLX's compute thread's, idle through the stall (its CPU per step "
+                          "unchanged)") if not prefix else
+                         ("the growth of graph building per such fill: the main thread's wait "
+                          "for a core after the stall, as far as it lands on the step "
+                          "(sim.stall_wake)",
+                          "the growth of eval per such fill: MLX's compute thread's wait, as far "
+                          "as it lands on the step (its run-queue wait lands mostly beside it)"))
         out[f"{prefix}stall_wake_main_ms"] = (
-            [round(x, 4) for x in getattr(c, f"{prefix}stall_wake_main_ms")],
-            "the main thread's extra run-queue wait per such fill (/proc schedstat): it waits "
-            "for a core after the stall (sim.stall_wake)")
+            [round(x, 4) for x in getattr(c, f"{prefix}stall_wake_main_ms")], main)
         out[f"{prefix}stall_wake_compute_ms"] = (
-            [round(x, 4) for x in getattr(c, f"{prefix}stall_wake_compute_ms")],
-            "MLX's compute thread's, idle through the stall (its CPU per step unchanged)")
+            [round(x, 4) for x in getattr(c, f"{prefix}stall_wake_compute_ms")], compute)
     if active_params and c.prefill_ms > 0 and c.prefill_tokens:
         tflops = 2 * active_params * c.prefill_tokens / (c.prefill_ms / 1e3) / 1e12
         out["compute_tflops"] = (round(tflops, 6), (

@@ -138,9 +138,10 @@ class MainThread:
         self.eval += self.env.now - start
 
     def dispatch(self, seconds: float) -> Generator:
-        """Handing a layer's work over (lookahead loop): MLX prepares and dispatches each
-        operation on the calling thread inside async_eval, which releases the GIL, so a core
-        but not the lock; waiting on compute to start it, so eval time."""
+        """Handing a layer's work over at its fill point (lookahead loop; model
+        fill_ms_per_layer): MLX prepares and dispatches each operation on the calling thread
+        inside async_eval, which releases the GIL, so a core but not the lock; compute waits
+        on it, so eval time."""
         if seconds > 0:
             start = self.env.now
             yield self.cores.work(seconds, MAIN_THREAD)
@@ -396,7 +397,7 @@ class MainThread:
         blocked on the loads, and the compute thread idle meanwhile, wait for a core before
         they run again (sim.stall_wake): the main thread's wait is blocked time in the
         lookahead loop, and graph building in the synchronous one, where the stall probe saw
-        it land (its build grew by about 2/3 of the main thread's run-queue wait)."""
+        it land (build grew by half to two thirds of the main thread's run-queue wait)."""
         blocked = self.blocked
         if self.policy.staged_layer(layer):
             executed = yield from self._staged_layer(step, row, layer)

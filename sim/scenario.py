@@ -122,11 +122,12 @@ class ModelProfile:
     lora_bytes: int = 0  # the recovery LoRA's weights (engine.lora), held and read every token
     # beside each layer's attention when a scenario serves it (Scenario.lora)
     lora_build_ms: float = 0.0  # CPU graph building the adapter adds per decoder layer
-    fill_ms_per_layer: float = 0.0  # the lookahead decode loop's main-thread work per layer
-    # as it hands the layer's gather and the walk to the next router over (mx.async_eval: MLX
-    # prepares and dispatches each operation on the calling thread; on a CPU backend the queue
-    # is nearly empty then, so compute waits on it); not in the synchronous loop, whose
-    # measured compute already holds its dispatch (sim.main_thread)
+    fill_ms_per_layer: float = 0.0  # the lookahead decode loop's main-thread work at each
+    # layer's fill point that compute waits on: handing the gather and the walk to the next
+    # router over (mx.async_eval: MLX prepares and dispatches each operation on the calling
+    # thread; on a CPU backend the queue is nearly empty then) and the fill's host work; not
+    # in the synchronous loop, whose measured compute already holds its dispatch
+    # (sim.main_thread.dispatch)
     description: str = ""
 
     def is_consumer(self, layer: int) -> bool:

@@ -13,8 +13,10 @@ last. An empty curve (the paper's machines: nothing measured) costs nothing.
 
 Each decode loop has its own curve (`for_loop`): the probe runs the lookahead loop (hardware
 `stall_*` keys) and the synchronous one (`sync_stall_*`). Both bend the same way on the 2-core
-VM: a fill's stall of up to ~1.5 ms costs no wait at all, ~3-5 ms costs the compute thread
-~0.5-0.8 ms, so the curve is measured where it bends rather than drawn from the origin."""
+VM: a fill's stall of up to ~1-1.5 ms costs no wait at all, ~3-5 ms costs the compute thread
+~0.7 ms, so the curve is measured where it bends rather than drawn from the origin. In the
+synchronous loop the threads' run-queue waits land only partly on the step, so its curve holds
+what the step's build and eval grew by (calibration.stall_probe.LOOP_WAITS)."""
 
 from __future__ import annotations
 

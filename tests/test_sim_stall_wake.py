@@ -173,6 +173,21 @@ def test_a_blocked_fill_in_the_synchronous_loop_costs_build_and_eval(on_cpu):
         assert grown == pytest.approx([grows] * 6, abs=1e-6), col
 
 
+def test_the_synchronous_loops_point_is_what_the_step_grew_by():
+    """waits_from "step": per fill, the growth of build (main) and eval (compute) over the
+    no-delay arm, not the run-queue waits. No delay: build 1.0, eval 5.0 (_run's), blocked 1
+    over 5 fills; 1 ms held: build 3.5, eval 7.0, blocked 16: (3.0, 2.5/5, 2.0/5) per fill,
+    whatever the run-queue waits (2.6 / 3.05 ms) say. A step that shrank gives 0, not less."""
+    from calibration.stall_probe import curve_point
+
+    base, held = _run(0, 1.0, 5, 0.1, 0.05), _run(1, 16.0, 5, 2.6, 3.05)
+    held.build_ms, held.eval_ms = 3.5, 7.0
+    assert curve_point([base, held], 1, "step") == pytest.approx((3.0, 0.5, 0.4))
+    assert curve_point([base, held], 1) == pytest.approx((3.0, 0.5, 0.6))  # run-queue waits
+    held.eval_ms = 4.0
+    assert curve_point([base, held], 1, "step") == pytest.approx((3.0, 0.5, 0.0))
+
+
 def test_the_probe_curve_is_sorted_by_stall_and_drops_ties():
     """Per fill, over the no-delay arm's 0.2 ms: delay 0.2 -> (1.0, 0, 0.01); delay 0.5 ->
     (3.5, 0.6, 0.6); delay 1 -> (3.0, 0.5, 0.5), less stall than the shorter delay's (a noisy
