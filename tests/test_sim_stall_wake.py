@@ -83,6 +83,30 @@ def test_an_idle_stream_starts_late_a_busy_one_does_not(cores, shortcut):
 L, C, S, D, B = 4, 1.5, 0.1, 0.5, 0.4  # tests/test_sim_lookahead.py's model and demand fills
 
 
+def _demand_fills(curve: dict, lookahead: bool, on_cpu: bool):
+    """Six steps alternating two expert sets at every layer, with a one-bundle LRU and
+    O_DIRECT: every fill reads two cold 250 kB bundles on the main thread (D = 0.5 ms)."""
+    io = dict(ssd_latency_ms=0.0, ssd_bandwidth_gbps=1.0, load_overhead_ms=0.0,
+              cold_overhead_ms=0.0, memcpy_gbps=0.0)
+    hw = hardware(mem_bandwidth_gbps=1.0, sync_overhead_ms=S, lazy_compute=True,
+                  compute_on_cpu=on_cpu, cpu_cores=0.0, **io, **curve)
+    m = model(layers=L, experts=16, k=2, bundle_bytes=250_000, resident_bytes=4_000_000,
+              build_ms_per_layer=B)
+    sc = scenario(hw=hw, m=m, path="hot", lru_bytes=250_000, o_direct=True, readers=0,
+                  decode_steps=6, lookahead=lookahead)
+    sets = [[0, 1], [2, 3]]
+    router = np.array([[sets[t % 2]] * L for t in range(6)], dtype=np.int16)
+    return run_scenario(sc, routing=routing_input(router))
+
+
+def _rows(result, col: str) -> list[float]:
+    """Per decode step, ms: the window ("window") or a column of the step rows."""
+    d = result.trace.steps.filter(pl.col("phase") == "decode").sort("step")
+    if col == "window":
+        return ((d["end_ns"] - d["start_ns"]) / 1e6).to_list()
+    return (d[col] / 1e6).to_list()
+
+
 @pytest.mark.parametrize("on_cpu", [False, True])
 def test_a_blocked_fill_delays_the_main_thread_and_the_compute_after_it(on_cpu):
     """tests/test_sim_lookahead.py's demand fills: every fill blocks D = 0.5 ms (two cold
@@ -91,25 +115,12 @@ def test_a_blocked_fill_delays_the_main_thread_and_the_compute_after_it(on_cpu):
     thread mw = 0.05 + 0.15 x 1/3 = 0.1 ms (blocked) and the compute thread cw = 0.1 + 0.2 x
     1/3 = 0.1667 ms before the fill's gather (eval): the window grows by L (mw + cw)."""
     mw, cw = 0.1, 0.1 + 0.2 / 3
-    io = dict(ssd_latency_ms=0.0, ssd_bandwidth_gbps=1.0, load_overhead_ms=0.0,
-              cold_overhead_ms=0.0, memcpy_gbps=0.0)
+
+    def rows(result, col):  # the middle windows: the first builds its own graph
+        return _rows(result, col)[1:-1]
 
     def run(curve: dict):
-        hw = hardware(mem_bandwidth_gbps=1.0, sync_overhead_ms=S, lazy_compute=True,
-                      compute_on_cpu=on_cpu, cpu_cores=0.0, **io, **curve)
-        m = model(layers=L, experts=16, k=2, bundle_bytes=250_000, resident_bytes=4_000_000,
-                  build_ms_per_layer=B)
-        sc = scenario(hw=hw, m=m, path="hot", lru_bytes=250_000, o_direct=True, readers=0,
-                      decode_steps=6, lookahead=True)
-        sets = [[0, 1], [2, 3]]
-        router = np.array([[sets[t % 2]] * L for t in range(6)], dtype=np.int16)
-        return run_scenario(sc, routing=routing_input(router))
-
-    def rows(result, col):
-        d = result.trace.steps.filter(pl.col("phase") == "decode").sort("step")
-        if col == "window":
-            return ((d["end_ns"] - d["start_ns"]) / 1e6).to_list()[1:-1]
-        return (d[col] / 1e6).to_list()[1:-1]
+        return _demand_fills(curve, lookahead=True, on_cpu=on_cpu)
 
     base, woken = run({}), run(CURVE)
     assert rows(base, "window") == pytest.approx([L * (C + S + D) + S] * 4, abs=1e-6)
@@ -142,27 +153,12 @@ def test_a_blocked_fill_in_the_synchronous_loop_costs_build_and_eval(on_cpu):
     by L mw, eval by L cw, blocked not at all. The lookahead loop's curve alone changes
     nothing here."""
     mw, cw = 0.1, 0.1 + 0.2 / 3
-    io = dict(ssd_latency_ms=0.0, ssd_bandwidth_gbps=1.0, load_overhead_ms=0.0,
-              cold_overhead_ms=0.0, memcpy_gbps=0.0)
     sync_curve = {f"sync_{k}": v for k, v in CURVE.items()}
 
     def run(curve: dict):
-        hw = hardware(mem_bandwidth_gbps=1.0, sync_overhead_ms=S, lazy_compute=True,
-                      compute_on_cpu=on_cpu, cpu_cores=0.0, **io, **curve)
-        m = model(layers=L, experts=16, k=2, bundle_bytes=250_000, resident_bytes=4_000_000,
-                  build_ms_per_layer=B)
-        sc = scenario(hw=hw, m=m, path="hot", lru_bytes=250_000, o_direct=True, readers=0,
-                      decode_steps=6, lookahead=False)
-        sets = [[0, 1], [2, 3]]
-        router = np.array([[sets[t % 2]] * L for t in range(6)], dtype=np.int16)
-        return run_scenario(sc, routing=routing_input(router))
+        return _demand_fills(curve, lookahead=False, on_cpu=on_cpu)
 
-    def rows(result, col):
-        d = result.trace.steps.filter(pl.col("phase") == "decode").sort("step")
-        if col == "window":
-            return ((d["end_ns"] - d["start_ns"]) / 1e6).to_list()
-        return (d[col] / 1e6).to_list()
-
+    rows = _rows
     step = L * (B + C + S + D) + S
     base, other_loop, woken = run({}), run(CURVE), run(sync_curve)
     assert rows(base, "window") == pytest.approx([step] * 6, abs=1e-6)
