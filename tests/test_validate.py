@@ -164,10 +164,12 @@ def test_calibration_fit_by_hand(tmp_path):
     that of the lookahead loop's (staged) the main-thread dispatch per layer instead:
       compute_factor 1.0 x 4.5 / 3.0 = 1.5 (the staged result's 3.0 / 2.5 is not in it:
       with it the median would be 1.35)
-      fill_ms_per_layer.staged = 0 (the model profile's) + (3.0 - 2.5) / 6 layers; the hot
-      path's has no warm hot configuration here: not fitted."""
-    from sim.profiles import load_hardware
+      fill_ms_per_layer.staged = the model profile's isolated figure + (3.0 - 2.5) / 6 layers;
+      the hot path's has no warm hot configuration here: not fitted."""
+    from sim.profiles import load_hardware, load_model
     from validation.calibration import current_note, fit, fitted_build
+
+    isolated = load_model("tiny-trained").fill_ms_per_layer
 
     r = {"config": {"name": "staged-pcall-unthrottled", "path": "staged", "page_cache": "all"},
          "measured": {"build_ms_per_step": 8.0, "eval_ms_per_step": 3.0,
@@ -195,14 +197,15 @@ def test_calibration_fit_by_hand(tmp_path):
     assert got == {"build_ms_per_layer.staged": {"before": 0.2, "after": pytest.approx(1.2),
                                                  "measured_build_ms_per_step": 8.0},
                    "compute_factor": {"before": 1.0, "after": pytest.approx(1.5)},
-                   "fill_ms_per_layer.staged": {"before": 0.0,
-                                                "after": pytest.approx(0.5 / 6)},
+                   "fill_ms_per_layer.staged": {"before": isolated,
+                                                "after": pytest.approx(isolated + 0.5 / 6)},
                    "load_overhead_ms.in_decode": {"before": warm_load,
                                                   "after": pytest.approx(warm_load + 0.1)}}
     assert current_note(sc, "build_ms_per_layer.staged") == pytest.approx(1.2)
     assert current_note(sc, "build_ms_per_layer.hot") == pytest.approx(0.1)
     assert current_note(sc, "compute_factor") == pytest.approx(1.5)
-    assert current_note(sc, "fill_ms_per_layer.staged") == pytest.approx(0.5 / 6, abs=1e-4)
+    assert current_note(sc, "fill_ms_per_layer.staged") == pytest.approx(isolated + 0.5 / 6,
+                                                                          abs=1e-4)
     assert current_note(sc, "fill_ms_per_layer.hot") is None
     import tomllib
 
@@ -210,12 +213,15 @@ def test_calibration_fit_by_hand(tmp_path):
 
 
 def test_dispatch_fit_is_per_lookahead_path(tmp_path):
-    """fill_ms_per_layer.<path> = the model profile's isolated figure (0 here) + the median of
+    """fill_ms_per_layer.<path> = the model profile's isolated figure + the median of
     (measured - simulated eval) / layers over that path's warm lookahead configurations:
-      hot:    (7.2 - 6.0) / 6 = 0.2 (hot-pcall alone)
-      staged: median((8.0 - 7.4) / 6, (8.0 - 7.7) / 6) = 0.075 (with and without heads)
+      hot:    + (7.2 - 6.0) / 6 = 0.2 (hot-pcall alone)
+      staged: + median((8.0 - 7.4) / 6, (8.0 - 7.7) / 6) = 0.075 (with and without heads)
     The synchronous on-demand configuration fits compute_factor only."""
+    from sim.profiles import load_model
     from validation.calibration import current_note, fit_machine
+
+    isolated = load_model("tiny-trained").fill_ms_per_layer
 
     def warm(name: str, path: str, lookahead: bool, measured: float, simulated: float) -> dict:
         return {"config": {"name": name, "path": path, "page_cache": "all"}, "layers": 6,
@@ -229,10 +235,12 @@ def test_dispatch_fit_is_per_lookahead_path(tmp_path):
                        warm("staged-pcall", "staged", True, 8.0, 7.4),
                        warm("staged-token-pcall", "staged-token", True, 8.0, 7.7),
                        warm("on-demand-pcall", "on-demand", False, 6.0, 5.0)], sc)
-    assert got["fill_ms_per_layer.hot"] == {"before": 0.0, "after": pytest.approx(0.2)}
-    assert got["fill_ms_per_layer.staged"] == {"before": 0.0, "after": pytest.approx(0.075)}
+    assert got["fill_ms_per_layer.hot"] == {"before": isolated,
+                                            "after": pytest.approx(isolated + 0.2)}
+    assert got["fill_ms_per_layer.staged"] == {"before": isolated,
+                                               "after": pytest.approx(isolated + 0.075)}
     assert got["compute_factor"] == {"before": 1.0, "after": pytest.approx(1.2)}
-    assert current_note(sc, "fill_ms_per_layer.hot") == pytest.approx(0.2)
+    assert current_note(sc, "fill_ms_per_layer.hot") == pytest.approx(isolated + 0.2, abs=1e-4)
 
 
 def test_a_refit_starts_from_the_isolated_figures_not_from_the_last_fit(tmp_path):
