@@ -45,6 +45,22 @@ def test_paper_scenarios_load(name):
     assert sc.model.name == "edge0-35b" and sc.k == 4 and sc.readers == 0
 
 
+def test_the_m2_os_reserve_leaves_the_prerouter_arm_the_page_cache_floor():
+    """The M2's OS reserve is derived, not fitted (reports/paper, section 1): its page cache sat at
+    the kernel's floor beside the prerouter engine's peak (the digest's 2.9 GiB plus the KV of a
+    1,000-token run at 20 KiB/token), and the engine did not page."""
+    from sim.memory import budget
+    from sim.scenario import GIB
+
+    kv_gib = 1000 * 20 * 1024 / GIB
+    by_hand = 16.0 - 2.9 - kv_gib - 0.5
+    assert load_hardware("m2-16gb").os_reserve_gib == pytest.approx(by_hand, abs=0.01)
+    for lead, at_floor in (("token", True), ("none", False)):
+        mem = budget(load_scenario("paper-m2-16gb", [f"lead={lead}"]))
+        assert mem.swapped == 0.0
+        assert (mem.page_cache / GIB == pytest.approx(0.5, abs=0.01)) == at_floor
+
+
 def _hw_file(tmp_path: Path, text: str) -> str:
     path = tmp_path / "bad.toml"
     path.write_text(text)

@@ -42,7 +42,7 @@ SWEEP_GRID = """name = "speed-100"
 scenario = "paper-m2-16gb"
 set = ["decode_steps=1000", "lead=token"]
 [axes]
-ram_gib = [8, 10, 12, 14, 16, 20, 24, 28, 32, 40]
+ram_gib = [14, 15, 16, 17, 18, 20, 24, 28, 32, 40]  # from where the M2 reserve and the weights fit
 ssd_bandwidth_gbps = [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0]
 """
 
