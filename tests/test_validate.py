@@ -16,6 +16,13 @@ from validation.report import error_summary, responsible
 from validation.run import ape
 
 
+@pytest.fixture(scope="module")
+def validate_model(tiny_random_converted, tmp_path_factory):
+    """This module's own copy of the converted fixture: validate trains prerouter heads into the
+    model it measures, and the session-wide one must stay as built for other modules' tests."""
+    return shutil.copytree(tiny_random_converted, tmp_path_factory.mktemp("validate") / "model")
+
+
 def test_default_matrix_sweeps_every_axis_from_the_defaults():
     m = default_matrix(quick=True)
     configs = m.configs()
@@ -72,10 +79,10 @@ def test_bad_matrix_files(tmp_path, text, msg):
         load_matrix(f).configs()
 
 
-def test_bad_matrix_via_cli_is_one_line(tmp_path, ssdmoe, tiny_random_converted):
+def test_bad_matrix_via_cli_is_one_line(tmp_path, ssdmoe, validate_model):
     f = tmp_path / "m.toml"
     f.write_text('[axes]\nspeed = ["fast"]\n')
-    r = ssdmoe("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
+    r = ssdmoe("validate", str(validate_model), "--matrix", str(f), "--out",
                str(tmp_path / "v"))
     assert r.returncode == 2 and "unknown axis 'speed'" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
@@ -118,11 +125,11 @@ k = ["native", "2"]
 
 
 @pytest.mark.slow
-def test_end_to_end_resume_and_missing(tmp_path, ssdmoe_subprocess, tiny_random_converted):
+def test_end_to_end_resume_and_missing(tmp_path, ssdmoe_subprocess, validate_model):
     f = tmp_path / "m.toml"
     f.write_text(MATRIX)
     out = tmp_path / "v"
-    args = ("validate", str(tiny_random_converted), "--matrix", str(f), "--out", str(out),
+    args = ("validate", str(validate_model), "--matrix", str(f), "--out", str(out),
             "--no-calibrate", "--prompts", "1", "--max-tokens", "6")
     r = ssdmoe_subprocess(*args)
     assert r.returncode == 0, r.stderr
@@ -325,7 +332,7 @@ def test_throttle_axis_values():
 
 
 @pytest.mark.slow
-def test_interrupted_run_reports_what_it_measured(tmp_path, tiny_random_converted):
+def test_interrupted_run_reports_what_it_measured(tmp_path, validate_model):
     """Ctrl-C (SIGINT to the process group) after the first configuration: exit 130, the report
     holds what was measured and names what is missing; no trace is lost."""
     import os
@@ -337,7 +344,7 @@ def test_interrupted_run_reports_what_it_measured(tmp_path, tiny_random_converte
     f = tmp_path / "m.toml"
     f.write_text(MATRIX)
     out = tmp_path / "v"
-    cmd = [sys.executable, "-m", "ssdmoe_cli", "validate", str(tiny_random_converted),
+    cmd = [sys.executable, "-m", "ssdmoe_cli", "validate", str(validate_model),
            "--matrix", str(f), "--out", str(out), "--no-calibrate", "--prompts", "1",
            "--max-tokens", "6"]
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -373,11 +380,11 @@ page_cache = "all"
 
 @pytest.mark.slow
 def test_rounds_capture_each_configuration_again_and_compare_the_median(
-        tmp_path, ssdmoe_subprocess, tiny_random_converted):
+        tmp_path, ssdmoe_subprocess, validate_model):
     f = tmp_path / "m.toml"
     f.write_text(ROUNDS_MATRIX)
     out = tmp_path / "v"
-    r = ssdmoe_subprocess("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
+    r = ssdmoe_subprocess("validate", str(validate_model), "--matrix", str(f), "--out",
                           str(out), "--no-calibrate", "--prompts", "1", "--max-tokens", "6",
                           "--rounds", "3")
     assert r.returncode == 0, r.stderr
@@ -397,7 +404,7 @@ def test_rounds_capture_each_configuration_again_and_compare_the_median(
     assert "captured 3 times" in (out / "README.md").read_text()
     # --recompare: the same traces predicted again, nothing captured
     before = {x["config"]["name"]: x["measured"]["decode_tok_s"] for x in doc["results"]}
-    again = ssdmoe_subprocess("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
+    again = ssdmoe_subprocess("validate", str(validate_model), "--matrix", str(f), "--out",
                               str(out), "--no-calibrate", "--prompts", "1", "--max-tokens", "6",
                               "--rounds", "3", "--recompare")
     assert again.returncode == 0, again.stderr
@@ -412,7 +419,7 @@ def test_rounds_capture_each_configuration_again_and_compare_the_median(
     stamp = out / "run-settings.json"
     settings = json.loads(stamp.read_text())
     stamp.write_text(json.dumps({**settings, "model_sha256": "ab" * 32}))
-    moved = ssdmoe_subprocess("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
+    moved = ssdmoe_subprocess("validate", str(validate_model), "--matrix", str(f), "--out",
                               str(out), "--no-calibrate", "--prompts", "1", "--max-tokens", "6",
                               "--rounds", "3", "--recompare")
     assert moved.returncode == 0, moved.stderr
@@ -422,13 +429,13 @@ def test_rounds_capture_each_configuration_again_and_compare_the_median(
     assert {x["config"]["name"]: x["measured"]["decode_tok_s"] for x in doc3["results"]} == before
     assert doc3["model_sha256"] == "ab" * 32  # the report names the traces' model
     # other settings than those captured: one line, nothing deleted
-    other = ssdmoe_subprocess("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
+    other = ssdmoe_subprocess("validate", str(validate_model), "--matrix", str(f), "--out",
                               str(out), "--no-calibrate", "--prompts", "1", "--max-tokens", "7",
                               "--rounds", "3", "--recompare")
     assert other.returncode != 0 and "captured with max_tokens=6" in other.stderr
     assert "Traceback" not in other.stderr
     assert all((out / "traces" / x["config"]["name"] / "run.json").is_file()
                for x in doc3["results"])
-    bad = ssdmoe_subprocess("validate", str(tiny_random_converted), "--matrix", str(f), "--out",
+    bad = ssdmoe_subprocess("validate", str(validate_model), "--matrix", str(f), "--out",
                             str(out), "--no-calibrate", "--rounds", "0")
     assert bad.returncode != 0 and "--rounds: must be >= 1, got 0" in bad.stderr
