@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -290,8 +291,9 @@ def test_lookahead_follows_the_engine_rule():
 def test_staged_trace_maps_to_the_lookahead_loop_only_when_recorded(tmp_path):
     """A staged trace whose run.json records no lookahead (as traces from before it existed)
     maps to the synchronous loop; the same trace with lookahead recorded runs the lookahead
-    loop on this machine's scenario, which hides the staged path's graph building: faster by
-    about L x build per step."""
+    loop on this machine's scenario, which hides the staged path's graph building: faster, with
+    the loop's own dispatch cost (fill_ms_per_layer, fitted per run) taken out; with it put
+    back, slower than without it."""
     variants = {}
     for name, value in (("old", None), ("new", True)):
         copy = tmp_path / name
@@ -308,10 +310,14 @@ def test_staged_trace_maps_to_the_lookahead_loop_only_when_recorded(tmp_path):
     sc_new, derived, _ = scenario_for(new)
     assert sc_new.lookahead and "lookahead=true" in derived
     assert sc_new.hardware.lazy_compute  # this machine's synchronous loop stays lazy
+    no_dispatch = replace(sc_new, model=replace(sc_new.model, fill_ms_per_layer=0.0))
+    with_dispatch = replace(sc_new, model=replace(sc_new.model, fill_ms_per_layer=0.3))
     r_old = run_scenario(sc_old, trace=old)
-    r_new = run_scenario(sc_new, trace=new)
+    r_new = run_scenario(no_dispatch, trace=new)
     assert r_new.metrics["decode_tok_s"] > r_old.metrics["decode_tok_s"]
     assert r_new.trace.run["engine"]["lookahead"] is True
+    slower = run_scenario(with_dispatch, trace=new).metrics["decode_tok_s"]
+    assert slower < r_new.metrics["decode_tok_s"]
 
 
 def test_asking_the_page_cache_first_costs_each_cold_miss():
