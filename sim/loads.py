@@ -11,7 +11,8 @@ Where a load's bytes are decides its cost, on the thread doing it (main or a rea
                 enters the page cache, then the copy, the per-read work and the fault work of
                 the cold pieces (cold pieces x cold_overhead: page faults, VM mapping)
 With the engine's emulated page-cache budget, each bundle a fill pushes out costs the reading
-thread `budget_evict_ms` of CPU after the load is done (the store drops its pages).
+thread `budget_evict_ms` of CPU after the read (the store drops its pages), before the load is
+done: a thread waiting on it waits through the drops, as on a ticket in engine.readers.
 The per-read work is Python and holds the GIL (sim.gil) when the scenario models it; copy and
 fault work happen inside the read. The engine reads a bundle one pread per tensor slice and each
 pread takes the GIL back, so with the GIL modelled a load runs slice by slice (`_by_syscall`).
@@ -139,11 +140,19 @@ class Fetcher:
             yield from self.gil.run(self.cores, python, thread)
         load.cold = cold_pieces > 0
         load.cold_pieces = cold_pieces
-        load.finished = env.now
+        load.finished = env.now  # the engine's finished_ns: taken before the budget's drops
         self.log.append(load)
+        if evicted and self.evict_s:
+            yield from self._drop_evicted(evicted, thread)
         load.done.succeed()
-        if evicted and self.evict_s:  # the engine's budget drops what the fill pushed out
-            yield self.cores.work(evicted * self.evict_s, thread)
+
+    def _drop_evicted(self, evicted: int, thread: str) -> Generator:
+        """The engine's page-cache budget drops the bundles the fill pushed out
+        (engine.page_cache_budget.charge, one fadvise per range) inside the store's read, and
+        engine.readers sets the load's event only after that read returns: a thread waiting on
+        the load waits through the drops. Each fadvise returns in microseconds, before a waiting
+        thread could take the GIL (as a warm pread, see _by_syscall), so the drops hold it."""
+        yield from self.gil.run(self.cores, evicted * self.evict_s, thread)
 
     def _by_syscall(self, load: Load, thread: str, syscalls: int, cold_bytes: int,
                     kernel: float, python: float) -> Generator:

@@ -182,14 +182,18 @@ class MainThread:
         return load
 
     def _perform_here(self, load: Load) -> Generator:
-        """The main thread reads `load` itself: blocked until its bytes are in; the budget's
-        page drops after it (sim.loads) are main-thread work, not waiting on a read."""
+        """The main thread reads `load` itself: blocked until its bytes are in. The budget's
+        page drops after the read (sim.loads) are blocked time too where the read is a reader
+        pool's ticket (engine.readers.wait times the wait up to the ticket's event, set after
+        the drops); a path without readers reads inside graph building or a fill (the exact
+        path: engine.store's load row ends before the drops), so there they are that work."""
         start = self.env.now
         yield from self.fetcher.perform(load, MAIN_THREAD)
         load.waited = True
-        load.wait += load.finished - start
-        self.blocked += load.finished - start
-        after = self.env.now - load.finished
+        end = self.env.now if self.readers is not None else load.finished
+        load.wait += end - start
+        self.blocked += end - start
+        after = self.env.now - end
         if after > 0:
             if self.lookahead:
                 self.eval += after

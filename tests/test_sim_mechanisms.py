@@ -83,6 +83,75 @@ def test_the_budget_drops_pages_on_the_main_thread_after_each_cold_read():
     assert extra == [round(0.3e6)] * 10
 
 
+@pytest.mark.parametrize("help_reads", [False, True])
+def test_a_wait_on_a_pooled_read_lasts_through_the_budgets_page_drops(help_reads):
+    """With a reader pool the engine sets a load's event only once read_bundle returns, and the
+    budget drops the evicted pages inside it (engine.page_cache_budget.charge): the main thread
+    waits through the drops, whether a reader (help_reads off) or the main thread itself (on:
+    it keeps the one miss) did the read. Hand-worked: every read is cold and evicts one
+    bundle, so each step's blocked time grows by exactly the drop and its build not at all."""
+    m = model(layers=1, experts=16, k=1, build_ms_per_layer=0.5)
+    router = np.array([[[s % 2]] for s in range(20)], dtype=np.int16)
+    io = dict(IO, ram_gib=64.0, os_reserve_gib=64.0 - 2 / 1024)  # 2 MiB: the LRU + 1 bundle
+    steps, loads = {}, {}
+    for evict in (0.0, 0.3):
+        sc = scenario(hw=hardware(**io), m=m, path="hot", lru_bytes=MB, readers=1,
+                      decode_steps=20, budget_evict_ms=evict, help_reads=help_reads)
+        res = run_scenario(sc, routing=routing_input(router))
+        steps[evict] = res.trace.steps.filter(pl.col("phase") == "decode").tail(10)
+        loads[evict] = res.trace.loads.tail(10)
+    assert set(loads[0.3]["thread"]) == {"main" if help_reads else "reader0"}
+    assert loads[0.3]["cold"].all()
+    extra = (steps[0.3]["blocked_ns"] - steps[0.0]["blocked_ns"]).to_list()
+    assert extra == [round(0.3e6)] * 10
+    assert steps[0.3]["build_ns"].to_list() == steps[0.0]["build_ns"].to_list()
+    # the load row ends with the read, before the drops (the store's finished_ns)
+    took = lambda t: (t["finished_ns"] - t["started_ns"]).to_list()  # noqa: E731
+    assert took(loads[0.3]) == took(loads[0.0])
+
+
+def test_the_budgets_page_drops_hold_the_gil():
+    """A reader's cold read (0.2 ms on the device, no Python) evicts one bundle, whose pages
+    take 0.3 ms to drop: each fadvise returns before a waiting thread could take the GIL, so
+    the drops keep it. The read and its 0.05 ms of Python end at 0.25 ms; the main thread asks
+    for the GIL at 0.3 ms to build for 1 ms: it gets it when the drops end, at 0.55 ms, and the
+    load is done then too."""
+    from sim.gil import Gil
+
+    def run(gil_on: bool) -> dict[str, float]:
+        env = simpy.Environment()
+        cores = Cores(env, 0)
+        gil = Gil(env, gil_on)
+        pc = PageCache(1000, 1000, 16)  # room for one bundle: holds expert 5
+        pc.fill(5)
+        f = Fetcher(env, hardware(**IO), Device(0.0002, 1e12), pc, cores, 16, 1000,
+                    evict_ms=0.3, gil=gil)
+        load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())
+        seen: dict[str, float] = {}
+
+        def main():
+            yield env.timeout(0.0003)
+            yield from gil.run(cores, 0.001, "main")
+            seen["build_end"] = env.now
+
+        def waiter():
+            yield load.done
+            seen["done"] = env.now
+
+        env.process(f.perform(load, "reader0"))
+        env.process(main())
+        env.process(waiter())
+        env.run()
+        seen["finished"] = load.finished
+        return {k: v * 1e3 for k, v in seen.items()}
+
+    held = run(True)
+    assert held["finished"] == pytest.approx(0.2 + 0.05, abs=1e-5)  # the read, its Python
+    assert held["done"] == pytest.approx(0.25 + 0.3, abs=1e-5)
+    assert held["build_end"] == pytest.approx(0.55 + 1.0, abs=1e-5)
+    assert run(False)["build_end"] == pytest.approx(0.3 + 1.0, abs=1e-5)  # no lock: at once
+
+
 def test_oversubscribed_memory_faults_its_swapped_share_back_in():
     device = Device(0.0, 1e9)
     swap = Swap(0.25, device, fault_s=0.001, layer_touch_bytes=4_000_000)
