@@ -10,9 +10,10 @@ Linux only, as root. Two hierarchies:
              read_iops_device likewise;
   cgroup v2  <unified>/<group>/io.max ("MAJ:MIN rbps=BYTES riops=N"), where the io controller
              is enabled for the parent's children.
-The throttle is a token bucket, not a slow pipe: the kernel lets a burst of about one
-throttle slice (100 ms on v1's blk-throttle) through at full speed, then holds the average
-rate. `BURST_S` is that slice; the simulator models the same bucket (sim.storage).
+The throttle is not a slow pipe: both are the kernel's blk-throttle, which grants a whole
+slice's bytes (throtl_slice, 100 ms) at the slice's start, so reads pass at full speed until
+the slice's allowance is spent and then wait for the next slice. `BURST_S` is that slice; the
+simulator models the same mechanism (sim.throttle.SliceThrottle).
 
 Setting up moves this process into a fresh cgroup; leaving moves it back and removes the group,
 on normal exit, on an exception (Ctrl-C included) and, as a last resort, at interpreter exit.

@@ -20,7 +20,8 @@ schema as a measured one.
   device_process.py  the same device as SimPy resources: the reference the closed form equals
   shared_device.py   a device whose concurrent small reads overlap in part (a measured
                      speedup curve): processor sharing over the requests' latency
-  throttle.py        the kernel's block-I/O read throttle in front of it (a token bucket)
+  throttle.py        a read throttle in front of it: the kernel's blk-throttle (a slice's
+                     bytes at full speed, then a wait) or a token bucket (a cloud disk)
   memory.py          RAM budget: OS, engine, app caches; the page cache gets what is left
   swap.py            oversubscription: the engine's paged-out memory faulted back in
   lru.py             byte-bounded LRU; page_cache.py (OS page cache), caches.py (the bundle

@@ -20,8 +20,10 @@ vocabulary (sim.policies):
   lead_kind layer                       path staged, lead layer, lead_layers 1, every MoE layer
                                         after the first a consumer, predictor bytes 0 (the next
                                         layer's own router, resident)
-  extra.throttle                        throttle_read_mbps / throttle_read_iops (the kernel's
-                                        token bucket, sim.throttle)
+  extra.throttle                        throttle_read_mbps / throttle_read_iops, and
+                                        throttle_kind blk-throttle (engine.throttle's v1 and v2
+                                        mechanisms are both the kernel's blk-throttle,
+                                        sim.throttle)
   lookahead                             lookahead=true when the config has it on (traces from
                                         before it existed have no such key: off) and every decode
                                         path in use is one that does not sync at build (staged,
@@ -328,6 +330,8 @@ def scenario_for(trace: Trace, scenario: str | None = None,
         derived.append(f"throttle_read_iops={throttle['read_iops']}")
     if throttle.get("burst_s") is not None:
         derived.append(f"throttle_burst_s={throttle['burst_s']}")
+    if throttle.get("read_mbps") or throttle.get("read_iops"):
+        derived.append("throttle_kind=blk-throttle")
     sc = apply_overrides(sc, derived + list(sets or []))
     engine = trace.run.get("engine") or {}
     budget_bytes = engine.get("page_cache_budget")

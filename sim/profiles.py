@@ -27,6 +27,7 @@ from sim.scenario import (
     ModelProfile,
     Scenario,
 )
+from sim.throttle import THROTTLE_KINDS
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
 OPTIONAL = {"description", "whole_layer_reads", "bundle_reads", "unembed_bytes",
@@ -83,6 +84,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "throttle_read_mbps": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_read_iops": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_burst_s": (_nonneg, "must be >= 0"),
+    "throttle_kind": (lambda v: v in THROTTLE_KINDS, f"must be one of {', '.join(THROTTLE_KINDS)}"),
     "layers": (_positive, "must be >= 1"),
     "experts": (lambda v: v >= 2, "must be >= 2"),
     "bundle_bytes": (_positive, "must be > 0"),

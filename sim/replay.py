@@ -31,7 +31,7 @@ from sim.scenario import GIB, Scenario
 from sim.shared_device import SharedDevice
 from sim.storage import Device
 from sim.swap import Swap
-from sim.throttle import TokenBucket
+from sim.throttle import make_throttle
 from traces.reader import Trace
 from traces.run_info import RunInfo
 from traces.schema import LOADS, ROUTING, SCHEMA_VERSION, STEPS
@@ -93,9 +93,11 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
     env = simpy.Environment()
     slots = Device(hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9, hw.queue_depth)
     if hw.throttle_read_mbps > 0:
-        slots.throttle_bytes = TokenBucket(hw.throttle_read_mbps * 1e6, hw.throttle_burst_s)
+        slots.throttle_bytes = make_throttle(hw.throttle_kind, hw.throttle_read_mbps * 1e6,
+                                             hw.throttle_burst_s)
     if hw.throttle_read_iops > 0:
-        slots.throttle_requests = TokenBucket(hw.throttle_read_iops, hw.throttle_burst_s)
+        slots.throttle_requests = make_throttle(hw.throttle_kind, hw.throttle_read_iops,
+                                                hw.throttle_burst_s)
     # a measured speedup curve: concurrent reads share the device (sim.shared_device); the
     # swap model's faults stay on the slot model (they do not queue with the loads then)
     device = SharedDevice(env, hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9,

@@ -57,7 +57,9 @@ class Hardware:
     # graph building never overlaps compute. The lookahead loop (Scenario.lookahead) is never lazy
     throttle_read_mbps: float = 0.0  # block-I/O read throttle in MB/s (10^6); 0 = none
     throttle_read_iops: float = 0.0  # read requests/s throttle; 0 = none
-    throttle_burst_s: float = 0.1  # the throttle's burst (engine.throttle.BURST_S)
+    throttle_burst_s: float = 0.1  # blk-throttle's slice, or the token bucket's burst (s)
+    throttle_kind: str = "blk-throttle"  # the kernel's throttle (engine.throttle), or
+    # "token-bucket" (a cloud disk's burst credits): sim.throttle
     handoff_ms: float = 0.0  # thread hand-off the main thread pays per load it waits on that a
     # reader thread performs (queue put, reader wake-up, event set, main wake-up / GIL)
     compute_factor: float = 1.0  # accelerator time inside decode / as the roofline figures above
@@ -224,6 +226,7 @@ SCENARIO_KEYS = tuple(
 HARDWARE_KEYS = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "description"))
 HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
                      "handoff_ms", "throttle_read_mbps", "throttle_read_iops", "throttle_burst_s",
+                     "throttle_kind",
                      "compute_factor", "cpu_cores", "compute_on_cpu", "background_cores",
                      "page_cache_floor_gib", "queue_ahead_ms", "queue_speedup",
                      "refused_warm_ms", "stall_points_ms", "stall_wake_main_ms",

@@ -17,7 +17,7 @@ from collections.abc import Generator
 import simpy
 
 from sim.sharing import ProcessorSharing
-from sim.throttle import TokenBucket, admitted
+from sim.throttle import Throttle, admitted
 
 
 class _Latency(ProcessorSharing):
@@ -37,8 +37,8 @@ class _Pipe(ProcessorSharing):
 
 class SharedDevice:
     def __init__(self, env: simpy.Environment, latency_s: float, bandwidth_bps: float,
-                 speedup: list[float], throttle_bytes: TokenBucket | None = None,
-                 throttle_requests: TokenBucket | None = None) -> None:
+                 speedup: list[float], throttle_bytes: Throttle | None = None,
+                 throttle_requests: Throttle | None = None) -> None:
         if not speedup or speedup[0] != 1.0 or min(speedup) <= 0:
             raise ValueError("a speedup curve starts at 1.0 (one request) and stays > 0")
         if bandwidth_bps <= 0 or latency_s < 0:

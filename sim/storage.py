@@ -5,8 +5,9 @@ and one shared transfer pipe at `bandwidth` bytes/s.
     transfer start x = max(s + latency, pipe free)
     finish         f = x + bytes / bandwidth
 
-A read throttle (sim.throttle: the kernel's token bucket, bytes and/or requests) may stand
-in front of the queue: a request enters service no earlier than the bucket lets it through.
+A read throttle (sim.throttle: the kernel's blk-throttle or a token bucket, bytes and/or
+requests) may stand in front of the queue: a request enters service no earlier than the
+throttle lets it through.
 
 So latency overlaps across the queue depth while bytes share the bandwidth: effective throughput
 grows with request size and queue depth and saturates at `bandwidth`. With queue_depth 1 it is a
@@ -23,7 +24,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from sim.throttle import TokenBucket, admitted
+from sim.throttle import Throttle, admitted
 
 EPS_S = 1e-12
 
@@ -41,8 +42,8 @@ class Device:
     bytes_read: int = 0
     busy_s: float = 0.0  # pipe busy time (transfer), for utilisation
     log: list[tuple[float, float, float]] = field(default_factory=list)
-    throttle_bytes: TokenBucket | None = None  # a read_bps throttle
-    throttle_requests: TokenBucket | None = None  # a read_iops throttle
+    throttle_bytes: Throttle | None = None  # a read_bps throttle
+    throttle_requests: Throttle | None = None  # a read_iops throttle
 
     def __post_init__(self) -> None:
         if self.queue_depth < 1:

@@ -9,7 +9,7 @@ import simpy
 
 from sim.device_process import DeviceProcess
 from sim.storage import Device
-from sim.throttle import TokenBucket
+from sim.throttle import make_throttle
 
 
 def _arrivals(seed: int, n: int, rate: float) -> tuple[np.ndarray, np.ndarray]:
@@ -19,9 +19,10 @@ def _arrivals(seed: int, n: int, rate: float) -> tuple[np.ndarray, np.ndarray]:
     return times, sizes
 
 
-def _des(times, sizes, latency, bandwidth, qd, throttle_rate=None) -> list[tuple[float, float]]:
+def _des(times, sizes, latency, bandwidth, qd, throttle_rate=None,
+         kind: str = "token-bucket") -> list[tuple[float, float]]:
     env = simpy.Environment()
-    bucket = TokenBucket(throttle_rate, 0.05) if throttle_rate else None
+    bucket = make_throttle(kind, throttle_rate, 0.05) if throttle_rate else None
     dev = DeviceProcess(env, latency, bandwidth, qd, throttle_bytes=bucket)
     out: list[tuple[float, float]] = [(0.0, 0.0)] * len(times)
 
@@ -38,15 +39,16 @@ def _des(times, sizes, latency, bandwidth, qd, throttle_rate=None) -> list[tuple
     return out
 
 
-@pytest.mark.parametrize("qd,rate,throttle", [(1, 800, None), (2, 3000, None), (8, 20000, None),
-                                              (4, 3000, 40e6)])
-def test_closed_form_device_equals_the_des(qd, rate, throttle):
+@pytest.mark.parametrize("qd,rate,throttle,kind", [
+    (1, 800, None, ""), (2, 3000, None, ""), (8, 20000, None, ""),
+    (4, 3000, 40e6, "token-bucket"), (4, 3000, 40e6, "blk-throttle")])
+def test_closed_form_device_equals_the_des(qd, rate, throttle, kind):
     latency, bandwidth = 0.0001, 1.5e9
     times, sizes = _arrivals(qd, 3000, rate)
-    des = _des(times, sizes, latency, bandwidth, qd, throttle)
+    des = _des(times, sizes, latency, bandwidth, qd, throttle, kind)
     closed = Device(latency, bandwidth, qd)
     if throttle:
-        closed.throttle_bytes = TokenBucket(throttle, 0.05)
+        closed.throttle_bytes = make_throttle(kind, throttle, 0.05)
     got = [closed.read(float(t), int(b)) for t, b in zip(times, sizes, strict=True)]
     finish_des = np.array([f for _, f in des])
     finish_closed = np.array([f for _, f in got])
