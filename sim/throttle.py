@@ -80,13 +80,12 @@ class SliceThrottle:
         s = self.slice_s
         if self._start < 0 or (t > self._end and not queued):
             self._start, self._disp = t, 0.0
-        self._end = max(self._end, t + s)
         elapsed = t - self._start
         whole = max(1, math.ceil(elapsed / s - 1e-9)) * s  # rounded up to whole slices
         excess = self._disp + tokens - self.rate * whole
         passes = t if excess <= 0 else t + excess / self.rate + (whole - elapsed)
         self._disp += tokens
-        self._end = max(self._end, passes + s)
+        self._end = max(self._end, passes + s)  # each request extends the slice past itself
         done = math.floor((passes - self._start) / s + 1e-9)  # trim whole slices behind
         if done > 0:
             self._disp = max(0.0, self._disp - self.rate * s * done)

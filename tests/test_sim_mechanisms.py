@@ -65,21 +65,29 @@ def test_a_cold_read_moves_its_pages_less_the_edges_a_cached_neighbour_holds():
     assert _cold_bytes([4, 6]) == 61_440
 
 
-def test_the_budget_drops_pages_on_the_main_thread_after_each_cold_read():
-    # page cache of one bundle, two experts alternating: every read is cold and evicts one
+def _budget_evict_runs(**over) -> dict[float, tuple[pl.DataFrame, pl.DataFrame]]:
+    """The last 10 decode steps and loads, with no page drop and with a 0.3 ms one: a page
+    cache of one bundle and two experts alternating, so every read is cold and evicts one."""
     m = model(layers=1, experts=16, k=1, build_ms_per_layer=0.5)
     router = np.array([[[s % 2]] for s in range(20)], dtype=np.int16)
     io = dict(IO, ram_gib=64.0, os_reserve_gib=64.0 - 2 / 1024)  # 2 MiB: the LRU + 1 bundle
-    steps = {}
+    runs = {}
     for evict in (0.0, 0.3):
         sc = scenario(hw=hardware(**io), m=m, path="hot", lru_bytes=MB, decode_steps=20,
-                      budget_evict_ms=evict)
+                      budget_evict_ms=evict, **over)
         assert budget(sc).page_cache == MB
         res = run_scenario(sc, routing=routing_input(router))
-        steps[evict] = res.trace.steps.filter(pl.col("phase") == "decode").tail(10)
+        runs[evict] = (res.trace.steps.filter(pl.col("phase") == "decode").tail(10),
+                       res.trace.loads.tail(10))
+    return runs
+
+
+def test_the_budget_drops_pages_on_the_main_thread_after_each_cold_read():
+    runs = _budget_evict_runs()
+    (steps0, _), (steps, _) = runs[0.0], runs[0.3]
     # synchronous loop: the drop is graph-building time, not time blocked on the read
-    assert steps[0.3]["blocked_ns"].to_list() == steps[0.0]["blocked_ns"].to_list()
-    extra = (steps[0.3]["build_ns"] - steps[0.0]["build_ns"]).to_list()
+    assert steps["blocked_ns"].to_list() == steps0["blocked_ns"].to_list()
+    extra = (steps["build_ns"] - steps0["build_ns"]).to_list()
     assert extra == [round(0.3e6)] * 10
 
 
@@ -90,24 +98,16 @@ def test_a_wait_on_a_pooled_read_lasts_through_the_budgets_page_drops(help_reads
     waits through the drops, whether a reader (help_reads off) or the main thread itself (on:
     it keeps the one miss) did the read. Hand-worked: every read is cold and evicts one
     bundle, so each step's blocked time grows by exactly the drop and its build not at all."""
-    m = model(layers=1, experts=16, k=1, build_ms_per_layer=0.5)
-    router = np.array([[[s % 2]] for s in range(20)], dtype=np.int16)
-    io = dict(IO, ram_gib=64.0, os_reserve_gib=64.0 - 2 / 1024)  # 2 MiB: the LRU + 1 bundle
-    steps, loads = {}, {}
-    for evict in (0.0, 0.3):
-        sc = scenario(hw=hardware(**io), m=m, path="hot", lru_bytes=MB, readers=1,
-                      decode_steps=20, budget_evict_ms=evict, help_reads=help_reads)
-        res = run_scenario(sc, routing=routing_input(router))
-        steps[evict] = res.trace.steps.filter(pl.col("phase") == "decode").tail(10)
-        loads[evict] = res.trace.loads.tail(10)
-    assert set(loads[0.3]["thread"]) == {"main" if help_reads else "reader0"}
-    assert loads[0.3]["cold"].all()
-    extra = (steps[0.3]["blocked_ns"] - steps[0.0]["blocked_ns"]).to_list()
+    runs = _budget_evict_runs(readers=1, help_reads=help_reads)
+    (steps0, loads0), (steps, loads) = runs[0.0], runs[0.3]
+    assert set(loads["thread"]) == {"main" if help_reads else "reader0"}
+    assert loads["cold"].all()
+    extra = (steps["blocked_ns"] - steps0["blocked_ns"]).to_list()
     assert extra == [round(0.3e6)] * 10
-    assert steps[0.3]["build_ns"].to_list() == steps[0.0]["build_ns"].to_list()
+    assert steps["build_ns"].to_list() == steps0["build_ns"].to_list()
     # the load row ends with the read, before the drops (the store's finished_ns)
     took = lambda t: (t["finished_ns"] - t["started_ns"]).to_list()  # noqa: E731
-    assert took(loads[0.3]) == took(loads[0.0])
+    assert took(loads) == took(loads0)
 
 
 def test_the_budgets_page_drops_hold_the_gil():

@@ -38,7 +38,8 @@ decode they are larger, which is what the held-out configurations then test.
                               ones: they can be near zero, and the fit then ran away, 0.08 ->
                               12 ms on one run). Such a wait also lasts through the budget's
                               page drops inside the read (sim.loads, modelled, not fitted here):
-                              before they were, this figure absorbed them (0.94 ms, now 0.23)
+                              before they were, this figure absorbed them (0.94 ms in a fresh
+                              run before, 0.11 in one after, against 0.09 isolated)
 validation.run repeats the fit (FIT_ROUNDS): with shared cores the simulated times are not
 linear in these figures. Device figures (latency, bandwidth, queue depth, throttle) are never
 fitted here; the held-out configurations (other page caches, paths, throttles, K) predict them.
