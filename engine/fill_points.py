@@ -170,8 +170,14 @@ class FillPoints:
         self.overlapping = False
 
     def _kick(self) -> None:
-        """Queue the evaluation up to the next point's router (or the step's result)."""
+        """Queue the evaluation up to the next point's router (or the step's result). When
+        the point after it is `early` (same-token lead), up to that point's ids too: they were
+        predicted from the next point's layer input, which needs nothing the next fill
+        writes, so that layer's attention runs while the host fills, instead of at the
+        next `progress` when the host asks for the ids."""
         nxt = self.backlog[0].inds if self.backlog else self.final
+        if len(self.backlog) > 1 and self.backlog[1].early:
+            nxt = [nxt, self.backlog[1].inds]
         if nxt is not None:
             mx.async_eval(nxt)
         if not self.backlog:

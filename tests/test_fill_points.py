@@ -246,6 +246,33 @@ def test_queueing_a_fill_points_evaluation_is_not_graph_building(monkeypatch):
     assert covered <= t1 - t0
 
 
+def test_after_a_fill_the_walk_to_a_same_token_leads_next_ids_is_queued(monkeypatch):
+    """Same-token lead: after layer N's fill the evaluation is queued up to the ids layer N+2
+    was predicted with (layer N+1's input needs nothing N+1's fill writes), not only to N+1's
+    ids, which its early start already brought to the host."""
+    import engine.fill_points as fp
+
+    queued: list[set[int]] = []
+
+    def record(arrays) -> None:
+        queued.append({id(a) for a in (arrays if isinstance(arrays, list) else [arrays])})
+
+    monkeypatch.setattr(fp.mx, "async_eval", record)
+    fills = fp.FillPoints()
+    inds = [mx.array([n]) for n in range(4)]
+    with fills.collecting():
+        fills.defer(fp.FillPoint(lambda _i: None), inds[0])  # layer 0 routes itself
+        for n in (1, 2, 3):
+            fills.defer(fp.FillPoint(lambda _i: None, start=lambda _i: None, early=True),
+                        inds[n])
+    fills.begin(fills.take(), mx.array([9.0]))
+    assert queued[-1] == {id(inds[0]), id(inds[1])}
+    fills.progress()  # layer 0's fill (layer 1's reads started first)
+    assert queued[-1] == {id(inds[1]), id(inds[2])}
+    fills.progress()
+    assert queued[-1] == {id(inds[2]), id(inds[3])}
+
+
 def test_a_blocking_async_eval_shows_as_eval_not_build(staged, monkeypatch):
     """The same in the decode loop: with every async_eval made to block, each staged decode
     step's added blocking (2 per staged layer in its fill points) goes to eval_ns, and build

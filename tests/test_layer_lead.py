@@ -116,6 +116,41 @@ def test_layer_lead_reads_start_at_previous_layer(tiny_random_converted):
         assert i_issue < i_wait, f"layer {n + 1} issued after layer {n} waited: {decode[:20]}"
 
 
+def test_layer_lead_fills_keep_pace_with_the_next_steps_build(tiny_random_converted):
+    """In the lookahead loop step t's fill point of layer N is resolved while step t+1 is
+    built, right after that step's layer N is built and before its layer N + 1 is: the
+    predicted calls resolve points as routed calls do, not all after the whole graph."""
+    config = EngineConfig.from_preset("staged", lead_kind="layer")
+    eng = load_streaming(tiny_random_converted, config=config)
+    model, tok = eng.model, eng.tokenizer
+    events: list[tuple[str, int]] = []
+    try:
+        for layer, path in eng.runtime.staged("decode").items():
+            orig_predicted, orig_settle = path.predicted, path.slot_table.settle
+
+            def predicted(x, inds, early=False, _l=layer, _f=orig_predicted):
+                events.append(("build", _l))
+                return _f(x, inds, early)
+
+            def settle(tickets, _l=layer, _f=orig_settle):
+                events.append(("fill", _l))
+                return _f(tickets)
+
+            path.predicted, path.slot_table.settle = predicted, settle
+        generate(model, tok, PROMPT, 8, stop_at_eos=False, runtime=eng.runtime)
+    finally:
+        eng.close()
+    consumers = read_manifest(tiny_random_converted).moe_layers[1:]
+    builds = [i for i, e in enumerate(events) if e == ("build", consumers[0])]
+    assert len(builds) >= 4, events
+    for start in builds[1:-1]:  # steps whose predecessor is being evaluated
+        for n, after in zip(consumers[:-1], consumers[1:], strict=True):
+            i = events.index(("build", n), start)
+            j = events.index(("build", after), i)
+            assert ("fill", n) in events[i:j], \
+                f"layer {n}'s fill not between builds of {n} and {after}: {events[i:j + 1]}"
+
+
 @pytest.mark.parametrize("k", [2, 8])
 def test_top_k_equals_mlx_lm_at_that_k(tiny_random_converted, k):
     ref, tok = load_resident(tiny_random_converted, top_k=k)
