@@ -20,8 +20,10 @@ simulator's compute and graph-building figures for this machine come from measur
                    demand miss asking the page cache before it hands the reads out
   prefill          one prefill chunk through the resident path: prefill compute throughput
   thread hand-off  a no-op read request through engine.readers.ReaderPool (the engine's reader
-                   threads, help_main off so a reader always does it): submit, reader wake-up,
-                   event set, main-thread wake-up; the median round trip is `handoff_ms`
+                   threads, help_main off so a reader always does it): from the submit to the
+                   reader's start (queue put, the idle reader's wake-up and claim) is
+                   `reader_wake_ms`, from there to the main thread's return from `wait` (event
+                   set, main-thread wake-up) `handoff_ms` (medians)
   queue ahead      the resident step again, each router's ids brought to the host as the
                    engine's fill points do: the walk up to the router handed over with
                    mx.async_eval, then waited for. async_eval returns only once few tasks are
@@ -209,23 +211,29 @@ class NoopStore:
         pass
 
 
-def handoff_times(reps: int = 2000, warmup: int = 50, readers: int = 2) -> list[float]:
-    """ms per round trip of a no-op read request through engine.readers.ReaderPool: submit
-    (ticket + queue put), a reader's wake-up and claim, the event set, the main thread's wake-up
-    in `wait` (help_main off: the main thread never does the read itself)."""
+def handoff_times(reps: int = 2000, warmup: int = 50,
+                  readers: int = 2) -> tuple[list[float], list[float]]:
+    """(wake, hand-off) ms per no-op read request through engine.readers.ReaderPool (help_main
+    off: the main thread never does the read itself): wake from the submit (ticket + queue put)
+    to the reader's start (its wake-up and claim, the readers idle as each request comes),
+    hand-off from there to the main thread's return from `wait` (the event set, its wake-up)."""
     from engine.readers import ReaderPool
 
     pool = ReaderPool(NoopStore(), n=readers, help_main=False)
-    times = []
+    wake, handoff = [], []
     try:
         for i in range(warmup + reps):
             t0 = time.perf_counter_ns()
-            pool.wait([pool.submit_bundle(0, 0, None)])
+            ticket = pool.submit_bundle(0, 0, None)
+            pool.wait([ticket])
+            t1 = time.perf_counter_ns()
             if i >= warmup:
-                times.append((time.perf_counter_ns() - t0) / 1e6)
+                started = ticket.row["started_ns"]
+                wake.append((started - t0) / 1e6)
+                handoff.append((t1 - started) / 1e6)
     finally:
         pool.close()
-    return times
+    return wake, handoff
 
 
 def _one_row_views(store: ExpertStore, layers: list[int]) -> dict[int, dict]:
@@ -419,7 +427,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     direct_ms = direct_bundle_ms(converted)
     refused_ms = refused_warm_ms(converted)
     exact_extra = exact_extra_ms(converted)
-    handoff = handoff_times(handoff_reps)
+    wake, handoff = handoff_times(handoff_reps)
     times = {name: r.times for name, r in runners.items()}
     times["exact"] = warm_exact
     resident, synced, zero, exact = (times[n] for n in ("resident", "resident_synced", "zero",
@@ -462,6 +470,8 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         refused_warm_ms=refused_ms,
         handoff_ms=float(np.median(handoff)),
         handoff_p10_ms=cost(handoff),
+        reader_wake_ms=float(np.median(wake)),
+        reader_wake_p10_ms=cost(wake),
         handoff_reps=len(handoff),
         queue_ahead_ms=float(np.median([left for _, left, _ in queue_samples])),
         async_blocked_ms=float(np.median([blocked for blocked, _, _ in queue_samples])),

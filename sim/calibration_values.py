@@ -107,9 +107,12 @@ class ComputeResult:
     cold_bundles: int = 0
     direct_bundle_ms: float = float("nan")  # one bundle read with O_DIRECT (nan: refused)
     refused_warm_ms: float = float("nan")  # read_bundle_if_warm on a cold bundle (nan: none)
-    handoff_ms: float = float("nan")  # median round trip of a no-op read request through the
-    # engine's reader threads (nan: not measured)
+    handoff_ms: float = float("nan")  # median of a no-op read request through the engine's
+    # reader threads, from the reader's start to the main thread's return (nan: not measured)
     handoff_p10_ms: float = float("nan")
+    reader_wake_ms: float = float("nan")  # the same requests, from the submit to the idle
+    # reader's start (nan: not measured)
+    reader_wake_p10_ms: float = float("nan")
     handoff_reps: int = 0
     queue_ahead_ms: float = float("nan")  # median compute left when mx.async_eval of the
     # walk to a router returned (nan: not measured)
@@ -249,10 +252,16 @@ def compute_values(c: ComputeResult, active_params: float | None = None
     }
     if c.handoff_ms == c.handoff_ms:  # not nan
         out["handoff_ms"] = (round(max(c.handoff_ms, 0.0), 4), (
-            f"median of {c.handoff_reps} round trips of a no-op read request through the "
-            "engine's reader threads (engine.readers.ReaderPool, 2 readers, help_main off): "
-            "submit, reader wake-up, event set, main-thread wake-up in wait; 10th percentile "
-            f"{c.handoff_p10_ms:.4f} ms. The sim adds it to every wait on a reader's load"))
+            f"median over {c.handoff_reps} no-op read requests through the engine's reader "
+            "threads (engine.readers.ReaderPool, 2 readers, help_main off), from the reader's "
+            "start to the main thread's return from wait (event set, main-thread wake-up); "
+            f"10th percentile {c.handoff_p10_ms:.4f} ms. The sim adds it to every wait on a "
+            "reader's load"))
+    if c.reader_wake_ms == c.reader_wake_ms:  # not nan
+        out["reader_wake_ms"] = (round(max(c.reader_wake_ms, 0.0), 4), (
+            f"the same {c.handoff_reps} requests, from the submit to the idle reader's start "
+            f"(queue put, its wake-up and claim); 10th percentile {c.reader_wake_p10_ms:.4f} "
+            "ms. The sim starts a load handed to an idle reader this late (sim.readers)"))
     if c.refused_warm_ms == c.refused_warm_ms:  # not nan
         out["refused_warm_ms"] = (round(max(c.refused_warm_ms, 0.0), 4), (
             f"engine store, read_bundle_if_warm on a cold bundle of {c.model} (10th "

@@ -217,7 +217,8 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
         sets.append(f"fill_ms_per_layer={fill}")
     fitted_keys = [("compute_factor", "compute_factor"),
                    ("load_overhead_ms.in_decode", "load_overhead_ms"),
-                   ("handoff_ms.in_decode", "handoff_ms")]
+                   ("handoff_ms.in_decode", "handoff_ms"),
+                   ("reader_wake_ms.in_decode", "reader_wake_ms")]
     if cfg.prerouter:
         fitted_keys.append(("head_build_ms.in_decode", "head_build_ms"))
     if not o_direct:
@@ -382,6 +383,8 @@ def compare(trace: Trace, scenario: str | None = None, sets: list[str] | None = 
         trace)
     extra["reader_waits_per_step"] = reader_waits_per_step(result.trace)
     extra["measured_reader_waits_per_step"] = reader_waits_per_step(trace)
+    extra["reader_start_ms"] = reader_start_ms(result.trace)
+    extra["measured_reader_start_ms"] = reader_start_ms(trace)
     return Comparison(str(trace.path), sc, derived, measured, result.metrics, notes, extra)
 
 
@@ -396,6 +399,27 @@ def reader_waits_per_step(trace: Trace) -> float:
     waits = trace.loads.filter(pl.col("step").is_in(decode.implode()) & pl.col("waited")
                                & (pl.col("thread") != "main"))
     return waits.height / decode.len()
+
+
+def reader_start_ms(trace: Trace) -> float | None:
+    """Median ms from a decode load's issue to its start on a reader thread that was idle when
+    it was issued (its previous load had finished): the wake-up sim.readers models, plus what
+    the main thread did between creating the ticket and queueing it. None without such loads."""
+    import numpy as np
+    import polars as pl
+
+    decode = trace.steps.filter(pl.col("phase") == "decode")["step"]
+    loads = trace.loads.filter(pl.col("step").is_in(decode.implode())
+                               & (pl.col("thread") != "main"))
+    delays = []
+    for _, rows in loads.sort("started_ns").group_by("thread"):
+        issued = rows["issued_ns"].to_numpy()
+        started = rows["started_ns"].to_numpy()
+        before = np.r_[np.iinfo(np.int64).min, rows["finished_ns"].to_numpy()[:-1]]
+        idle = before < issued
+        delays.append((started - issued)[idle])
+    joined = np.concatenate(delays) if delays else np.array([])
+    return float(np.median(joined)) / 1e6 if joined.size else None
 
 
 def _measured_split(trace: Trace) -> tuple[float | None, float | None]:

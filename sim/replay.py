@@ -114,7 +114,8 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
     fetcher = Fetcher(env, hw, device, pc, cores, m.experts, m.bundle_bytes,
                       m.device_bundle_bytes, sc.budget_evict_ms, Gil(env, sc.gil),
                       m.bundle_reads)
-    readers = (ReaderThreads(env, reader_threads, fetcher, hw.handoff_ms / 1e3)
+    readers = (ReaderThreads(env, reader_threads, fetcher, hw.handoff_ms / 1e3,
+                             hw.reader_wake_ms / 1e3)
                if reader_threads > 0 else None)
     lru = BundleLRU(sc.lru_bytes, m.bundle_bytes)
     swap = Swap(mem.swapped, slots, hw.cold_overhead_ms / 1e3,

@@ -128,6 +128,10 @@ def test_unmeasured_handoff_is_left_out_of_the_profile():
     values = hardware_values(storage(), compute(handoff_ms=float("nan")), MACHINE,
                              active_params=2e6)
     assert "handoff_ms" not in values
+    assert "reader_wake_ms" not in values  # compute() measured no wake-up either
+    values = hardware_values(storage(), compute(reader_wake_ms=0.03, reader_wake_p10_ms=0.02),
+                             MACHINE, active_params=2e6)
+    assert values["reader_wake_ms"][0] == pytest.approx(0.03)
 
 
 def test_a_profile_without_the_new_keys_still_loads(tmp_path):
@@ -206,6 +210,8 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     assert c.warm_bundle_ms > 0 and c.cold_bundle_ms > 0 and c.cold_bundles > 0
     assert c.handoff_reps == 200 and 0 < c.handoff_p10_ms <= c.handoff_ms
     assert cal.hardware["handoff_ms"][0] == pytest.approx(c.handoff_ms, abs=1e-4)
+    assert 0 < c.reader_wake_p10_ms <= c.reader_wake_ms  # the round trip's first part
+    assert cal.hardware["reader_wake_ms"][0] == pytest.approx(c.reader_wake_ms, abs=1e-4)
     # small concurrent reads: a speedup curve where O_DIRECT works (tmpfs refuses it)
     assert ("queue_speedup" in cal.hardware) == (1 in st.small_iops)
     if st.small_iops:

@@ -23,11 +23,11 @@ def _decode(result) -> pl.DataFrame:
     return result.trace.steps.filter(pl.col("phase") == "decode")
 
 
-def _hot_miss_every_layer(h: float, layers: int, steps: int = 30):
+def _hot_miss_every_layer(h: float, layers: int, steps: int = 30, wake: float = 0.0):
     """hot, one reader, a one-bundle LRU, O_DIRECT: every layer of every step waits on exactly
     one demand load that the (idle) reader does."""
     m = model(layers=layers, experts=16, k=1, build_ms_per_layer=0.5)
-    hw = hardware(handoff_ms=h, **IO)
+    hw = hardware(handoff_ms=h, reader_wake_ms=wake, **IO)
     sc = scenario(hw=hw, m=m, path="hot", lru_bytes=MB, readers=1, o_direct=True,
                   help_reads=False,
                   decode_steps=steps)
@@ -52,6 +52,54 @@ def test_blocked_time_grows_by_waited_loads_times_handoff(layers, h):
     assert loads["wait_ns"].to_list() == [round((LOAD_MS + h) * 1e6)] * (30 * n)
     assert slow.metrics["blocked_ms_per_step"] == pytest.approx(
         base.metrics["blocked_ms_per_step"] + n * h, abs=1e-5)
+
+
+@pytest.mark.parametrize(("layers", "w"), [(1, 0.3), (4, 0.07)])
+def test_an_idle_reader_starts_a_handed_load_its_wake_up_late(layers, w):
+    """reader_wake_ms: each demand load goes to the idle reader, which starts it w after the
+    hand-over, so every wait (and the step) grows by exactly w per layer; help_reads off, the
+    main thread waits rather than reading it itself."""
+    h = 0.1
+    base, slow = _hot_miss_every_layer(h, layers), _hot_miss_every_layer(h, layers, wake=w)
+    assert _decode(slow)["blocked_ns"].to_list() == \
+        [round(layers * (LOAD_MS + h + w) * 1e6)] * 30
+    loads = slow.trace.loads
+    assert ((loads["started_ns"] - loads["issued_ns"]) == round(w * 1e6)).all()
+    assert slow.metrics["decode_tok_s"] < base.metrics["decode_tok_s"]
+    assert (base.trace.loads["started_ns"] == base.trace.loads["issued_ns"]).all()
+
+
+def test_a_reader_with_work_queued_starts_the_next_load_at_once():
+    """K=2 on one reader: of a layer's two demand loads the first wakes the idle reader (w
+    late), the second waits in the queue and starts the moment the first finishes: no wake."""
+    w, steps = 0.4, 12
+    m = model(layers=2, experts=16, k=2, build_ms_per_layer=0.5)
+    sc = scenario(hw=hardware(reader_wake_ms=w, **IO), m=m, path="hot", lru_bytes=2 * MB,
+                  readers=1, o_direct=True, decode_steps=steps, help_reads=False)
+    router = np.array([[[(2 * (s * 2 + layer)) % 16, (2 * (s * 2 + layer) + 1) % 16]
+                        for layer in range(2)] for s in range(steps)], dtype=np.int16)
+    loads = run_scenario(sc, routing=routing_input(router)).trace.loads.sort("started_ns")
+    first, second = loads[::2], loads[1::2]
+    assert ((first["started_ns"] - first["issued_ns"]) == round(w * 1e6)).all()
+    assert (second["started_ns"] == first["finished_ns"]).all()
+
+
+def test_a_load_needed_while_its_reader_wakes_is_read_by_the_main_thread():
+    """help_reads: the token lead's prefetches go to an idle reader at the step boundary; with a
+    wake-up longer than the run (1 s), the main thread reaches every unclaimed load first and
+    reads it itself (the engine's claim); with no wake-up the reader has each of them."""
+    m = model(layers=3, experts=32, k=1, build_ms_per_layer=0.05, consumer_first=1,
+              consumer_last=2, heads=2, head_bytes=0)
+    router = uniform_routing(20, 3, 32, 1, seed=8)
+    threads = {}
+    for wake in (0.0, 1000.0):
+        sc = scenario(hw=hardware(reader_wake_ms=wake, **dict(IO, queue_depth=2)), m=m,
+                      path="staged", lead="token", readers=1, o_direct=True, decode_steps=20,
+                      help_reads=True)
+        loads = run_scenario(sc, routing=routing_input(router)).trace.loads
+        threads[wake] = loads.filter(pl.col("source") == "prefetch")["thread"].to_list()
+    assert threads[0.0] and set(threads[0.0]) == {"reader0"}
+    assert len(threads[1000.0]) == len(threads[0.0]) and set(threads[1000.0]) == {"main"}
 
 
 def test_loads_finishing_together_wake_the_main_thread_once():

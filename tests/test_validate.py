@@ -299,6 +299,58 @@ def test_reader_handoff_fit_by_hand(tmp_path):
     assert current_note(sc, "handoff_ms.in_decode") == pytest.approx(isolated + 0.5, abs=1e-4)
 
 
+def test_reader_wake_fit_by_hand(tmp_path):
+    """reader_wake_ms.in_decode = isolated + median(measured - simulated delay of an idle
+    reader's start) over the calibration configurations that have such loads (0.2 and 0.1 ->
+    +0.15); held-out ones and ones without reader loads change nothing."""
+    from validation.calibration import current_note, fit_reader_wake
+
+    sc = tmp_path / "s.toml"
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n')
+    isolated = 0.03
+    hot = {"config": {"name": "hot-pc50-unthrottled", "role": "calibration"},
+           "measured": {"reader_start_ms": 0.25}, "simulated": {"reader_start_ms": 0.05}}
+    token = {"config": {"name": "staged-token-pcall-unthrottled", "role": "calibration"},
+             "measured": {"reader_start_ms": 0.10}, "simulated": {"reader_start_ms": 0.0}}
+    held = {**hot, "config": {**hot["config"], "role": "held-out"},
+            "measured": {"reader_start_ms": 5.0}}
+    main_only = {"config": {"name": "on-demand-pc50-unthrottled", "role": "calibration"},
+                 "measured": {"reader_start_ms": None}, "simulated": {"reader_start_ms": None}}
+    got = fit_reader_wake([hot, token, held, main_only], sc, isolated)
+    assert got == {"reader_wake_ms.in_decode": {"before": isolated,
+                                                "after": pytest.approx(isolated + 0.15)}}
+    assert current_note(sc, "reader_wake_ms.in_decode") == pytest.approx(isolated + 0.15,
+                                                                         abs=1e-4)
+    assert fit_reader_wake([held, main_only], sc, isolated) == {}
+
+
+def test_reader_start_delay_counts_only_loads_handed_to_an_idle_reader():
+    """sim.compare.reader_start_ms by hand: a reader's load issued while its previous one was
+    still reading waited in the queue, not for a wake-up; the main thread's loads are not
+    readers' and prefill's are not decode's."""
+    from types import SimpleNamespace
+
+    import polars as pl
+
+    from sim.compare import reader_start_ms
+
+    steps = pl.DataFrame({"step": [0, 1], "phase": ["prefill", "decode"]})
+    rows = [  # (step, thread, issued, started, finished) in ns
+        (1, "reader-0", 1_000, 1_300, 2_000),  # idle: 300
+        (1, "reader-0", 1_500, 2_050, 3_000),  # queued behind the one before: not a wake
+        (1, "reader-0", 4_000, 4_100, 5_000),  # idle: 100
+        (1, "reader-1", 1_000, 1_600, 1_900),  # idle: 600
+        (1, "main", 1_000, 9_000, 9_500),
+        (0, "reader-1", 0, 50_000, 60_000),  # prefill
+    ]
+    loads = pl.DataFrame(rows, schema=["step", "thread", "issued_ns", "started_ns",
+                                       "finished_ns"], orient="row")
+    trace = SimpleNamespace(steps=steps, loads=loads)
+    assert reader_start_ms(trace) == pytest.approx(300 / 1e6)  # median of 300, 100, 600
+    assert reader_start_ms(SimpleNamespace(steps=steps, loads=loads.filter(
+        pl.col("thread") == "main"))) is None
+
+
 def test_head_build_fit_by_hand(tmp_path):
     """head_build_ms.in_decode = old + (measured - simulated build) / heads, from the warm
     configuration with heads only; sim compare then sets it on traces taken with heads."""

@@ -40,6 +40,15 @@ decode they are larger, which is what the held-out configurations then test.
                               page drops inside the read (sim.loads, modelled, not fitted here):
                               before they were, this figure absorbed them (0.94 ms in a fresh
                               run before, 0.11 in one after, against 0.09 isolated)
+  reader_wake_ms.in_decode    machine-wide, how late an idle reader thread starts a load handed
+                              to it, inside decode (its wake-up waits for a core beside the main
+                              and compute threads, and for the GIL), from every calibration
+                              configuration whose reader threads read: old + median(measured -
+                              simulated median delay from a load's issue to its start on a
+                              reader that was idle, sim.compare.reader_start_ms). Measured in
+                              isolation by calibrate's no-op requests (~0.03 ms); in decode the
+                              traces show 0.1-0.3 ms, and without it the simulated readers
+                              claimed at once what the engine's main thread reads itself
 validation.run repeats the fit (FIT_ROUNDS): with shared cores the simulated times are not
 linear in these figures. Device figures (latency, bandwidth, queue depth, throttle) are never
 fitted here; the held-out configurations (other page caches, paths, throttles, K) predict them.
@@ -191,6 +200,7 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
         f"{hw.load_overhead_ms:.4f} ms)"))
     out.update(fit_cold(results, scenario, hw.cold_overhead_ms))
     out.update(fit_handoff(results, scenario, hw.handoff_ms))
+    out.update(fit_reader_wake(results, scenario, hw.reader_wake_ms))
     return out
 
 
@@ -218,6 +228,23 @@ def fit_handoff(results: list[dict[str, Any]], scenario: Path,
         "fitted by ssdmoe validate: the hand-off of a reader's load the main thread waits for, "
         "inside decode, from blocked ms over such waits per step of {n} calibration "
         f"configuration(s) (isolated calibrate loop: {isolated:.4f} ms)")
+
+
+def fit_reader_wake(results: list[dict[str, Any]], scenario: Path,
+                    isolated: float) -> dict[str, dict[str, float]]:
+    """reader_wake_ms.in_decode from the calibration configurations whose reader threads read
+    (measured and simulated both have loads started by an idle reader)."""
+    deltas = [r["measured"]["reader_start_ms"] - r["simulated"]["reader_start_ms"]
+              for r in results if r["config"].get("role", "calibration") == "calibration"
+              and r["measured"].get("reader_start_ms") is not None
+              and r["simulated"].get("reader_start_ms") is not None]
+    return _shift(
+        scenario, "reader_wake_ms.in_decode",
+        current_note(scenario, "reader_wake_ms.in_decode") or isolated, deltas,
+        "fitted by ssdmoe validate: how late an idle reader thread starts a load handed to it "
+        "inside decode, from the delay between a load's issue and its start on such a reader "
+        "in {n} calibration configuration(s) (isolated calibrate loop: "
+        f"{isolated:.4f} ms)")
 
 
 def fit_cold(results: list[dict[str, Any]], scenario: Path,

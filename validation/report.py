@@ -211,8 +211,8 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None, out: Path) -> 
     if doc.get("fitted"):
         lines += [f"What the calibration configurations fitted (`validation/calibration.py`, "
                   f"written to `{doc.get('scenario')}`): each path's main-thread cost per layer, "
-                  "the accelerator's time, a warm and a cold load's cost and a reader's "
-                  "hand-off, measured inside decode "
+                  "the accelerator's time, a warm and a cold load's cost, a reader's wake-up "
+                  "and its hand-off, measured inside decode "
                   "instead of in the isolated loops of `ssdmoe calibrate`:", "",
                   "| parameter | isolated loop | inside decode (fitted) |", "|---|---|---|"]
         for key, v in doc["fitted"].items():

@@ -134,6 +134,8 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
     simulated = dict(comp.simulated)
     simulated["reader_waits_per_step"] = comp.extra["reader_waits_per_step"]
     measured["reader_waits_per_step"] = comp.extra["measured_reader_waits_per_step"]
+    simulated["reader_start_ms"] = comp.extra["reader_start_ms"]
+    measured["reader_start_ms"] = comp.extra["measured_reader_start_ms"]
     measured["build_ms_per_step"] = comp.extra["measured_build_ms_per_step"]
     measured["eval_ms_per_step"] = comp.extra["measured_eval_ms_per_step"]
     simulated["build_ms_per_step"] = comp.extra["build_ms_per_step"]
