@@ -1,6 +1,8 @@
 """Measured vs simulated expert loads of validation configurations, by thread and cold/warm:
 loads per decode step, median and mean duration, time queued before a thread started the load,
-and the main thread's mean wait. Prints a table per configuration; writes loads_by_thread.json.
+and the main thread's mean wait; and the median delay from a load's issue to its start on a
+reader thread that was idle (its wake-up, sim.readers). Prints a table per configuration;
+writes loads_by_thread.json.
 
     uv run python reports/validation/loads_by_thread.py hot-pc25-unthrottled staged-pc25-unthrottled
 """
@@ -16,6 +18,7 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from contract.errors import BadInput  # noqa: E402
+from sim.compare import reader_start_ms  # noqa: E402
 from traces.reader import read_trace  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -46,14 +49,18 @@ def main(names: list[str]) -> None:
             path = HERE / kind / name
             try:
                 out[name][kind] = by_thread(path)
+                wake = reader_start_ms(read_trace(path))
             except (BadInput, OSError) as err:
                 sys.exit(str(err) if str(path) in str(err) else f"{path}: {err}")
+            out[name][f"{kind}_idle_reader_start_ms"] = wake
             print(f"{name} ({'measured' if kind == 'traces' else 'simulated'})")
             print("  thread  cold  loads/step  ms p50  ms mean  queued ms  wait ms")
             for r in out[name][kind]:
                 print(f"  {r['thread']:<7} {str(r['cold']):<5} {r['per_step']:10.2f} "
                       f"{r['ms_p50']:7.3f} {r['ms_mean']:8.3f} {r['queued_ms']:10.3f} "
                       f"{r['wait_ms']:8.3f}")
+            if wake is not None:
+                print(f"  an idle reader's start after the load's issue: {wake:.3f} ms (median)")
     (HERE / "loads_by_thread.json").write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {HERE / 'loads_by_thread.json'}")
 
