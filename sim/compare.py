@@ -388,17 +388,20 @@ def compare(trace: Trace, scenario: str | None = None, sets: list[str] | None = 
     return Comparison(str(trace.path), sc, derived, measured, result.metrics, notes, extra)
 
 
-def reader_waits_per_step(trace: Trace) -> float:
-    """Loads per decode step that the main thread waited for while a reader thread read them
-    (each pays the thread hand-off: sim.readers)."""
+def _reader_decode_loads(trace: Trace):
+    """(decode steps, the loads of those steps that a reader thread did)."""
     import polars as pl
 
     decode = trace.steps.filter(pl.col("phase") == "decode")["step"]
-    if decode.len() == 0:
-        return 0.0
-    waits = trace.loads.filter(pl.col("step").is_in(decode.implode()) & pl.col("waited")
-                               & (pl.col("thread") != "main"))
-    return waits.height / decode.len()
+    return decode.len(), trace.loads.filter(pl.col("step").is_in(decode.implode())
+                                            & (pl.col("thread") != "main"))
+
+
+def reader_waits_per_step(trace: Trace) -> float:
+    """Loads per decode step that the main thread waited for while a reader thread read them
+    (each pays the thread hand-off: sim.readers)."""
+    steps, loads = _reader_decode_loads(trace)
+    return loads.filter(loads["waited"]).height / steps if steps else 0.0
 
 
 def reader_start_ms(trace: Trace) -> float | None:
@@ -406,11 +409,8 @@ def reader_start_ms(trace: Trace) -> float | None:
     it was issued (its previous load had finished): the wake-up sim.readers models, plus what
     the main thread did between creating the ticket and queueing it. None without such loads."""
     import numpy as np
-    import polars as pl
 
-    decode = trace.steps.filter(pl.col("phase") == "decode")["step"]
-    loads = trace.loads.filter(pl.col("step").is_in(decode.implode())
-                               & (pl.col("thread") != "main"))
+    _, loads = _reader_decode_loads(trace)
     delays = []
     for _, rows in loads.sort("started_ns").group_by("thread"):
         issued = rows["issued_ns"].to_numpy()

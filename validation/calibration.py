@@ -30,8 +30,9 @@ decode they are larger, which is what the held-out configurations then test.
                               path with heads (lead token), every expert in the page cache:
                               old + (measured - simulated build/step) / heads
   handoff_ms.in_decode        machine-wide, the thread hand-off of a load a reader thread reads
-                              and the main thread waits for, inside decode (a reader's wake-up
-                              competes with the main and compute threads for the cores), from
+                              and the main thread waits for, inside decode (the main thread's
+                              wake-up competes with the compute thread and the readers for the
+                              cores; the reader's own wake-up is reader_wake_ms), from
                               the one calibration configuration whose readers read cold (hot,
                               1/2 page cache): old + (measured - simulated blocked) / the
                               measured waits on readers' loads per step (not the simulated
@@ -46,8 +47,8 @@ decode they are larger, which is what the held-out configurations then test.
                               configuration whose reader threads read: old + median(measured -
                               simulated median delay from a load's issue to its start on a
                               reader that was idle, sim.compare.reader_start_ms). Measured in
-                              isolation by calibrate's no-op requests (~0.03 ms); in decode the
-                              traces show 0.1-0.3 ms, and without it the simulated readers
+                              isolation by calibrate's no-op requests (0.02-0.05 ms); in decode
+                              the traces show 0.1-0.35 ms, and without it the simulated readers
                               claimed at once what the engine's main thread reads itself
 validation.run repeats the fit (FIT_ROUNDS): with shared cores the simulated times are not
 linear in these figures. Device figures (latency, bandwidth, queue depth, throttle) are never

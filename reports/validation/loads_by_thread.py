@@ -19,13 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from contract.errors import BadInput  # noqa: E402
 from sim.compare import reader_start_ms  # noqa: E402
-from traces.reader import read_trace  # noqa: E402
+from traces.reader import Trace, read_trace  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
 
-def by_thread(path: Path) -> list[dict]:
-    t = read_trace(path)
+def by_thread(t: Trace) -> list[dict]:
     decode = t.steps.filter(pl.col("phase") == "decode")["step"]
     loads = t.loads.filter(pl.col("step").is_in(decode.implode()) & (pl.col("expert") >= 0))
     loads = loads.with_columns(
@@ -48,8 +47,9 @@ def main(names: list[str]) -> None:
         for kind in ("traces", "simulated"):
             path = HERE / kind / name
             try:
-                out[name][kind] = by_thread(path)
-                wake = reader_start_ms(read_trace(path))
+                trace = read_trace(path)
+                out[name][kind] = by_thread(trace)
+                wake = reader_start_ms(trace)
             except (BadInput, OSError) as err:
                 sys.exit(str(err) if str(path) in str(err) else f"{path}: {err}")
             out[name][f"{kind}_idle_reader_start_ms"] = wake
