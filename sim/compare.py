@@ -379,13 +379,21 @@ def compare(trace: Trace, scenario: str | None = None, sets: list[str] | None = 
     extra = {k: figures[k] for k in ("build_ms_per_step", "eval_ms_per_step",
                                      "page_cache_capacity_bytes", "page_cache_hit_rate",
                                      "lru_hit_rate", "sim_wall_s", "decode_steps")}
-    extra["measured_build_ms_per_step"], extra["measured_eval_ms_per_step"] = _measured_split(
-        trace)
+    extra.update({f"measured_{k}": v for k, v in measured_split(trace).items()})
     extra["reader_waits_per_step"] = reader_waits_per_step(result.trace)
-    extra["measured_reader_waits_per_step"] = reader_waits_per_step(trace)
     extra["reader_start_ms"] = reader_start_ms(result.trace)
-    extra["measured_reader_start_ms"] = reader_start_ms(trace)
+    extra["build_per_cold_read_ms"] = build_per_cold_read_ms(result.trace)
     return Comparison(str(trace.path), sc, derived, measured, result.metrics, notes, extra)
+
+
+def measured_split(trace: Trace) -> dict[str, float | None]:
+    """What a trace measured beyond its summary, per decode step: graph building and
+    evaluation, the waits on reader threads' loads and an idle reader's start delay."""
+    build, evaluate = _measured_split(trace)
+    return {"build_ms_per_step": build, "eval_ms_per_step": evaluate,
+            "reader_waits_per_step": reader_waits_per_step(trace),
+            "reader_start_ms": reader_start_ms(trace),
+            "build_per_cold_read_ms": build_per_cold_read_ms(trace)}
 
 
 def _reader_decode_loads(trace: Trace):
@@ -420,6 +428,26 @@ def reader_start_ms(trace: Trace) -> float | None:
         delays.append((started - issued)[idle])
     joined = np.concatenate(delays) if delays else np.array([])
     return float(np.median(joined)) / 1e6 if joined.size else None
+
+
+def build_per_cold_read_ms(trace: Trace) -> float | None:
+    """The main thread's extra graph-building time per cold read (ms): the least-squares slope
+    of a decode step's build time over its cold loads. Under the engine's page-cache budget a
+    cold read drops the pages it pushed out after the read (engine.page_cache_budget,
+    sim.loads._drop_evicted), which is building time, not time blocked on the read. A slope
+    within one capture is what a cold read adds at that capture's speed: a build-time
+    difference between two configurations, captured minutes apart on a shared machine, is
+    not. None when the steps' cold loads do not vary."""
+    import numpy as np
+    import polars as pl
+
+    d = trace.steps.filter((pl.col("phase") == "decode") & pl.col("cold_loads").is_not_null()
+                           & pl.col("build_ns").is_not_null())
+    cold = d["cold_loads"].to_numpy().astype(np.float64)
+    if d.height < 2 or np.ptp(cold) == 0:
+        return None
+    build = d["build_ns"].to_numpy().astype(np.float64) / 1e6
+    return float(np.polyfit(cold, build, 1)[0])
 
 
 def _measured_split(trace: Trace) -> tuple[float | None, float | None]:

@@ -91,6 +91,33 @@ def test_the_budget_drops_pages_on_the_main_thread_after_each_cold_read():
     assert extra == [round(0.3e6)] * 10
 
 
+@pytest.mark.parametrize("evict", [0.0, 0.3])
+def test_the_drops_are_the_slope_of_build_over_cold_reads(evict):
+    """What validate fits the drops from (sim.compare.build_per_cold_read_ms) reads the
+    modelled drop back from the simulated trace: per step experts 0 and 15 (warm) and 0, 1
+    or 2 of experts 1-6 in turn (a page cache of 4 bundles: each of those is cold and evicts
+    one), so the steps' cold reads vary and each adds `evict` ms of building."""
+    from types import SimpleNamespace
+
+    from sim.compare import build_per_cold_read_ms
+
+    m = model(layers=1, experts=16, k=4, build_ms_per_layer=0.5)
+    cycle = [[1, 2], [3], [], [4, 5], [6], []]
+    rows = [[[0, 15] + cycle[s % 6] + [15] * (2 - len(cycle[s % 6]))] for s in range(30)]
+    router = np.array(rows, dtype=np.int16)
+    io = dict(IO, ram_gib=64.0, os_reserve_gib=64.0 - 5 / 1024)  # the LRU + 4 bundles
+    sc = scenario(hw=hardware(**io), m=m, path="hot", lru_bytes=MB, decode_steps=30,
+                  budget_evict_ms=evict)
+    assert budget(sc).page_cache == 4 * MB
+    res = run_scenario(sc, routing=routing_input(router))
+    # the last 12 steps: by then the page cache is full and every cold read evicts one (the
+    # first ones fill it and evict nothing)
+    decode = res.trace.steps.filter(pl.col("phase") == "decode").tail(12)
+    assert sorted(set(decode["cold_loads"].to_list())) == [0, 1, 2]
+    assert build_per_cold_read_ms(SimpleNamespace(steps=decode)) == pytest.approx(evict,
+                                                                                   abs=1e-9)
+
+
 @pytest.mark.parametrize("help_reads", [False, True])
 def test_a_wait_on_a_pooled_read_lasts_through_the_budgets_page_drops(help_reads):
     """With a reader pool the engine sets a load's event only once read_bundle returns, and the

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 from contract.errors import BadInput
 from validation.matrix import Config, default_matrix, load_matrix
 from validation.report import error_summary, responsible
-from validation.run import ape
+from validation.run import ape, median_figures, median_round
 
 
 @pytest.fixture(scope="module")
@@ -351,6 +352,62 @@ def test_reader_start_delay_counts_only_loads_handed_to_an_idle_reader():
         pl.col("thread") == "main"))) is None
 
 
+def test_build_per_cold_read_is_the_slope_over_the_decode_steps_by_hand():
+    """sim.compare.build_per_cold_read_ms by hand: the least-squares slope of build time over
+    cold loads per decode step. Steps (cold, build ms): (0, 2.0), (2, 2.1), (4, 2.3), (6, 2.6)
+    -> slope = sum((x - 3)(y - 2.25)) / sum((x - 3)^2) = 2.0 / 20 = 0.1 ms per cold read (the
+    intercept, 1.95 ms in this capture, is not in it); prefill's steps are not decode's."""
+    from types import SimpleNamespace
+
+    import polars as pl
+
+    from sim.compare import build_per_cold_read_ms
+
+    steps = pl.DataFrame({"phase": ["prefill", "decode", "decode", "decode", "decode"],
+                          "cold_loads": [40, 0, 2, 4, 6],
+                          "build_ns": [90_000_000, 2_000_000, 2_100_000, 2_300_000, 2_600_000]})
+    assert build_per_cold_read_ms(SimpleNamespace(steps=steps)) == pytest.approx(0.1)
+    # another capture, 1 ms slower on every step: the same slope
+    slower = steps.with_columns(pl.col("build_ns") + 1_000_000)
+    assert build_per_cold_read_ms(SimpleNamespace(steps=slower)) == pytest.approx(0.1)
+    # every step as cold as the others: no slope to read
+    flat = steps.with_columns(pl.lit(3).alias("cold_loads"))
+    assert build_per_cold_read_ms(SimpleNamespace(steps=flat)) is None
+
+
+def test_cold_fit_by_hand(tmp_path):
+    """From the configuration that reads cold on the main thread only (on-demand under a
+    page-cache budget, unthrottled): cold_overhead_ms.in_decode = old + (measured - simulated
+    blocked) / cold loads per step = 0.1 + (9 - 7) / (24 x 0.5) = 0.2667; the budget's main-
+    thread work per cold read = old + measured - simulated slope of build over cold loads =
+    0.3 + 0.1 - 0.35 = 0.05 (not from the build time per step, which a slow spell moves: here
+    it is 3 ms long and changes nothing). A throttled one and a reader path's are not in it."""
+    from validation.calibration import current_note, fit_cold
+
+    cold = {"config": {"name": "on-demand-pc50-unthrottled", "path": "on-demand",
+                       "page_cache": "1/2", "storage": "unthrottled"},
+            "measured": {"blocked_ms_per_step": 9.0, "loads_per_step": 24.0,
+                         "cold_fraction": 0.5, "build_ms_per_step": 8.0,
+                         "build_per_cold_read_ms": 0.1},
+            "simulated": {"blocked_ms_per_step": 7.0, "build_ms_per_step": 5.0,
+                          "build_per_cold_read_ms": 0.35}}
+    throttled = {**cold, "config": {**cold["config"], "storage": "15mbps"},
+                 "measured": {**cold["measured"], "build_per_cold_read_ms": 9.0,
+                              "blocked_ms_per_step": 90.0}}
+    hot = {**throttled, "config": {**cold["config"], "path": "hot"}}
+    sc = tmp_path / "s.toml"
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n\n[notes]\n'
+                  '"budget_evict_ms.in_decode" = "0.3000"  # old\n')
+    got = fit_cold([cold, throttled, hot], sc, 0.1)
+    assert got == {"cold_overhead_ms.in_decode": {"before": 0.1,
+                                                  "after": pytest.approx(0.1 + 2 / 12)},
+                   "budget_evict_ms.in_decode": {"before": 0.3, "after": pytest.approx(0.05)}}
+    assert current_note(sc, "budget_evict_ms.in_decode") == pytest.approx(0.05)
+    # no slope measured (the cold loads did not vary): the drops are not fitted
+    del cold["measured"]["build_per_cold_read_ms"]
+    assert "budget_evict_ms.in_decode" not in fit_cold([cold], sc, 0.1)
+
+
 def test_head_build_fit_by_hand(tmp_path):
     """head_build_ms.in_decode = old + (measured - simulated build) / heads, from the warm
     configuration with heads only; sim compare then sets it on traces taken with heads."""
@@ -369,6 +426,26 @@ def test_head_build_fit_by_hand(tmp_path):
     assert got == {"head_build_ms.in_decode": {"before": 0.1, "after": pytest.approx(0.5)}}
     assert current_note(sc, "head_build_ms.in_decode") == pytest.approx(0.5)
     assert fit_heads([cold, no_heads], sc) == {}
+
+
+def test_rounds_give_each_figure_its_own_median_by_hand():
+    # round 1 is the median by decode tok/s, but a slow spell stretched its build: the
+    # measured build is the middle of 4, 9, 5 (5), not round 1's 9
+    figures = {0: {"decode_tok_s": 50.0, "build_ms_per_step": 4.0, "blocked_ms_per_step": 2.0,
+                   "reader_start_ms": None},
+               1: {"decode_tok_s": 40.0, "build_ms_per_step": 9.0, "blocked_ms_per_step": 1.0,
+                   "reader_start_ms": 0.2},
+               2: {"decode_tok_s": 30.0, "build_ms_per_step": 5.0, "blocked_ms_per_step": 3.0,
+                   "reader_start_ms": 0.4}}
+    assert median_round(figures) == 1
+    m = median_figures(figures)
+    assert m == {"decode_tok_s": 40.0, "build_ms_per_step": 5.0, "blocked_ms_per_step": 2.0,
+                 "reader_start_ms": pytest.approx(0.3)}  # the rounds that have it
+    # an even count: the lower middle round is replayed, each figure the mean of the middle two
+    del figures[2]
+    assert median_round(figures) == 1
+    assert median_figures(figures)["build_ms_per_step"] == pytest.approx(6.5)
+    assert median_figures({0: {"reader_start_ms": None}}) == {"reader_start_ms": None}
 
 
 def test_throttle_axis_values():
@@ -453,6 +530,11 @@ def test_rounds_capture_each_configuration_again_and_compare_the_median(
         # the compared round is the median one, and its speed is what was compared
         assert speeds[x["compared_round"]] == sorted(speeds)[1]
         assert x["measured"]["decode_tok_s"] == pytest.approx(speeds[x["compared_round"]])
+        # every other measured figure is its own median over the rounds
+        for k, values in x["rounds_measured"].items():
+            assert len(values) == 3
+            if all(v is not None for v in values):
+                assert x["measured"][k] == pytest.approx(sorted(values)[1]), k
     assert "captured 3 times" in (out / "README.md").read_text()
     # --recompare: the same traces predicted again, nothing captured
     before = {x["config"]["name"]: x["measured"]["decode_tok_s"] for x in doc["results"]}
@@ -467,6 +549,26 @@ def test_rounds_capture_each_configuration_again_and_compare_the_median(
     assert doc2["command"] == doc["command"] and "--recompare" not in doc2["command"]
     assert "--recompare" in doc2["resimulated"]["command"]
     assert "Re-simulated by `ssdmoe validate" in (out / "README.md").read_text()
+    # a slow spell stretches the replayed round's graph building 100-fold: its decode tok/s,
+    # from the steps' start and end, stays the median, but its build is now the largest, and
+    # the measured build is the median of the rounds, not the replayed round's
+    import polars as pl
+
+    x = doc2["results"][0]
+    replayed = out / "traces" / Path(x["trace"]).name
+    for part in (replayed / "steps").glob("*.parquet"):
+        pl.read_parquet(part).with_columns(pl.col("build_ns") * 100).write_parquet(part)
+    slow = ssdmoe_subprocess("validate", str(validate_model), "--matrix", str(f), "--out",
+                             str(out), "--no-calibrate", "--prompts", "1", "--max-tokens", "6",
+                             "--rounds", "3", "--recompare")
+    assert slow.returncode == 0, slow.stderr
+    y = {r["config"]["name"]: r for r in json.loads((out / "validation.json").read_text())[
+        "results"]}[x["config"]["name"]]
+    builds = y["rounds_measured"]["build_ms_per_step"]
+    assert y["compared_round"] == x["compared_round"]
+    assert builds[y["compared_round"]] == max(builds)
+    assert y["measured"]["build_ms_per_step"] == pytest.approx(sorted(builds)[1])
+    assert y["measured"]["build_ms_per_step"] < builds[y["compared_round"]] / 10
     # traces captured on another conversion (its manifest hashes differently): said, kept
     stamp = out / "run-settings.json"
     settings = json.loads(stamp.read_text())

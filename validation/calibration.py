@@ -24,8 +24,15 @@ decode they are larger, which is what the held-out configurations then test.
   cold_overhead_ms.in_decode  machine-wide, a cold read's fault work inside decode, from the
                               one calibration configuration that reads cold (on-demand, 1/2
                               page cache): old + (measured - simulated blocked) / cold loads
-  budget_evict_ms.in_decode   the same configuration's build time: the page drops the engine's
-                              emulated budget does after each cold read (engine.store._account)
+  budget_evict_ms.in_decode   the main-thread work per cold read under the engine's emulated
+                              budget (its page drops after the read, engine.page_cache_budget,
+                              and what else a cold read leaves the main thread), from the same
+                              configuration: old + measured - simulated slope of a decode
+                              step's build time over its cold loads
+                              (sim.compare.build_per_cold_read_ms). A slope within one capture:
+                              the build time's difference from the warm configuration's,
+                              captured minutes apart, swung 0.01-0.22 ms over eight fresh runs
+                              (the slope: 0.04-0.08)
   head_build_ms.in_decode     the prerouter heads' graph building per head, from the staged
                               path with heads (lead token), every expert in the page cache:
                               old + (measured - simulated build/step) / heads
@@ -50,6 +57,7 @@ decode they are larger, which is what the held-out configurations then test.
                               isolation by calibrate's no-op requests (0.02-0.05 ms); in decode
                               the traces show 0.1-0.35 ms, and without it the simulated readers
                               claimed at once what the engine's main thread reads itself
+With several rounds each measured figure is its median over the rounds (validation.run).
 validation.run repeats the fit (FIT_ROUNDS): with shared cores the simulated times are not
 linear in these figures. Device figures (latency, bandwidth, queue depth, throttle) are never
 fitted here; the held-out configurations (other page caches, paths, throttles, K) predict them.
@@ -255,7 +263,8 @@ def fit_cold(results: list[dict[str, Any]], scenario: Path,
       cold_overhead_ms.in_decode  a cold read's fault work inside decode, from blocked time
       budget_evict_ms.in_decode   the main-thread work the engine's emulated page-cache budget
                                   adds per cold read (it drops an evicted bundle's pages after
-                                  the read, outside the read's wait), from build time"""
+                                  the read, outside the read's wait), from the slope of build
+                                  time over cold loads across one capture's decode steps"""
     cold = [r for r in results if r["config"]["page_cache"] != "all"
             and r["config"]["path"] == "on-demand" and r["config"].get("storage") == "unthrottled"]
     out = _shift(
@@ -268,8 +277,11 @@ def fit_cold(results: list[dict[str, Any]], scenario: Path,
     old = current_note(scenario, "budget_evict_ms.in_decode") or 0.0
     out.update(_shift(
         scenario, "budget_evict_ms.in_decode", old,
-        _per_load(cold, "build_ms_per_step", cold=True),
+        [r["measured"]["build_per_cold_read_ms"] - r["simulated"]["build_per_cold_read_ms"]
+         for r in cold if r["measured"].get("build_per_cold_read_ms") is not None
+         and r["simulated"].get("build_per_cold_read_ms") is not None],
         "fitted by ssdmoe validate: main-thread work per cold read under the engine's page-cache "
-        "budget (dropping the evicted bundle's pages), from the build time of {n} calibration "
-        f"configuration(s) (before this fit: {old:.4f} ms)"))
+        "budget (dropping the evicted bundle's pages, and what else a cold read leaves the main "
+        "thread), from the slope of build time over cold loads across the decode steps of {n} "
+        f"calibration configuration(s) (before this fit: {old:.4f} ms)"))
     return out

@@ -206,8 +206,11 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None, out: Path) -> 
     if (doc.get("rounds") or 1) > 1:
         lines += [f"Every configuration was captured {doc['rounds']} times, the order of the "
                   "configurations (calibration and held-out alike) rotated from round to "
-                  "round, and the round with the median decode tok/s is the one compared (its "
-                  "spread: the last column below).", ""]
+                  "round. Each measured figure below is its median over the rounds, on its own "
+                  "(a slow spell can stretch one round's build and another's blocked time), and "
+                  "the simulator replays the round with the median decode tok/s (the rounds "
+                  "route alike: decoding is seeded). The rounds' decode tok/s: the last column "
+                  "below.", ""]
     if doc.get("fitted"):
         lines += [f"What the calibration configurations fitted (`validation/calibration.py`, "
                   f"written to `{doc.get('scenario')}`): each path's main-thread cost per layer, "

@@ -2,8 +2,9 @@
 in its own `ssdmoe capture` process, so a throttle or a crash stays with its configuration),
 and replay each through the simulator (`sim compare`). With rounds > 1 every configuration is
 captured once per round, the order rotated from round to round (this machine is shared and
-noisy: a configuration can run 30% slower in one capture than in the next), and the round
-with the median decode tok/s is the one compared. Resumable: a configuration whose traces are
+noisy: a configuration can run 30% slower in one capture than in the next): each measured
+figure is then its median over the rounds, and the round with the median decode tok/s is the
+one replayed. Resumable: a configuration whose traces are
 complete and whose comparison is written is not run again; an interrupted run keeps what it
 measured, and `missing()` says what is left. No MLX in this process."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -30,6 +32,9 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "traces" / "prompts" / "
 # what is compared, per decode step unless named otherwise
 METRICS = ("decode_tok_s", "step_ms_p50", "blocked_ms_per_step", "cold_fraction",
            "build_ms_per_step", "eval_ms_per_step")
+# sim.compare.measured_split's figures, measured and simulated (the fit reads the last two)
+SPLIT = ("build_ms_per_step", "eval_ms_per_step", "reader_waits_per_step", "reader_start_ms",
+         "build_per_cold_read_ms")
 
 
 @dataclass
@@ -104,42 +109,57 @@ def capture(plan: Plan, c: Config, prompts: Path, round_: int = 0) -> None:
         raise BadInput(f"validate: configuration {c.name}: capture failed: {last}")
 
 
-def median_round(plan: Plan, c: Config) -> tuple[int, list[float]]:
-    """The captured round with the median decode tok/s (the lower middle of an even count),
-    and every round's decode tok/s."""
+def round_figures(plan: Plan, c: Config) -> dict[int, dict[str, Any]]:
+    """What each captured round of `c` measured (its summary and sim.compare.measured_split),
+    by round."""
+    from sim.compare import measured_split
     from traces.reader import read_trace
     from traces.summary import summarize
 
-    speeds = []
+    out = {}
     for r in range(plan.rounds):
         if captured(plan, c, r):
-            speeds.append((summarize(read_trace(plan.trace_dir(c, r)))["decode_tok_s"] or 0.0, r))
-    order = sorted(speeds)
-    return order[(len(order) - 1) // 2][1], [v for v, _ in sorted(speeds, key=lambda x: x[1])]
+            trace = read_trace(plan.trace_dir(c, r))
+            out[r] = {**summarize(trace), **measured_split(trace)}
+    return out
+
+
+def median_round(figures: dict[int, dict[str, Any]]) -> int:
+    """The round with the median decode tok/s (the lower middle of an even count)."""
+    order = sorted(figures, key=lambda r: (figures[r]["decode_tok_s"] or 0.0, r))
+    return order[(len(order) - 1) // 2]
+
+
+def median_figures(figures: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the rounds, on its own: on a shared machine a slow spell can
+    stretch one round's build and another's blocked time, and one round's components are then
+    no better an estimate than one capture's (None where no round has the figure)."""
+    keys = {k for f in figures.values() for k in f}
+    out = {}
+    for k in sorted(keys):
+        values = [f[k] for f in figures.values() if isinstance(f.get(k), (int, float))]
+        out[k] = statistics.median(values) if values else None
+    return out
 
 
 def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
     """Measured vs simulated for one captured configuration (sim compare with this machine's
-    calibrated scenario; with several rounds, on the median round's trace), written to
-    results/<config>.json."""
+    calibrated scenario), written to results/<config>.json. With several rounds the measured
+    figures are each the median over the rounds, and the simulator replays the round with the
+    median decode tok/s (the rounds route alike: decoding is seeded)."""
     from sim.compare import compare
     from traces.reader import read_trace
 
-    chosen, round_speeds = median_round(plan, c) if plan.rounds > 1 else (0, [])
+    figures = round_figures(plan, c)
+    chosen = median_round(figures) if plan.rounds > 1 else 0
     trace_dir = plan.trace_dir(c, chosen)
     trace = read_trace(trace_dir)
     sim_dir = plan.out / "simulated" / c.name
     comp = compare(trace, out=sim_dir)
-    measured = dict(comp.measured)
-    simulated = dict(comp.simulated)
-    simulated["reader_waits_per_step"] = comp.extra["reader_waits_per_step"]
-    measured["reader_waits_per_step"] = comp.extra["measured_reader_waits_per_step"]
-    simulated["reader_start_ms"] = comp.extra["reader_start_ms"]
-    measured["reader_start_ms"] = comp.extra["measured_reader_start_ms"]
-    measured["build_ms_per_step"] = comp.extra["measured_build_ms_per_step"]
-    measured["eval_ms_per_step"] = comp.extra["measured_eval_ms_per_step"]
-    simulated["build_ms_per_step"] = comp.extra["build_ms_per_step"]
-    simulated["eval_ms_per_step"] = comp.extra["eval_ms_per_step"]
+    measured = {**comp.measured, **{k: comp.extra[f"measured_{k}"] for k in SPLIT}}
+    if plan.rounds > 1:
+        measured.update(median_figures(figures))
+    simulated = {**comp.simulated, **{k: comp.extra[k] for k in SPLIT}}
     result = {
         "config": c.to_dict(), "trace": str(trace_dir), "simulated_trace": str(sim_dir),
         "layers": (trace.run.get("model") or {}).get("layers"),
@@ -150,7 +170,11 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
         "ape_pct": {k: ape(measured.get(k), simulated.get(k)) for k in METRICS},
         "settings": comp.settings, "notes": comp.notes,
         "capture_command": trace.run.get("command"),
-        "rounds_decode_tok_s": round_speeds, "compared_round": chosen,
+        "rounds_decode_tok_s": [figures[r]["decode_tok_s"] for r in sorted(figures)]
+        if plan.rounds > 1 else [],
+        "rounds_measured": {k: [figures[r].get(k) for r in sorted(figures)]
+                            for k in (*METRICS, *SPLIT[2:])} if plan.rounds > 1 else {},
+        "compared_round": chosen,
     }
     path = plan.result_path(c)
     path.parent.mkdir(parents=True, exist_ok=True)
