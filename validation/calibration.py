@@ -32,7 +32,7 @@ decode they are larger, which is what the held-out configurations then test.
                               (sim.compare.build_per_cold_read_ms). A slope within one capture:
                               the build time's difference from the warm configuration's,
                               captured minutes apart, swung 0.01-0.22 ms over eight fresh runs
-                              (the slope: 0.04-0.08)
+                              (the slope: 0.04-0.08 in seven, 0 in one)
   head_build_ms.in_decode     the prerouter heads' graph building per head, from the staged
                               path with heads (lead token), every expert in the page cache:
                               old + (measured - simulated build/step) / heads
