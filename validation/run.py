@@ -4,9 +4,9 @@ and replay each through the simulator (`sim compare`). With rounds > 1 every con
 captured once per round, the order rotated from round to round (this machine is shared and
 noisy: a configuration can run 30% slower in one capture than in the next): each measured
 figure is then its median over the rounds, and the round with the median decode tok/s is the
-one replayed. Resumable: a configuration whose traces are
-complete and whose comparison is written is not run again; an interrupted run keeps what it
-measured, and `missing()` says what is left. No MLX in this process."""
+one replayed. Resumable: a configuration whose traces are complete and whose comparison is
+written is not run again; an interrupted run keeps what it measured, and `missing()` says
+what is left. No MLX in this process."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "traces" / "prompts" / "
 # what is compared, per decode step unless named otherwise
 METRICS = ("decode_tok_s", "step_ms_p50", "blocked_ms_per_step", "cold_fraction",
            "build_ms_per_step", "eval_ms_per_step")
-# sim.compare.measured_split's figures, measured and simulated (the fit reads the last two)
+# sim.compare.measured_split's figures, read off the measured and the simulated trace alike
 SPLIT = ("build_ms_per_step", "eval_ms_per_step", "reader_waits_per_step", "reader_start_ms",
          "build_per_cold_read_ms")
 
