@@ -150,6 +150,12 @@ def _per_load(results: list[dict[str, Any]], metric: str, cold: bool) -> list[fl
     return out
 
 
+def _differences(results: list[dict[str, Any]], metric: str) -> list[float]:
+    """measured - simulated `metric` for each result that has both."""
+    return [r["measured"][metric] - r["simulated"][metric] for r in results
+            if r["measured"].get(metric) is not None and r["simulated"].get(metric) is not None]
+
+
 def _shift(scenario: Path, key: str, old: float, deltas: list[float],
            why: str) -> dict[str, dict[str, float]]:
     """Set note `key` to old + the median delta (floored at 0); {} when there is no delta."""
@@ -243,10 +249,9 @@ def fit_reader_wake(results: list[dict[str, Any]], scenario: Path,
                     isolated: float) -> dict[str, dict[str, float]]:
     """reader_wake_ms.in_decode from the calibration configurations whose reader threads read
     (measured and simulated both have loads started by an idle reader)."""
-    deltas = [r["measured"]["reader_start_ms"] - r["simulated"]["reader_start_ms"]
-              for r in results if r["config"].get("role", "calibration") == "calibration"
-              and r["measured"].get("reader_start_ms") is not None
-              and r["simulated"].get("reader_start_ms") is not None]
+    deltas = _differences([r for r in results
+                           if r["config"].get("role", "calibration") == "calibration"],
+                          "reader_start_ms")
     return _shift(
         scenario, "reader_wake_ms.in_decode",
         current_note(scenario, "reader_wake_ms.in_decode") or isolated, deltas,
@@ -277,9 +282,7 @@ def fit_cold(results: list[dict[str, Any]], scenario: Path,
     old = current_note(scenario, "budget_evict_ms.in_decode") or 0.0
     out.update(_shift(
         scenario, "budget_evict_ms.in_decode", old,
-        [r["measured"]["build_per_cold_read_ms"] - r["simulated"]["build_per_cold_read_ms"]
-         for r in cold if r["measured"].get("build_per_cold_read_ms") is not None
-         and r["simulated"].get("build_per_cold_read_ms") is not None],
+        _differences(cold, "build_per_cold_read_ms"),
         "fitted by ssdmoe validate: main-thread work per cold read under the engine's page-cache "
         "budget (dropping the evicted bundle's pages, and what else a cold read leaves the main "
         "thread), from the slope of build time over cold loads across the decode steps of {n} "

@@ -134,9 +134,9 @@ def median_figures(figures: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Each figure's median over the rounds, on its own: on a shared machine a slow spell can
     stretch one round's build and another's blocked time, and one round's components are then
     no better an estimate than one capture's (None where no round has the figure)."""
-    keys = {k for f in figures.values() for k in f}
+    keys = dict.fromkeys(k for f in figures.values() for k in f)  # first seen, in order
     out = {}
-    for k in sorted(keys):
+    for k in keys:
         values = [f[k] for f in figures.values() if isinstance(f.get(k), (int, float))]
         out[k] = statistics.median(values) if values else None
     return out
@@ -151,14 +151,12 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
     from traces.reader import read_trace
 
     figures = round_figures(plan, c)
-    chosen = median_round(figures) if plan.rounds > 1 else 0
+    chosen = median_round(figures)
     trace_dir = plan.trace_dir(c, chosen)
     trace = read_trace(trace_dir)
     sim_dir = plan.out / "simulated" / c.name
     comp = compare(trace, out=sim_dir)
-    measured = {**comp.measured, **{k: comp.extra[f"measured_{k}"] for k in SPLIT}}
-    if plan.rounds > 1:
-        measured.update(median_figures(figures))
+    measured = median_figures(figures)  # one round: that round's figures
     simulated = {**comp.simulated, **{k: comp.extra[k] for k in SPLIT}}
     result = {
         "config": c.to_dict(), "trace": str(trace_dir), "simulated_trace": str(sim_dir),
@@ -173,7 +171,8 @@ def compare_one(plan: Plan, c: Config) -> dict[str, Any]:
         "rounds_decode_tok_s": [figures[r]["decode_tok_s"] for r in sorted(figures)]
         if plan.rounds > 1 else [],
         "rounds_measured": {k: [figures[r].get(k) for r in sorted(figures)]
-                            for k in (*METRICS, *SPLIT[2:])} if plan.rounds > 1 else {},
+                            for k in dict.fromkeys((*METRICS, *SPLIT))}
+        if plan.rounds > 1 else {},
         "compared_round": chosen,
     }
     path = plan.result_path(c)
