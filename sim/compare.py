@@ -383,18 +383,60 @@ def compare(trace: Trace, scenario: str | None = None, sets: list[str] | None = 
     extra["reader_waits_per_step"] = reader_waits_per_step(result.trace)
     extra["reader_start_ms"] = reader_start_ms(result.trace)
     extra["build_per_cold_read_ms"] = build_per_cold_read_ms(result.trace)
+    extra["cold_read_ms"] = cold_read_ms(result.trace)
+    extra["blocked_past_loads_ms"] = blocked_past_loads_ms(result.trace)
     return Comparison(str(trace.path), sc, derived, measured, result.metrics, notes, extra)
 
 
 def measured_split(trace: Trace) -> dict[str, float | None]:
     """What a trace measured beyond its summary, per decode step: graph building and
-    evaluation, the waits on reader threads' loads, an idle reader's start delay and the build
-    time a cold read adds (each reads off a simulated trace alike)."""
+    evaluation, the waits on reader threads' loads, an idle reader's start delay, the build
+    time a cold read adds, a cold read's duration and the main thread's blocked time past a
+    fill's loads (each reads off a simulated trace alike)."""
     build, evaluate = _build_eval_split(trace)
     return {"build_ms_per_step": build, "eval_ms_per_step": evaluate,
             "reader_waits_per_step": reader_waits_per_step(trace),
             "reader_start_ms": reader_start_ms(trace),
-            "build_per_cold_read_ms": build_per_cold_read_ms(trace)}
+            "build_per_cold_read_ms": build_per_cold_read_ms(trace),
+            "cold_read_ms": cold_read_ms(trace),
+            "blocked_past_loads_ms": blocked_past_loads_ms(trace)}
+
+
+def _decode_expert_loads(trace: Trace):
+    """(decode steps, the expert loads of those steps)."""
+    import polars as pl
+
+    decode = trace.steps.filter(pl.col("phase") == "decode")
+    return decode, trace.loads.filter(pl.col("step").is_in(decode["step"].implode())
+                                      & (pl.col("expert") >= 0))
+
+
+def cold_read_ms(trace: Trace) -> float | None:
+    """Mean ms of a decode step's cold expert read, on any thread (a load row's start to
+    finish: the read, before the budget's drops). None without any."""
+    _, loads = _decode_expert_loads(trace)
+    cold = loads.filter(loads["cold"])
+    if not cold.height:
+        return None
+    return float((cold["finished_ns"] - cold["started_ns"]).mean()) / 1e6
+
+
+def blocked_past_loads_ms(trace: Trace) -> float | None:
+    """Mean ms per fill (a decode step's layer with expert loads) of the main thread's blocked
+    time beyond the span of the fill's loads, first issue to last finish: its wake-up and
+    hand-off after the last load, the budget's drops after it, the asks before it hands
+    misses out. What it says holds where a fill's loads are issued as the main thread
+    blocks on them (no lead; a lead's loads were issued a layer or a token before, so there
+    it is negative). None without loads."""
+    import polars as pl
+
+    decode, loads = _decode_expert_loads(trace)
+    if not loads.height or not decode.height:
+        return None
+    fills = loads.group_by(["step", "layer"]).agg(
+        (pl.col("finished_ns").max() - pl.col("issued_ns").min()).alias("span"))
+    blocked = float(decode["blocked_ns"].sum())
+    return (blocked - float(fills["span"].sum())) / fills.height / 1e6
 
 
 def _reader_decode_loads(trace: Trace):

@@ -9,6 +9,7 @@ import pytest
 from sim_helpers import MB, hardware, model, routing_input, scenario, uniform_routing
 
 from contract.errors import BadInput
+from sim.compare import blocked_past_loads_ms
 from sim.profiles import apply_overrides, load_hardware
 from sim.readers import INLINE_WARM_BYTES
 from sim.replay import run_scenario
@@ -52,6 +53,10 @@ def test_blocked_time_grows_by_waited_loads_times_handoff(layers, h):
     assert loads["wait_ns"].to_list() == [round((LOAD_MS + h) * 1e6)] * (30 * n)
     assert slow.metrics["blocked_ms_per_step"] == pytest.approx(
         base.metrics["blocked_ms_per_step"] + n * h, abs=1e-5)
+    # what validate fits the hand-off from reads it back: each fill is one load, so the main
+    # thread blocks exactly its span at h = 0 and h past it otherwise
+    assert blocked_past_loads_ms(base.trace) == pytest.approx(0.0, abs=1e-6)
+    assert blocked_past_loads_ms(slow.trace) == pytest.approx(h, abs=1e-6)
 
 
 @pytest.mark.parametrize(("layers", "w"), [(1, 0.3), (4, 0.07)])

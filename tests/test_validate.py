@@ -277,27 +277,28 @@ def test_a_refit_starts_from_the_isolated_figures_not_from_the_last_fit(tmp_path
 
 
 def test_reader_handoff_fit_by_hand(tmp_path):
-    """handoff_ms.in_decode = isolated + (measured - simulated blocked) / MEASURED reader
-    waits per step (the simulated 0.01 would give +200 ms), from the calibration
-    configuration whose readers read cold; held-out ones and main-thread-only ones change
-    nothing."""
-    from sim.profiles import load_hardware
+    """handoff_ms.in_decode = isolated + (measured - simulated) blocked time per fill past its
+    loads' span (0.06 - 0.26: -0.2 ms), from the calibration configuration whose readers read
+    cold; not from the whole blocked time (2 ms long here: it holds the reads); held-out ones
+    and main-thread-only ones change nothing."""
     from validation.calibration import current_note, fit_handoff
 
     sc = tmp_path / "s.toml"
     sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n')
-    isolated = load_hardware("this-machine").handoff_ms
+    isolated = 0.25
     hot = {"config": {"name": "hot-pc50-unthrottled", "path": "hot", "page_cache": "1/2",
                       "storage": "unthrottled", "role": "calibration"},
-           "measured": {"blocked_ms_per_step": 5.0, "reader_waits_per_step": 4.0},
-           "simulated": {"blocked_ms_per_step": 3.0, "reader_waits_per_step": 0.01}}
+           "measured": {"blocked_ms_per_step": 5.0, "blocked_past_loads_ms": 0.06},
+           "simulated": {"blocked_ms_per_step": 3.0, "blocked_past_loads_ms": 0.26}}
     held = {**hot, "config": {**hot["config"], "page_cache": "1/4", "role": "held-out"},
-            "measured": {"blocked_ms_per_step": 50.0}}
-    main_only = {**hot, "config": {**hot["config"], "path": "on-demand"}}
+            "measured": {"blocked_ms_per_step": 50.0, "blocked_past_loads_ms": 9.0}}
+    main_only = {**hot, "config": {**hot["config"], "path": "on-demand"},
+                 "measured": {"blocked_ms_per_step": 5.0, "blocked_past_loads_ms": 4.0}}
     got = fit_handoff([hot, held, main_only], sc, isolated)
     assert got == {"handoff_ms.in_decode": {"before": isolated,
-                                            "after": pytest.approx(isolated + 0.5)}}
-    assert current_note(sc, "handoff_ms.in_decode") == pytest.approx(isolated + 0.5, abs=1e-4)
+                                            "after": pytest.approx(isolated - 0.2)}}
+    assert current_note(sc, "handoff_ms.in_decode") == pytest.approx(isolated - 0.2, abs=1e-4)
+    assert fit_handoff([held, main_only], sc, isolated) == {}
 
 
 def test_reader_wake_fit_by_hand(tmp_path):
@@ -350,6 +351,40 @@ def test_reader_start_delay_counts_only_loads_handed_to_an_idle_reader():
     assert reader_start_ms(trace) == pytest.approx(300 / 1e6)  # median of 300, 100, 600
     assert reader_start_ms(SimpleNamespace(steps=steps, loads=loads.filter(
         pl.col("thread") == "main"))) is None
+
+
+def test_blocked_past_loads_and_cold_read_by_hand():
+    """sim.compare.blocked_past_loads_ms by hand: per fill (a decode step's layer with expert
+    loads), the main thread's blocked time beyond its loads' span, first issue to last
+    finish. Step 1 blocked 3000 ns over fills of span 1400 (two loads, 100 -> 1500) and 500;
+    step 2 blocked 1000 over one of 800: (4000 - 2700) / 3 fills = 433.3 ns. Prefill's loads
+    and a whole-layer load (expert -1) are not a fill's. cold_read_ms: the mean start to
+    finish of the decode steps' cold expert loads on any thread, (800 + 500) / 2 ns."""
+    from types import SimpleNamespace
+
+    import polars as pl
+
+    from sim.compare import blocked_past_loads_ms, cold_read_ms
+
+    steps = pl.DataFrame({"step": [0, 1, 2], "phase": ["prefill", "decode", "decode"],
+                          "blocked_ns": [90_000, 3_000, 1_000]})
+    rows = [  # (step, layer, expert, thread, cold, issued, started, finished) in ns
+        (1, 0, 3, "main", False, 100, 100, 1_100),
+        (1, 0, 5, "reader-0", True, 200, 700, 1_500),
+        (1, 1, 2, "main", True, 2_000, 2_000, 2_500),
+        (2, 0, 1, "reader-1", False, 0, 100, 800),
+        (0, 0, 1, "main", True, 0, 0, 50_000),  # prefill
+        (1, 2, -1, "main", True, 0, 0, 70_000),  # a whole layer
+    ]
+    loads = pl.DataFrame(rows, schema=["step", "layer", "expert", "thread", "cold",
+                                       "issued_ns", "started_ns", "finished_ns"], orient="row")
+    trace = SimpleNamespace(steps=steps, loads=loads)
+    assert blocked_past_loads_ms(trace) == pytest.approx(1300 / 3 / 1e6)
+    assert cold_read_ms(trace) == pytest.approx(650 / 1e6)
+    warm = SimpleNamespace(steps=steps, loads=loads.filter(~pl.col("cold")))
+    assert cold_read_ms(warm) is None
+    none = SimpleNamespace(steps=steps, loads=loads.filter(pl.col("step") == 0))
+    assert blocked_past_loads_ms(none) is None
 
 
 def test_build_per_cold_read_is_the_slope_over_the_decode_steps_by_hand():

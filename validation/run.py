@@ -34,7 +34,7 @@ METRICS = ("decode_tok_s", "step_ms_p50", "blocked_ms_per_step", "cold_fraction"
            "build_ms_per_step", "eval_ms_per_step")
 # sim.compare.measured_split's figures, read off the measured and the simulated trace alike
 SPLIT = ("build_ms_per_step", "eval_ms_per_step", "reader_waits_per_step", "reader_start_ms",
-         "build_per_cold_read_ms")
+         "build_per_cold_read_ms", "cold_read_ms", "blocked_past_loads_ms")
 
 
 @dataclass
