@@ -380,11 +380,8 @@ def compare(trace: Trace, scenario: str | None = None, sets: list[str] | None = 
                                      "page_cache_capacity_bytes", "page_cache_hit_rate",
                                      "lru_hit_rate", "sim_wall_s", "decode_steps")}
     extra.update({f"measured_{k}": v for k, v in measured_split(trace).items()})
-    extra["reader_waits_per_step"] = reader_waits_per_step(result.trace)
-    extra["reader_start_ms"] = reader_start_ms(result.trace)
-    extra["build_per_cold_read_ms"] = build_per_cold_read_ms(result.trace)
-    extra["cold_read_ms"] = cold_read_ms(result.trace)
-    extra["blocked_past_loads_ms"] = blocked_past_loads_ms(result.trace)
+    # the same figures off the simulated trace; build and eval are the simulator's own
+    extra.update({k: v for k, v in measured_split(result.trace).items() if k not in extra})
     return Comparison(str(trace.path), sc, derived, measured, result.metrics, notes, extra)
 
 
@@ -402,20 +399,19 @@ def measured_split(trace: Trace) -> dict[str, float | None]:
             "blocked_past_loads_ms": blocked_past_loads_ms(trace)}
 
 
-def _decode_expert_loads(trace: Trace):
-    """(decode steps, the expert loads of those steps)."""
+def _decode_loads(trace: Trace):
+    """(the decode steps, the loads of those steps)."""
     import polars as pl
 
     decode = trace.steps.filter(pl.col("phase") == "decode")
-    return decode, trace.loads.filter(pl.col("step").is_in(decode["step"].implode())
-                                      & (pl.col("expert") >= 0))
+    return decode, trace.loads.filter(pl.col("step").is_in(decode["step"].implode()))
 
 
 def cold_read_ms(trace: Trace) -> float | None:
     """Mean ms of a decode step's cold expert read, on any thread (a load row's start to
     finish: the read, before the budget's drops). None without any."""
-    _, loads = _decode_expert_loads(trace)
-    cold = loads.filter(loads["cold"])
+    _, loads = _decode_loads(trace)
+    cold = loads.filter(loads["cold"] & (loads["expert"] >= 0))
     if not cold.height:
         return None
     return float((cold["finished_ns"] - cold["started_ns"]).mean()) / 1e6
@@ -430,8 +426,9 @@ def blocked_past_loads_ms(trace: Trace) -> float | None:
     it is negative). None without loads."""
     import polars as pl
 
-    decode, loads = _decode_expert_loads(trace)
-    if not loads.height or not decode.height:
+    decode, loads = _decode_loads(trace)
+    loads = loads.filter(loads["expert"] >= 0)
+    if not loads.height:
         return None
     fills = loads.group_by(["step", "layer"]).agg(
         (pl.col("finished_ns").max() - pl.col("issued_ns").min()).alias("span"))
@@ -441,11 +438,8 @@ def blocked_past_loads_ms(trace: Trace) -> float | None:
 
 def _reader_decode_loads(trace: Trace):
     """(decode steps, the loads of those steps that a reader thread did)."""
-    import polars as pl
-
-    decode = trace.steps.filter(pl.col("phase") == "decode")["step"]
-    return decode.len(), trace.loads.filter(pl.col("step").is_in(decode.implode())
-                                            & (pl.col("thread") != "main"))
+    decode, loads = _decode_loads(trace)
+    return decode.height, loads.filter(loads["thread"] != "main")
 
 
 def reader_waits_per_step(trace: Trace) -> float:
