@@ -24,6 +24,9 @@ simulator's compute and graph-building figures for this machine come from measur
                    reader's start (queue put, the idle reader's wake-up and claim) is
                    `reader_wake_ms`, from there to the main thread's return from `wait` (event
                    set, main-thread wake-up) `handoff_ms` (medians)
+  GIL hand-over    a thread asleep on the GIL while the main thread runs Python: from the
+                   main thread's release (it enters a blocking call) to the waiter running
+                   Python again, `gil_handoff_ms` (median: a wait for a core is sim.cpu's)
   queue ahead      the resident step again, each router's ids brought to the host as the
                    engine's fill points do: the walk up to the router handed over with
                    mx.async_eval, then waited for. async_eval returns only once few tasks are
@@ -42,6 +45,8 @@ fits and writes the profiles.
 
 from __future__ import annotations
 
+import bisect
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,6 +241,42 @@ def handoff_times(reps: int = 2000, warmup: int = 50,
     return wake, handoff
 
 
+def gil_handoff_times(reps: int = 300, busy_ms: tuple[float, ...] = (0.5, 1.0),
+                      nap_ms: float = 0.1) -> list[float]:
+    """Release-to-run ms of a thread that waits on the GIL: the main thread holds it `busy_ms`
+    (pure Python) while a second thread's short sleep ends, so that thread sleeps on the lock;
+    then the main thread stamps the time and enters time.sleep (which lets the GIL go), and the
+    waiter's first stamp after that is its hand-over. `nap_ms` (plus the kernel's timer slack)
+    is well under `busy_ms`, so the waiter is always on the lock by the release."""
+    stamps: list[int] = []
+    done = False
+
+    def waiter() -> None:
+        while not done:
+            time.sleep(nap_ms / 1e3)
+            stamps.append(time.perf_counter_ns())
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    releases: list[int] = []
+    try:
+        for i in range(reps * len(busy_ms)):
+            end = time.perf_counter_ns() + int(busy_ms[i % len(busy_ms)] * 1e6)
+            while time.perf_counter_ns() < end:  # Python, holding the GIL
+                pass
+            releases.append(time.perf_counter_ns())
+            time.sleep(0.002)  # lets the GIL go; the waiter runs, then naps again
+    finally:
+        done = True
+        thread.join()
+    out = []
+    for rel in releases:
+        j = bisect.bisect_right(stamps, rel)
+        if j < len(stamps):
+            out.append((stamps[j] - rel) / 1e6)
+    return out
+
+
 def _one_row_views(store: ExpertStore, layers: list[int]) -> dict[int, dict]:
     """Per layer, the views of a one-row stack: where a probe reads one bundle."""
     views = {}
@@ -428,6 +469,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     refused_ms = refused_warm_ms(converted)
     exact_extra = exact_extra_ms(converted)
     wake, handoff = handoff_times(handoff_reps)
+    gil_handoff = gil_handoff_times(max(handoff_reps // 4, 20))
     times = {name: r.times for name, r in runners.items()}
     times["exact"] = warm_exact
     resident, synced, zero, exact = (times[n] for n in ("resident", "resident_synced", "zero",
@@ -473,6 +515,9 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         reader_wake_ms=float(np.median(wake)),
         reader_wake_p10_ms=cost(wake),
         handoff_reps=len(handoff),
+        gil_handoff_ms=float(np.median(gil_handoff)),
+        gil_handoff_p90_ms=float(np.percentile(gil_handoff, 90)),
+        gil_handoff_reps=len(gil_handoff),
         queue_ahead_ms=float(np.median([left for _, left, _ in queue_samples])),
         async_blocked_ms=float(np.median([blocked for blocked, _, _ in queue_samples])),
         dispatch_ms=float(np.median([cpu for _, _, cpu in queue_samples])),

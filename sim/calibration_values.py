@@ -114,6 +114,9 @@ class ComputeResult:
     # reader's start (nan: not measured)
     reader_wake_p10_ms: float = float("nan")
     handoff_reps: int = 0
+    gil_handoff_ms: float = float("nan")  # median release-to-run of a thread asleep on the GIL
+    gil_handoff_p90_ms: float = float("nan")  # (nan: not measured)
+    gil_handoff_reps: int = 0
     queue_ahead_ms: float = float("nan")  # median compute left when mx.async_eval of the
     # walk to a router returned (nan: not measured)
     async_blocked_ms: float = float("nan")  # median time that async_eval blocked
@@ -257,6 +260,13 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             "start to the main thread's return from wait (event set, main-thread wake-up); "
             f"10th percentile {c.handoff_p10_ms:.4f} ms. The sim adds it to every wait on a "
             "reader's load"))
+    if c.gil_handoff_ms == c.gil_handoff_ms:  # not nan
+        out["gil_handoff_ms"] = (round(max(c.gil_handoff_ms, 0.0), 4), (
+            f"median over {c.gil_handoff_reps} hand-overs of the GIL "
+            "(calibration.compute_probes.gil_handoff_times): a thread asleep on it runs this "
+            "long after the main thread, done with 0.5 or 1 ms of Python, lets it go; 90th "
+            f"percentile {c.gil_handoff_p90_ms:.4f} ms. The sim holds the lock this long on "
+            "every contended take (sim.gil)"))
     if c.reader_wake_ms == c.reader_wake_ms:  # not nan
         out["reader_wake_ms"] = (round(max(c.reader_wake_ms, 0.0), 4), (
             f"the same {c.handoff_reps} requests, from the submit to the idle reader's start "

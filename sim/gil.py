@@ -8,6 +8,12 @@ main thread builds finishes its load only when that build step ends; a cold bund
 per tensor slice, takes it back after each slice (sim.loads, measured by
 reports/validation/gil_probe.py). A Resource of one slot; a GIL that is off (`Scenario.gil`,
 the default for a simulated engine) costs nothing.
+
+Hand-over (`gil_handoff_ms`): a thread that slept on the lock does not run the moment the holder
+lets go. The holder signals it and the OS wakes it, and until then no thread runs Python (the
+lock is promised to it). So a contended take holds the lock `handoff_s` before its work starts;
+an uncontended take is free. The figure is the median release-to-run time calibrate measures
+(calibration.compute_probes.gil_handoff_times); a core for the woken thread is sim.cpu's.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from sim.cpu import Cores
 
 
 class Gil:
-    def __init__(self, env: simpy.Environment, enabled: bool) -> None:
+    def __init__(self, env: simpy.Environment, enabled: bool, handoff_s: float = 0.0) -> None:
         self.enabled = enabled
         self.lock = simpy.Resource(env, capacity=1) if enabled else None
+        self.handoff_s = handoff_s
         self.waited_s = 0.0
         self.env = env
 
@@ -36,5 +43,7 @@ class Gil:
         asked = self.env.now
         with self.lock.request() as held:
             yield held
+            if self.env.now > asked and self.handoff_s > 0:  # it slept on the lock
+                yield self.env.timeout(self.handoff_s)
             self.waited_s += self.env.now - asked
             yield cores.work(seconds, thread)

@@ -159,13 +159,17 @@ class Fetcher:
         """A cold load as the engine does it, one pread per tensor slice: each pread waits on
         the device and lets go of the GIL meanwhile, long enough for a waiting thread to take
         it, so a read that lands while another thread runs Python waits for it once per slice,
-        not once per load. (A warm pread returns in microseconds, before a waiting thread is
-        even awake: a GIL hand-over took about 0.02 ms median here, measured once by a
-        scratch script that is not in the repo, so a warm load keeps the GIL, as a load
-        always did in the sim.) Without a holder it costs what the one-shot load
-        does (tests/test_sim_mechanisms.py). Returns how many bundles the page-cache fill
-        pushed out."""
+        not once per load. The load's Python comes in syscalls + 1 equal parts: one before the
+        first pread (engine.store._load finds the ranges, the views and the bundle's residency
+        before it reads, so a reader starts its first read only once it holds the GIL) and one
+        after each. (A warm pread returns in microseconds, before a waiting thread is even
+        awake: a GIL hand-over, the hardware's gil_handoff_ms, is about 0.02 ms median here,
+        so a warm load keeps the GIL, as a load always did in the sim.) Without a holder it
+        costs what the one-shot load does (tests/test_sim_mechanisms.py). Returns how many
+        bundles the page-cache fill pushed out."""
         share, evicted = cold_bytes // syscalls, 0
+        python /= syscalls + 1
+        yield from self.gil.run(self.cores, python, thread)
         for i in range(syscalls):
             last = i == syscalls - 1
             yield from self._device_read(cold_bytes - share * i if last else share, 1)
@@ -173,7 +177,7 @@ class Fetcher:
                 evicted = self._fill(load)
             if kernel > 0:
                 yield self.cores.work(kernel / syscalls, thread)
-            yield from self.gil.run(self.cores, python / syscalls, thread)
+            yield from self.gil.run(self.cores, python, thread)
         return evicted
 
     def _device_read(self, nbytes: int, requests: int) -> Generator:

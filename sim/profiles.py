@@ -70,6 +70,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "expert_overhead_ms": (_nonneg, "must be >= 0"),
     "sync_overhead_ms": (_nonneg, "must be >= 0"),
     "handoff_ms": (_nonneg, "must be >= 0"),
+    "gil_handoff_ms": (_nonneg, "must be >= 0"),
     "reader_wake_ms": (_nonneg, "must be >= 0"),
     "compute_factor": (_positive, "must be > 0"),
     "cpu_cores": (_nonneg, "must be >= 0 (0 = not modelled)"),

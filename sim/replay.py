@@ -112,7 +112,8 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
                             hw.sync_overhead_ms / 1e3, queue_ahead_s=queue_ahead_s)
     pc = PageCache(mem.page_cache, m.bundle_bytes, m.experts, enabled=not sc.o_direct)
     fetcher = Fetcher(env, hw, device, pc, cores, m.experts, m.bundle_bytes,
-                      m.device_bundle_bytes, sc.budget_evict_ms, Gil(env, sc.gil),
+                      m.device_bundle_bytes, sc.budget_evict_ms,
+                      Gil(env, sc.gil, hw.gil_handoff_ms / 1e3),
                       m.bundle_reads)
     readers = (ReaderThreads(env, reader_threads, fetcher, hw.handoff_ms / 1e3,
                              hw.reader_wake_ms / 1e3)

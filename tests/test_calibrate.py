@@ -132,6 +132,10 @@ def test_unmeasured_handoff_is_left_out_of_the_profile():
     values = hardware_values(storage(), compute(reader_wake_ms=0.03, reader_wake_p10_ms=0.02),
                              MACHINE, active_params=2e6)
     assert values["reader_wake_ms"][0] == pytest.approx(0.03)
+    assert "gil_handoff_ms" not in values
+    values = hardware_values(storage(), compute(gil_handoff_ms=0.02, gil_handoff_p90_ms=0.09,
+                                                gil_handoff_reps=40), MACHINE, active_params=2e6)
+    assert values["gil_handoff_ms"][0] == pytest.approx(0.02)
 
 
 def test_a_profile_without_the_new_keys_still_loads(tmp_path):
@@ -212,6 +216,10 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     assert cal.hardware["handoff_ms"][0] == pytest.approx(c.handoff_ms, abs=1e-4)
     assert 0 < c.reader_wake_p10_ms <= c.reader_wake_ms  # the round trip's first part
     assert cal.hardware["reader_wake_ms"][0] == pytest.approx(c.reader_wake_ms, abs=1e-4)
+    # the GIL's hand-over: 50 per busy length, each stamped after its release (a loaded
+    # machine can put the tail past the main thread's 2 ms nap: the waiter waits for a core)
+    assert c.gil_handoff_reps == 100 and 0 < c.gil_handoff_ms <= c.gil_handoff_p90_ms
+    assert cal.hardware["gil_handoff_ms"][0] == pytest.approx(c.gil_handoff_ms, abs=1e-4)
     # small concurrent reads: a speedup curve where O_DIRECT works (tmpfs refuses it)
     assert ("queue_speedup" in cal.hardware) == (1 in st.small_iops)
     if st.small_iops:

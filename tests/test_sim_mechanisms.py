@@ -222,6 +222,44 @@ def test_a_readers_python_bookkeeping_waits_for_the_main_threads_build():
     assert off.lock is None
 
 
+def test_a_thread_that_slept_on_the_gil_runs_a_hand_over_after_the_release():
+    """GIL hand-over (sim.gil, gil_handoff_ms = 0.05): main holds the lock 0 -> 1 ms; a thread
+    asking at 0.2 ms sleeps on it and runs its 0.1 ms of Python from 1.05 (release + hand-over)
+    to 1.15, the lock nobody's in between. Main, asking again at 1.0, slept on it too: it runs
+    its 0.2 ms from 1.2 (1.15 + its own hand-over) to 1.4. A take nobody contends costs no
+    hand-over: a lone thread's 0.1 ms ends at 0.1."""
+    from sim.gil import Gil
+
+    env = simpy.Environment()
+    cores = Cores(env, 0)
+    gil = Gil(env, True, handoff_s=0.00005)
+    ends = {}
+
+    def main():
+        yield from gil.run(cores, 0.001, "main")
+        yield from gil.run(cores, 0.0002, "main")  # asks at 1.0: the lock is promised away
+        ends["main"] = env.now
+
+    def reader():
+        yield env.timeout(0.0002)
+        yield from gil.run(cores, 0.0001, "reader0")
+        ends["reader"] = env.now
+
+    env.process(main())
+    env.process(reader())
+    env.run()
+    assert ends["reader"] == pytest.approx(0.00115)
+    assert ends["main"] == pytest.approx(0.0014)
+    # waits: the reader 0.2 -> 1.05 ms, main 1.0 -> 1.15 plus its own hand-over to 1.2
+    assert gil.waited_s == pytest.approx(0.00085 + 0.0002)
+
+    lone_env = simpy.Environment()
+    lone = Gil(lone_env, True, handoff_s=0.00005)
+    lone_env.process(lone.run(Cores(lone_env, 0), 0.0001, "reader0"))
+    lone_env.run()
+    assert lone_env.now == pytest.approx(0.0001) and lone.waited_s == 0.0
+
+
 def _sliced_load(main_build_s: float, readahead: bool = False, gil_on: bool = True,
                  warm: bool = False) -> float:
     """A cold bundle of 3 tensor slices (3 preads, 0.2 ms each on the device, 0.03 ms of Python
@@ -251,11 +289,12 @@ def _sliced_load(main_build_s: float, readahead: bool = False, gil_on: bool = Tr
 
 
 def test_each_pread_of_a_bundle_takes_the_gil_back_once():
-    """The engine reads a bundle one pread per slice and takes the GIL back after each
-    (sim.loads._by_syscall). Main builds 0 -> 1 ms: slice 1 lands at 0.2 ms and waits for the
-    lock until 1 ms, its Python to 1.01; slices 2 and 3 then run free: 1.21 + 0.01, 1.42 + 0.01.
-    A one-shot load would finish at 1.03 (all three reads by 0.6, one wait, 0.03 of Python)."""
-    assert _sliced_load(0.001) == pytest.approx(1.43, abs=1e-5)
+    """The engine reads a bundle one pread per slice, its Python in 4 parts of 0.0075 ms: one
+    before the first pread (ranges, views, residency) and one after each (sim.loads._by_syscall).
+    Main builds 0 -> 1 ms: the reader waits for the lock before it reads at all, its first part
+    to 1.0075; then each slice 0.2 ms on the device and its part: 1.215, 1.4225, 1.63. A one-shot
+    load would finish at 1.03 (all three reads by 0.6, one wait, 0.03 of Python)."""
+    assert _sliced_load(0.001) == pytest.approx(1.63, abs=1e-5)
     # nobody holds the lock: the same cost as one read of 3 requests and its Python
     assert _sliced_load(0.0) == pytest.approx(0.63, abs=1e-5)
     assert _sliced_load(0.0, gil_on=False) == pytest.approx(0.63, abs=1e-5)

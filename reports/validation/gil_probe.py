@@ -114,7 +114,7 @@ def simulate(arm: tuple[float, float] | None, reads: int, per_slice: bool) -> fl
     hw, m = load_hardware("this-machine"), load_model("tiny-trained")
     env = simpy.Environment()
     cores = Cores(env, hw.cpu_cores)
-    gil = Gil(env, True)
+    gil = Gil(env, True, hw.gil_handoff_ms / 1e3)
     device = SharedDevice(env, hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9,
                           hw.queue_speedup or [1.0])
     pc = PageCache(0, m.bundle_bytes, m.experts, enabled=False)  # every read cold
