@@ -41,7 +41,8 @@ vocabulary (sim.policies):
                                         present (the lookahead loop's dispatch per layer, fitted
                                         per path by ssdmoe validate)
   compute_factor, load_overhead_ms,     the scenario's notes "compute_factor",
-  handoff_ms, cold_overhead_ms          "load_overhead_ms.in_decode", "handoff_ms.in_decode"
+  handoff_ms, reader_wake_ms,           "load_overhead_ms.in_decode", "handoff_ms.in_decode",
+  ssd_latency_ms, cold_overhead_ms      "reader_wake_ms.in_decode", "ssd_latency_ms.in_decode"
                                         and (buffered reads) "cold_overhead_ms.in_decode" when
                                         present (fitted inside decode by ssdmoe validate's
                                         calibration subset)
@@ -218,7 +219,8 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     fitted_keys = [("compute_factor", "compute_factor"),
                    ("load_overhead_ms.in_decode", "load_overhead_ms"),
                    ("handoff_ms.in_decode", "handoff_ms"),
-                   ("reader_wake_ms.in_decode", "reader_wake_ms")]
+                   ("reader_wake_ms.in_decode", "reader_wake_ms"),
+                   ("ssd_latency_ms.in_decode", "ssd_latency_ms")]
     if cfg.prerouter:
         fitted_keys.append(("head_build_ms.in_decode", "head_build_ms"))
     if not o_direct:

@@ -98,6 +98,11 @@ def test_engine_configs_map_onto_scenario_keys():
     assert sets[-3:] == ["build_ms_per_layer=0.42", "compute_factor=1.2", "cold_overhead_ms=0.6"]
     sets, _, _ = engine_settings({"decode": "hot", "k": 2, "o_direct": True}, sc)
     assert sets[-3:] == ["build_ms_per_layer=0.42", "compute_factor=1.2", "cold_overhead_ms=0.9"]
+    # the device's latency inside decode: the device's, so buffered and O_DIRECT alike
+    sc.notes["ssd_latency_ms.in_decode"] = "0.07"
+    for o_direct in (False, True):
+        sets, _, _ = engine_settings({"decode": "hot", "k": 2, "o_direct": o_direct}, sc)
+        assert "ssd_latency_ms=0.07" in sets
     # the lookahead loop's dispatch is fitted per path: each trace gets its own path's
     sc.notes["fill_ms_per_layer.hot"] = "0.05"
     sc.notes["fill_ms_per_layer.staged"] = "0.16"

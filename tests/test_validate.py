@@ -443,6 +443,27 @@ def test_cold_fit_by_hand(tmp_path):
     assert "budget_evict_ms.in_decode" not in fit_cold([cold], sc, 0.1)
 
 
+def test_latency_fit_by_hand(tmp_path):
+    """ssd_latency_ms.in_decode = old + (measured - simulated mean cold read) / preads per
+    bundle, from the configuration that reads cold on the main thread: 0.088 + (0.74 - 0.93)
+    / 9 = 0.0669 (a calibrate that met a slow device); a reader path's reads, which wait on
+    cores and the GIL as well, are not in it. sim compare then sets it on every trace."""
+    from validation.calibration import current_note, fit_latency
+
+    cold = {"config": {"name": "on-demand-pc50-unthrottled", "path": "on-demand",
+                       "page_cache": "1/2", "storage": "unthrottled"},
+            "measured": {"cold_read_ms": 0.74}, "simulated": {"cold_read_ms": 0.93}}
+    readers = {"config": {**cold["config"], "path": "hot"},
+               "measured": {"cold_read_ms": 1.0}, "simulated": {"cold_read_ms": 1.9}}
+    sc = tmp_path / "s.toml"
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n')
+    got = fit_latency([cold, readers], sc, 0.088, 9)
+    assert got == {"ssd_latency_ms.in_decode": {"before": 0.088,
+                                                "after": pytest.approx(0.088 - 0.19 / 9)}}
+    assert current_note(sc, "ssd_latency_ms.in_decode") == pytest.approx(0.0669, abs=1e-4)
+    assert fit_latency([readers], sc, 0.088, 9) == {}  # no main-thread cold reads: no fit
+
+
 def test_head_build_fit_by_hand(tmp_path):
     """head_build_ms.in_decode = old + (measured - simulated build) / heads, from the warm
     configuration with heads only; sim compare then sets it on traces taken with heads."""
