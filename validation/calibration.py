@@ -31,7 +31,8 @@ decode they are larger, which is what the held-out configurations then test.
                               storage probes are a snapshot of a shared device: one fresh run's
                               calibrate measured 0.088 ms and a 2-reader speedup of 1.22 where
                               the run before measured 0.063 and 1.32, and its simulated cold
-                              reads came out 26-57% long in every configuration
+                              reads came out 15-54% long in every unthrottled configuration
+                              without a lead
   budget_evict_ms.in_decode   the main-thread work per cold read under the engine's emulated
                               budget (its page drops after the read, engine.page_cache_budget,
                               and what else a cold read leaves the main thread), from the same
