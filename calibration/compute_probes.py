@@ -15,6 +15,9 @@ simulator's compute and graph-building figures for this machine come from measur
                    extra work over graph building is also timed alone (`exact_extra_ms`)
   cold bundles     the exact path right after dropping the expert files' pages: cold read cost
                    through the engine's store
+  cold read CPU    cold bundle reads through the store on one thread, the page cache dropped:
+                   the thread's CPU time per read (time.thread_time: the kernel's work for the
+                   requests, the pages and the copy), `cold_read_cpu_ms` (median)
   O_DIRECT bundles the store opened with O_DIRECT: every read goes to the device
   refused warm     read_bundle_if_warm on a cold bundle (None): what the main thread pays per
                    demand miss asking the page cache before it hands the reads out
@@ -331,6 +334,32 @@ def refused_warm_ms(converted: Path, n: int = 48) -> float:
     return cost(times)
 
 
+def cold_read_times(converted: Path, n: int = 96) -> tuple[list[float], list[float]]:
+    """(thread CPU ms, wall ms) of each cold bundle read through the engine's store, on this
+    thread, after dropping the expert files' pages; random bundles, the warm repeats left
+    out. Empty when no page could be dropped."""
+    from engine.loader import open_manifest
+
+    manifest = open_manifest(converted, verify=False)
+    rng = np.random.default_rng(5)
+    cpu: list[float] = []
+    wall: list[float] = []
+    with ExpertStore(manifest) as store:
+        if store.drop_until_cold() > 0:
+            return [], []
+        layers = manifest.moe_layers
+        views = _one_row_views(store, layers)
+        for _ in range(n):
+            layer = int(rng.choice(layers))
+            c0 = time.thread_time_ns()
+            row = store.read_bundle(layer, int(rng.integers(manifest.num_experts)), views[layer],
+                                    emit=False)
+            if row["cold"]:
+                cpu.append((time.thread_time_ns() - c0) / 1e6)
+                wall.append((row["finished_ns"] - row["started_ns"]) / 1e6)
+    return cpu, wall
+
+
 class Runner:
     """One loaded model decoding greedily, one step at a time, so several configurations can
     take turns (round robin): every configuration then sees the same machine load, which
@@ -467,6 +496,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
             r.close()
     direct_ms = direct_bundle_ms(converted)
     refused_ms = refused_warm_ms(converted)
+    read_cpu, read_wall = cold_read_times(converted)
     exact_extra = exact_extra_ms(converted)
     wake, handoff = handoff_times(handoff_reps)
     gil_handoff = gil_handoff_times(max(handoff_reps // 4, 20))
@@ -518,6 +548,9 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         gil_handoff_ms=float(np.median(gil_handoff)),
         gil_handoff_p90_ms=float(np.percentile(gil_handoff, 90)),
         gil_handoff_reps=len(gil_handoff),
+        cold_read_cpu_ms=float(np.median(read_cpu)) if read_cpu else float("nan"),
+        cold_read_wall_ms=float(np.median(read_wall)) if read_wall else float("nan"),
+        cold_read_reps=len(read_cpu),
         queue_ahead_ms=float(np.median([left for _, left, _ in queue_samples])),
         async_blocked_ms=float(np.median([blocked for blocked, _, _ in queue_samples])),
         dispatch_ms=float(np.median([cpu for _, _, cpu in queue_samples])),

@@ -41,6 +41,7 @@ import mlx.core as mx
 from engine.step_clock import StepClock
 
 Fill = Callable[[mx.array], None]
+PHASES = ("start_next", "fill", "gather", "kick")  # the parts of FillPoints.progress, in order
 
 
 @dataclass
@@ -71,6 +72,14 @@ class FillPoints:
         # piece, not step t+1's graph building. Queueing is waiting on compute: MLX's
         # async_eval on CPU blocks until only a few dozen operations remain queued.
         self.busy: list[tuple[int, int]] = []
+        # ns spent in each part of progress() since the engine opened, and how many calls:
+        # where a step's evaluation time goes, layer by layer (reports/validation's lead
+        # probe). "start_next": a same-token lead's next ids to the host and its reads queued;
+        # "fill": the head point's fill (reads waited for); "gather": handing its gather over;
+        # "kick": handing over the walk to the next router (async_eval blocks until little
+        # is left queued, so this is mostly waiting on compute).
+        self.phase_ns: dict[str, int] = dict.fromkeys(PHASES, 0)
+        self.phase_calls = 0
 
     @contextmanager
     def collecting(self) -> Iterator[FillPoints]:
@@ -121,13 +130,23 @@ class FillPoints:
         if not self.backlog:
             return
         t0 = time.perf_counter_ns()
+        phase = self.phase_ns
         try:
             point = self._pop()
+            t1 = time.perf_counter_ns()
             self._at_step(point.fill, point)
+            t2 = time.perf_counter_ns()
             if point.gather is not None:  # restart compute before the walk to the next router
                 mx.async_eval(point.gather)
+            t3 = time.perf_counter_ns()
             self._resolve_waits()
             self._kick()
+            t4 = time.perf_counter_ns()
+            phase["start_next"] += t1 - t0
+            phase["fill"] += t2 - t1
+            phase["gather"] += t3 - t2
+            phase["kick"] += t4 - t3
+            self.phase_calls += 1
         finally:
             self.busy.append((t0, time.perf_counter_ns()))
 

@@ -16,7 +16,8 @@ schema as a measured one.
   main_thread.py     the main thread's process: graph build, fills, syncs, waits
   prefill.py         a prefill step: whole-layer loads overlapping the layers' compute
   readers.py         reader threads: processes on one priority queue, demand before prefetch
-  loads.py           a load and its cost by where its bytes are (page cache, device) + CPU work
+  loads.py           a load and its cost by where its bytes are (page cache, device) + CPU work,
+                     a cold read's kernel CPU running beside its device time
   storage.py         the device, closed form (queue depth, latency, shared bandwidth)
   device_process.py  the same device as SimPy resources: the reference the closed form equals
   shared_device.py   a device whose concurrent small reads overlap in part (a measured

@@ -117,6 +117,10 @@ class ComputeResult:
     gil_handoff_ms: float = float("nan")  # median release-to-run of a thread asleep on the GIL
     gil_handoff_p90_ms: float = float("nan")  # (nan: not measured)
     gil_handoff_reps: int = 0
+    cold_read_cpu_ms: float = float("nan")  # median thread CPU of a cold bundle read (nan: not
+    # measured)
+    cold_read_wall_ms: float = float("nan")  # the same reads' median wall time
+    cold_read_reps: int = 0
     queue_ahead_ms: float = float("nan")  # median compute left when mx.async_eval of the
     # walk to a router returned (nan: not measured)
     async_blocked_ms: float = float("nan")  # median time that async_eval blocked
@@ -267,6 +271,14 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             "long after the main thread, done with 0.5 or 1 ms of Python, lets it go; 90th "
             f"percentile {c.gil_handoff_p90_ms:.4f} ms. The sim holds the lock this long on "
             "every contended take (sim.gil)"))
+    if c.cold_read_cpu_ms == c.cold_read_cpu_ms:  # not nan
+        out["cold_read_cpu_ms"] = (round(max(c.cold_read_cpu_ms, 0.0), 4), (
+            f"median thread CPU time of {c.cold_read_reps} cold bundle reads through the "
+            "engine's store on one thread, page cache dropped "
+            "(calibration.compute_probes.cold_read_times; their median wall "
+            f"{c.cold_read_wall_ms:.4f} ms): the kernel's work for the requests, the pages "
+            "and the copy. What the sim's load CPU (cold overhead, copy, per-read work) leaves "
+            "out of it runs on the cores beside the device time (sim.loads)"))
     if c.reader_wake_ms == c.reader_wake_ms:  # not nan
         out["reader_wake_ms"] = (round(max(c.reader_wake_ms, 0.0), 4), (
             f"the same {c.handoff_reps} requests, from the submit to the idle reader's start "

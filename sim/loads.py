@@ -10,6 +10,12 @@ Where a load's bytes are decides its cost, on the thread doing it (main or a rea
                 latency, bytes / bandwidth; no CPU while it is in flight), then the bundle
                 enters the page cache, then the copy, the per-read work and the fault work of
                 the cold pieces (cold pieces x cold_overhead: page faults, VM mapping)
+                beside the device time, a cold bundle's CPU that this leaves out: the hardware's
+                cold_read_cpu_ms (the reading thread's CPU time of a cold bundle read,
+                measured) less the load's copy, fault and per-read work, on the shared cores
+                while its requests are in flight (the kernel's work submitting and completing
+                them). It does not lengthen a read the cores have room for; it competes with
+                graph building and compute where a read runs beside them (a lead's prefetches)
 With the engine's emulated page-cache budget, each bundle a fill pushes out costs the reading
 thread `budget_evict_ms` of CPU after the read (the store drops its pages), before the load is
 done: a thread waiting on it waits through the drops, as on a ticket in engine.readers.
@@ -83,6 +89,7 @@ class Fetcher:
         self.cold_overhead = hw.cold_overhead_ms / 1e3
         self.copy_bps = hw.memcpy_gbps * 1e9
         self.readahead = hw.readahead
+        self.cold_read_cpu = hw.cold_read_cpu_ms / 1e3
         self.evict_s = evict_ms / 1e3  # Scenario.budget_evict_ms
         self.gil = gil if gil is not None else Gil(env, False)
         # each pread takes the GIL back (the engine); False: once per load, as the sim did
@@ -126,14 +133,17 @@ class Fetcher:
         if self.copy_bps:
             kernel += load.nbytes / self.copy_bps
         python = load.pieces * self.overhead
+        # the measured CPU of a cold bundle read that the parts above leave out (module doc)
+        beside = max(self.cold_read_cpu * load.nbytes / self.bundle_bytes - kernel - python,
+                     0.0) if cold_bytes and load.expert >= 0 else 0.0
         if (self.gil.enabled and self.slices_take_the_gil and cold_bytes and syscalls > 1
                 and requests == syscalls):
             evicted = yield from self._by_syscall(load, thread, syscalls, cold_bytes, kernel,
-                                                  python)
+                                                  python, beside)
         else:
             evicted = 0
             if cold_bytes:
-                yield from self._device_read(cold_bytes, requests)
+                yield from self._device_read(cold_bytes, requests, thread, beside)
                 evicted = self._fill(load)
             if kernel > 0:
                 yield self.cores.work(kernel, thread)
@@ -155,7 +165,7 @@ class Fetcher:
         yield from self.gil.run(self.cores, evicted * self.evict_s, thread)
 
     def _by_syscall(self, load: Load, thread: str, syscalls: int, cold_bytes: int,
-                    kernel: float, python: float) -> Generator:
+                    kernel: float, python: float, beside: float = 0.0) -> Generator:
         """A cold load as the engine does it, one pread per tensor slice: each pread waits on
         the device and lets go of the GIL meanwhile, long enough for a waiting thread to take
         it, so a read that lands while another thread runs Python waits for it once per slice,
@@ -172,7 +182,8 @@ class Fetcher:
         yield from self.gil.run(self.cores, python, thread)
         for i in range(syscalls):
             last = i == syscalls - 1
-            yield from self._device_read(cold_bytes - share * i if last else share, 1)
+            yield from self._device_read(cold_bytes - share * i if last else share, 1, thread,
+                                         beside / syscalls)
             if last:
                 evicted = self._fill(load)
             if kernel > 0:
@@ -180,12 +191,23 @@ class Fetcher:
             yield from self.gil.run(self.cores, python, thread)
         return evicted
 
-    def _device_read(self, nbytes: int, requests: int) -> Generator:
+    def _device_read(self, nbytes: int, requests: int, thread: str = "",
+                     beside: float = 0.0) -> Generator:
+        """The device read of `nbytes` in `requests`; with `beside`, that much CPU on
+        `thread`'s behalf runs on the cores meanwhile, and the read is done when both are."""
+        env = self.env
         if isinstance(self.device, SharedDevice):
-            yield from self.device.read(nbytes, requests)
+            if beside <= 0:
+                yield from self.device.read(nbytes, requests)
+                return
+            device = env.process(self.device.read(nbytes, requests))
         else:
-            _, io_end = self.device.read(self.env.now, nbytes, requests)
-            yield self.env.timeout(io_end - self.env.now)
+            _, io_end = self.device.read(env.now, nbytes, requests)
+            device = env.timeout(io_end - env.now)
+            if beside <= 0:
+                yield device
+                return
+        yield env.all_of([device, self.cores.work(beside, thread)])
 
     def _fill(self, load: Load) -> int:
         """The read's bytes enter the page cache; returns how many bundles that pushed out."""

@@ -71,6 +71,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "sync_overhead_ms": (_nonneg, "must be >= 0"),
     "handoff_ms": (_nonneg, "must be >= 0"),
     "gil_handoff_ms": (_nonneg, "must be >= 0"),
+    "cold_read_cpu_ms": (_nonneg, "must be >= 0"),
     "reader_wake_ms": (_nonneg, "must be >= 0"),
     "compute_factor": (_positive, "must be > 0"),
     "cpu_cores": (_nonneg, "must be >= 0 (0 = not modelled)"),

@@ -64,6 +64,9 @@ class Hardware:
     # reader thread performs (the event set, the main thread's wake-up and the GIL)
     gil_handoff_ms: float = 0.0  # a thread that slept on the GIL runs this long after the holder
     # lets go (its wake-up; sim.gil), when the scenario models the GIL
+    cold_read_cpu_ms: float = 0.0  # a cold bundle read's CPU on the reading thread (its
+    # kernel work: submitting and completing the requests, pages, the copy); what the load's
+    # modelled CPU leaves out runs beside its device time (sim.loads). 0 = not measured
     reader_wake_ms: float = 0.0  # a reader thread idle on the queue starts the load handed to
     # it this late (its wake-up, a core, the GIL): sim.readers
     compute_factor: float = 1.0  # accelerator time inside decode / as the roofline figures above
@@ -229,10 +232,10 @@ SCENARIO_KEYS = tuple(
 )
 HARDWARE_KEYS = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "description"))
 HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
-                     "handoff_ms", "gil_handoff_ms", "reader_wake_ms", "throttle_read_mbps",
-                     "throttle_read_iops", "throttle_burst_s", "throttle_kind",
-                     "compute_factor", "cpu_cores", "compute_on_cpu", "background_cores",
-                     "page_cache_floor_gib", "queue_ahead_ms", "queue_speedup",
+                     "handoff_ms", "gil_handoff_ms", "cold_read_cpu_ms", "reader_wake_ms",
+                     "throttle_read_mbps", "throttle_read_iops", "throttle_burst_s",
+                     "throttle_kind", "compute_factor", "cpu_cores", "compute_on_cpu",
+                     "background_cores", "page_cache_floor_gib", "queue_ahead_ms", "queue_speedup",
                      "refused_warm_ms", "stall_points_ms", "stall_wake_main_ms",
                      "stall_wake_compute_ms", "sync_stall_points_ms", "sync_stall_wake_main_ms",
                      "sync_stall_wake_compute_ms")

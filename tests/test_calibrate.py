@@ -136,6 +136,10 @@ def test_unmeasured_handoff_is_left_out_of_the_profile():
     values = hardware_values(storage(), compute(gil_handoff_ms=0.02, gil_handoff_p90_ms=0.09,
                                                 gil_handoff_reps=40), MACHINE, active_params=2e6)
     assert values["gil_handoff_ms"][0] == pytest.approx(0.02)
+    assert "cold_read_cpu_ms" not in values
+    values = hardware_values(storage(), compute(cold_read_cpu_ms=0.42, cold_read_wall_ms=0.84,
+                                                cold_read_reps=80), MACHINE, active_params=2e6)
+    assert values["cold_read_cpu_ms"][0] == pytest.approx(0.42)
 
 
 def test_a_profile_without_the_new_keys_still_loads(tmp_path):
@@ -220,6 +224,14 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     # machine can put the tail past the main thread's 2 ms nap: the waiter waits for a core)
     assert c.gil_handoff_reps == 100 and 0 < c.gil_handoff_ms <= c.gil_handoff_p90_ms
     assert cal.hardware["gil_handoff_ms"][0] == pytest.approx(c.gil_handoff_ms, abs=1e-4)
+    # a cold read's thread CPU: part of its wall (the rest waits on the device), where the
+    # expert files' pages could be dropped (else not measured, left out)
+    if c.cold_read_reps:
+        assert 0 < c.cold_read_cpu_ms <= c.cold_read_wall_ms * 1.05
+        assert cal.hardware["cold_read_cpu_ms"][0] == pytest.approx(c.cold_read_cpu_ms,
+                                                                    abs=1e-4)
+    else:
+        assert "cold_read_cpu_ms" not in cal.hardware
     # small concurrent reads: a speedup curve where O_DIRECT works (tmpfs refuses it)
     assert ("queue_speedup" in cal.hardware) == (1 in st.small_iops)
     if st.small_iops:

@@ -246,6 +246,36 @@ def test_queueing_a_fill_points_evaluation_is_not_graph_building(monkeypatch):
     assert covered <= t1 - t0
 
 
+def test_progress_times_each_part_where_it_happens(monkeypatch):
+    """progress() charges each part to its own phase: a next point's early start, the head
+    point's fill, handing the gather over and the kick each block a known, different time
+    here, and each phase gets its own (not a neighbour's), once per call."""
+    import time
+
+    import engine.fill_points as fp
+
+    calls: list[int] = []
+
+    def blocking_async_eval(arrays) -> None:  # the gather alone, then the kick's list
+        time.sleep(0.004 if isinstance(arrays, list) else 0.008)
+        calls.append(1)
+
+    monkeypatch.setattr(fp.mx, "async_eval", blocking_async_eval)
+    fills = fp.FillPoints()
+    inds = [mx.array([n]) for n in range(3)]
+    with fills.collecting():
+        fills.defer(fp.FillPoint(lambda _i: time.sleep(0.012)), inds[0], gather=mx.array([1.0]))
+        for n in (1, 2):
+            fills.defer(fp.FillPoint(lambda _i: None, start=lambda _i: time.sleep(0.016),
+                                     early=True), inds[n])
+    fills.begin(fills.take(), mx.array([9.0]))
+    fills.progress()  # layer 0: layer 1's start, 0's fill, 0's gather, the kick to 1 and 2
+    ms = {k: v / 1e6 for k, v in fills.phase_ns.items()}
+    assert fills.phase_calls == 1
+    for phase, slept in (("start_next", 16), ("fill", 12), ("gather", 8), ("kick", 4)):
+        assert slept <= ms[phase] < slept + 3.5, (phase, ms)
+
+
 def test_after_a_fill_the_walk_to_a_same_token_leads_next_ids_is_queued(monkeypatch):
     """Same-token lead: after layer N's fill the evaluation is queued up to the ids layer N+2
     was predicted with (layer N+1's input needs nothing N+1's fill writes), not only to N+1's

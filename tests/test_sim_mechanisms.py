@@ -261,7 +261,7 @@ def test_a_thread_that_slept_on_the_gil_runs_a_hand_over_after_the_release():
 
 
 def _sliced_load(main_build_s: float, readahead: bool = False, gil_on: bool = True,
-                 warm: bool = False) -> float:
+                 warm: bool = False, cold_read_cpu_ms: float = 0.0) -> float:
     """A cold bundle of 3 tensor slices (3 preads, 0.2 ms each on the device, 0.03 ms of Python
     in all) read by a reader from t=0 while the main thread holds the GIL for `main_build_s`;
     returns when the load finished (ms)."""
@@ -272,7 +272,8 @@ def _sliced_load(main_build_s: float, readahead: bool = False, gil_on: bool = Tr
     gil = Gil(env, gil_on)
     device = Device(0.0002, 1e12)
     pc = PageCache(10_000, 1000, 16)
-    hw = hardware(**dict(IO, load_overhead_ms=0.03, readahead=readahead))
+    hw = hardware(**dict(IO, load_overhead_ms=0.03, readahead=readahead,
+                         cold_read_cpu_ms=cold_read_cpu_ms))
     f = Fetcher(env, hw, device, pc, cores, 16, 1000, gil=gil, bundle_reads=3)
     load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())
     if warm:
@@ -304,3 +305,62 @@ def test_each_pread_of_a_bundle_takes_the_gil_back_once():
     # a warm pread returns before a waiting thread is awake: a warm load keeps the GIL
     assert _sliced_load(0.001, warm=True) == pytest.approx(1.03, abs=1e-5)
 
+
+
+def _read_beside_compute(cold_read_cpu_ms: float, compute_ms: float, load_overhead_ms: float = 0.0,
+                         warm: bool = False) -> tuple[float, float]:
+    """One cold bundle (one pread, 0.2 ms on the device) read by a reader from t=0 on a host of
+    ONE core, while a compute job of `compute_ms` runs from t=0 (none: 0). No GIL, no copy, no
+    fault work. Returns (load finished, compute finished) in ms."""
+    env = simpy.Environment()
+    cores = Cores(env, 1, threads=2)
+    pc = PageCache(10_000, 1000, 16)
+    hw = hardware(**dict(IO, load_overhead_ms=load_overhead_ms,
+                         cold_read_cpu_ms=cold_read_cpu_ms))
+    f = Fetcher(env, hw, Device(0.0002, 1e12), pc, cores, 16, 1000)
+    load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())
+    if warm:
+        pc.fill(3)
+    seen = {"compute": 0.0}
+
+    def compute():
+        yield cores.work(compute_ms / 1e3, "compute")
+        seen["compute"] = env.now * 1e3
+
+    if compute_ms:
+        env.process(compute())
+    env.process(f.perform(load, "reader0"))
+    env.run()
+    return load.finished * 1e3, seen["compute"]
+
+
+def test_a_cold_reads_cpu_runs_beside_its_device_time():
+    """cold_read_cpu_ms (sim.loads): the measured CPU of a cold read that the load's modelled
+    CPU leaves out runs on the cores while the read is on the device. Hand-worked on one core:
+    - 0.1 ms of it, alone: inside the 0.2 ms device time, the read is not longer (0.2);
+    - beside a 1 ms compute job: both at half speed until it is done at 0.2 ms, so compute
+      ends 0.1 late (1.1) and the read on time (0.2);
+    - 0.3 ms of it: CPU-bound, 0.3 alone; beside compute both at half speed to 0.6, compute
+      then alone for its last 0.7 (1.3);
+    - 0.1 ms, of which 0.04 is the load's own Python (load_overhead): 0.06 beside the device
+      (done at 0.12 beside compute), the Python after it at half speed (0.2 -> 0.28); compute
+      loses 0.1 in all (1.1);
+    - a warm read has none (compute alone: 1.0; the read is its 0.04 ms of Python, shared)."""
+    assert _read_beside_compute(0.1, 0) == pytest.approx((0.2, 0.0), abs=1e-6)
+    assert _read_beside_compute(0.1, 1.0) == pytest.approx((0.2, 1.1), abs=1e-6)
+    assert _read_beside_compute(0.3, 0) == pytest.approx((0.3, 0.0), abs=1e-6)
+    assert _read_beside_compute(0.3, 1.0) == pytest.approx((0.6, 1.3), abs=1e-6)
+    assert _read_beside_compute(0.1, 1.0, load_overhead_ms=0.04) == pytest.approx((0.28, 1.1),
+                                                                                  abs=1e-6)
+    assert _read_beside_compute(0.1, 1.0, load_overhead_ms=0.04, warm=True) == pytest.approx(
+        (0.08, 1.04), abs=1e-6)
+    assert _read_beside_compute(0.0, 1.0) == pytest.approx((0.2, 1.0), abs=1e-6)  # none
+
+
+def test_a_sliced_cold_read_spreads_its_cpu_over_its_preads():
+    """Read slice by slice (3 preads of 0.2 ms, 0.03 ms of Python), a cold bundle's CPU beside
+    the device is split over the preads: 0.33 ms measured less the 0.03 of Python leaves 0.1
+    per pread, inside each 0.2 ms: as fast as without it (0.63). 0.93 ms leaves 0.3 per pread:
+    each takes 0.3, 0.93 in all."""
+    assert _sliced_load(0.0, cold_read_cpu_ms=0.33) == pytest.approx(0.63, abs=1e-5)
+    assert _sliced_load(0.0, cold_read_cpu_ms=0.93) == pytest.approx(0.93, abs=1e-5)

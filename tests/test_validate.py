@@ -649,3 +649,26 @@ def test_rounds_capture_each_configuration_again_and_compare_the_median(
     bad = ssdmoe_subprocess("validate", str(validate_model), "--matrix", str(f), "--out",
                             str(out), "--no-calibrate", "--rounds", "0")
     assert bad.returncode != 0 and "--rounds: must be >= 1, got 0" in bad.stderr
+
+
+def test_lead_probe_section_shows_each_arm_as_the_probe_wrote_it(tmp_path):
+    """The report's lead probe table: one row per arm, measured / simulated per figure and the
+    four fill-point phases, in the columns their headers name (values made distinct so a
+    swapped column shows)."""
+    from validation.report import _probes_markdown
+
+    arm = {"arm": "layer @ 0.25",
+           "measured": {"decode_tok_s": 44.7, "build_ms": 2.37, "eval_ms": 13.77,
+                        "blocked_ms": 7.76},
+           "simulated": {"decode_tok_s": 64.4, "build_ms": 1.64, "eval_ms": 7.99,
+                         "blocked_ms": 5.92},
+           "phases_ms": {"start_next": 0.195, "fill": 1.381, "gather": 0.431, "kick": 1.113}}
+    (tmp_path / "lead_probe.json").write_text(json.dumps(
+        {"command": "uv run python reports/validation/lead_probe.py", "date": "today",
+         "arms": [arm]}))
+    lines = _probes_markdown(tmp_path)
+    header = next(i for i, line in enumerate(lines) if line.startswith("| arm | tok/s"))
+    assert lines[header].split(" | ")[4:] == ["blocked", "start next", "fill", "gather",
+                                              "kick |"]
+    assert lines[header + 2] == ("| layer @ 0.25 | 44.7 / 64.4 | 2.37 / 1.64 | 13.77 / 7.99 | "
+                                 "7.76 / 5.92 | 0.195 | 1.381 | 0.431 | 1.113 |")

@@ -327,6 +327,25 @@ def _probes_markdown(out: Path) -> list[str]:
                          f"{m['build_ms']:.2f} / {s_['build_ms']:.2f} | "
                          f"{a['threads']['compute']['runqueue_ms']:.2f} |")
         lines.append("")
+    lead = out / "lead_probe.json"
+    if lead.is_file():
+        lp = read_json_object(lead)
+        lines += [f"**The layer lead's evaluation, fill point by fill point** (`lead_probe.py`, "
+                  f"`{lp['command']}`, {lp['date']}): the staged path with lead none and layer, "
+                  "captured as `validate` does and replayed with the committed scenario; the "
+                  "engine times each part of a fill point (engine.fill_points `phase_ns`). "
+                  "Per decode step, ms, measured / simulated; phases in ms per fill point, "
+                  "measured only:", "",
+                  "| arm | tok/s | build | eval | blocked | start next | fill | gather | kick |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for a in lp["arms"]:
+            m, s_, ph = a["measured"], a["simulated"], a["phases_ms"]
+            pair = " | ".join(f"{m[k]:.2f} / {s_[k]:.2f}"
+                              for k in ("build_ms", "eval_ms", "blocked_ms"))
+            lines.append(f"| {a['arm']} | {m['decode_tok_s']:.1f} / {s_['decode_tok_s']:.1f} | "
+                         f"{pair} | {ph['start_next']:.3f} | {ph['fill']:.3f} | "
+                         f"{ph['gather']:.3f} | {ph['kick']:.3f} |")
+        lines.append("")
     return ["## Mechanism probes", "", *lines] if lines else []
 
 
