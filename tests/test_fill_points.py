@@ -254,11 +254,8 @@ def test_progress_times_each_part_where_it_happens(monkeypatch):
 
     import engine.fill_points as fp
 
-    calls: list[int] = []
-
     def blocking_async_eval(arrays) -> None:  # the gather alone, then the kick's list
         time.sleep(0.004 if isinstance(arrays, list) else 0.008)
-        calls.append(1)
 
     monkeypatch.setattr(fp.mx, "async_eval", blocking_async_eval)
     fills = fp.FillPoints()

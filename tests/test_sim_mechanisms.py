@@ -306,7 +306,6 @@ def test_each_pread_of_a_bundle_takes_the_gil_back_once():
     assert _sliced_load(0.001, warm=True) == pytest.approx(1.03, abs=1e-5)
 
 
-
 def _read_beside_compute(cold_read_cpu_ms: float, compute_ms: float, load_overhead_ms: float = 0.0,
                          warm: bool = False) -> tuple[float, float]:
     """One cold bundle (one pread, 0.2 ms on the device) read by a reader from t=0 on a host of

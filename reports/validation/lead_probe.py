@@ -45,12 +45,17 @@ FIGURES = ("decode_tok_s", "build_ms", "eval_ms", "blocked_ms")
 
 
 def child(lead: str, fraction: float, out: Path, result: Path) -> None:
-    """One capture in this process; writes the fill-point phases (ms per point) to `result`."""
+    """One capture in this process; writes the fill-point phases (ms per point) to `result`.
+    A bad model or prompts file is one line on stderr and exit status 1."""
+    from contract.errors import BadInput
     from engine.capture import capture, load_engine, read_prompts, start_recorder
     from engine.fill_points import PHASES
 
-    texts = read_prompts(PROMPTS)
-    engine = load_engine(MODEL, preset="staged", lead=lead, page_cache_fraction=fraction)
+    try:
+        texts = read_prompts(PROMPTS)
+        engine = load_engine(MODEL, preset="staged", lead=lead, page_cache_fraction=fraction)
+    except BadInput as err:
+        sys.exit(f"lead_probe: {err}")
     try:
         rec = start_recorder(out, engine, extra={"capture": {
             "prompts_file": str(PROMPTS), "prompts": len(texts), "max_tokens": MAX_TOKENS,
@@ -89,8 +94,11 @@ def run(rounds: int, fractions: list[float]) -> dict:
             for lead, f in arms[r % len(arms):] + arms[:r % len(arms)]:
                 name = f"{lead} @ {f:g}"
                 out, result = Path(tmp) / f"{lead}-{f:g}-{r}", Path(tmp) / f"{lead}-{f:g}-{r}.json"
-                subprocess.run([sys.executable, __file__, "--child", lead, str(f), str(out),
-                                str(result)], check=True)
+                done = subprocess.run([sys.executable, __file__, "--child", lead, str(f),
+                                       str(out), str(result)])
+                if done.returncode:
+                    sys.exit(f"lead_probe: the {name} capture failed (exit status "
+                             f"{done.returncode}; its message is above)")
                 got = json.loads(result.read_text())
                 got.update(measured_and_simulated(out))
                 per[name].append(got)
