@@ -55,6 +55,7 @@ class FillPoint:
     early: bool = False  # same-token lead: `start` runs once the previous point resolves
     inds: mx.array | None = None  # the routed ids it waits on
     gather: mx.array | None = None  # the layer's output that waits on it
+    layer_input: mx.array | None = None  # an `early` point's layer input (see _kick)
     step: int = -1  # the step that registered it: its loads carry this step
 
 
@@ -90,12 +91,14 @@ class FillPoints:
         finally:
             self.active = False
 
-    def defer(self, point: FillPoint, inds: mx.array, gather: mx.array | None = None) -> None:
+    def defer(self, point: FillPoint, inds: mx.array, gather: mx.array | None = None,
+              layer_input: mx.array | None = None) -> None:
         """Register `point` for the routed ids `inds` at the clock's step. `gather`: the
         layer's output that waits on this fill; queued for evaluation right after it, on its
         own, so the compute thread restarts before the (longer) walk of the graph up to the
-        next router."""
+        next router. `layer_input`: the state the gather runs on (kept for `early` points)."""
         point.inds, point.gather, point.step = inds, gather, self.clock.step
+        point.layer_input = layer_input if point.early else None
         self.pending.append(point)
 
     def take(self) -> list[FillPoint]:
@@ -193,11 +196,18 @@ class FillPoints:
         the point after it is `early` (same-token lead), up to that point's ids too: they were
         predicted from the next point's layer input, which needs nothing the next fill
         writes, so that layer's attention runs while the host fills, instead of at the
-        next `progress` when the host asks for the ids."""
-        nxt = self.backlog[0].inds if self.backlog else self.final
+        next `progress` when the host asks for the ids. An `early` point's own ids need
+        nothing of its layer (they came from the layer before), so its layer input is queued
+        too: else the last predicted layer of a step, with no point after it, would have its
+        attention handed over only with its gather, after its fill, while compute idles."""
+        head = self.backlog[0] if self.backlog else None
+        nxt = [head.inds] if head is not None else [self.final]
+        if head is not None and head.layer_input is not None:
+            nxt.append(head.layer_input)
         if len(self.backlog) > 1 and self.backlog[1].early:
-            nxt = [nxt, self.backlog[1].inds]
-        if nxt is not None:
+            nxt.append(self.backlog[1].inds)
+        nxt = [a for a in nxt if a is not None]
+        if nxt:
             mx.async_eval(nxt)
         if not self.backlog:
             self.final = None

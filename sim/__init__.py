@@ -9,8 +9,9 @@ schema as a measured one.
   profiles.py        TOML loading, validation, --set key=value overrides
   sharing.py         processor sharing, the mechanism of cpu.py and shared_device.py
   cpu.py             the host's cores: processor sharing among every thread that computes
-  gil.py             Python's interpreter lock: graph building vs readers' bookkeeping, and its
-                     hand-over to a thread that slept on it
+  gil.py             Python's interpreter lock: graph building vs readers' bookkeeping, its
+                     hand-over to a thread that slept on it, and the main thread taking it
+                     back after an MLX call or a wait that let go of it
   compute_stream.py  the accelerator's command stream (on a CPU backend: a thread on the cores;
                      a bounded queue: async eval returns once little is left queued)
   main_thread.py     the main thread's process: graph build, fills, syncs, waits

@@ -20,8 +20,10 @@ With the engine's emulated page-cache budget, each bundle a fill pushes out cost
 thread `budget_evict_ms` of CPU after the read (the store drops its pages), before the load is
 done: a thread waiting on it waits through the drops, as on a ticket in engine.readers.
 The per-read work is Python and holds the GIL (sim.gil) when the scenario models it; copy and
-fault work happen inside the read. The engine reads a bundle one pread per tensor slice and each
-pread takes the GIL back, so with the GIL modelled a load runs slice by slice (`_by_syscall`).
+fault work happen inside the read (a warm load's preads return before a waiting thread is awake,
+so with the GIL modelled its copies run inside its hold of the lock). The engine reads a bundle
+one pread per tensor slice and each pread takes the GIL back, so with the GIL modelled a cold
+load runs slice by slice (`_by_syscall`).
 All of it is CPU time on the host's shared cores (sim.cpu), so a load slows down when graph
 building and compute run beside it, and slows them in turn.
 A bundle may be read as several pieces (tensor-wise partial reads, `*_pieces`): with readahead
@@ -145,9 +147,14 @@ class Fetcher:
             if cold_bytes:
                 yield from self._device_read(cold_bytes, requests, thread, beside)
                 evicted = self._fill(load)
-            if kernel > 0:
-                yield self.cores.work(kernel, thread)
-            yield from self.gil.run(self.cores, python, thread)
+            if not cold_bytes and self.gil.enabled and self.slices_take_the_gil:
+                # a warm pread returns before a waiting thread is awake: the whole load,
+                # its copies too, holds the GIL (_by_syscall)
+                yield from self.gil.run(self.cores, python + kernel, thread)
+            else:
+                if kernel > 0:
+                    yield self.cores.work(kernel, thread)
+                yield from self.gil.run(self.cores, python, thread)
         load.cold = cold_pieces > 0
         load.cold_pieces = cold_pieces
         load.finished = env.now  # the engine's finished_ns: taken before the budget's drops

@@ -145,6 +145,7 @@ class MainThread:
         if seconds > 0:
             start = self.env.now
             yield self.cores.work(seconds, MAIN_THREAD)
+            yield from self.gil.take_back()
             self.eval += self.env.now - start
 
     def gpu_sync(self) -> Generator:
@@ -153,6 +154,7 @@ class MainThread:
         if done is not None:  # None: everything queued has run
             start = self.env.now
             yield done
+            yield from self.gil.take_back()  # eval let go of it (sim.gil)
             self.eval += self.env.now - start
 
     def new_load(self, step: int, layer: int, expert: int, key: int, nbytes: int, pieces: int,
@@ -219,6 +221,7 @@ class MainThread:
         yield load.done
         if self.readers is not None:
             yield self.env.timeout(self.readers.handoff_s)
+        yield from self.gil.take_back()  # the wait let go of it (sim.gil)
         load.waited = True
         load.wait += self.env.now - start
         self.blocked += self.env.now - start
@@ -442,10 +445,11 @@ class MainThread:
         the stream's queue is bounded the host waits until little is left queued, which is
         waiting on compute (eval time)."""
         done = self.compute.submit_async(seconds)
+        start = self.env.now
         if done is not None:
-            start = self.env.now
             yield done
-            self.eval += self.env.now - start
+        yield from self.gil.take_back()  # async_eval let go of it (sim.gil)
+        self.eval += self.env.now - start
 
     def record_step(self, step: int, request: int, phase: str, tokens: int, start: float) -> None:
         self.log.add(step=step, request=request, phase=phase, tokens=tokens, start=start,

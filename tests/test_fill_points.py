@@ -276,7 +276,9 @@ def test_progress_times_each_part_where_it_happens(monkeypatch):
 def test_after_a_fill_the_walk_to_a_same_token_leads_next_ids_is_queued(monkeypatch):
     """Same-token lead: after layer N's fill the evaluation is queued up to the ids layer N+2
     was predicted with (layer N+1's input needs nothing N+1's fill writes), not only to N+1's
-    ids, which its early start already brought to the host."""
+    ids, which its early start already brought to the host; and up to layer N+1's input, so
+    the step's last layer, which no prediction comes from, has its attention queued before
+    its fill too (not handed over with its gather while compute idles)."""
     import engine.fill_points as fp
 
     queued: list[set[int]] = []
@@ -287,17 +289,23 @@ def test_after_a_fill_the_walk_to_a_same_token_leads_next_ids_is_queued(monkeypa
     monkeypatch.setattr(fp.mx, "async_eval", record)
     fills = fp.FillPoints()
     inds = [mx.array([n]) for n in range(4)]
+    xs = [mx.array([10.0 + n]) for n in range(4)]  # each layer's input
+    final = mx.array([9.0])
     with fills.collecting():
-        fills.defer(fp.FillPoint(lambda _i: None), inds[0])  # layer 0 routes itself
+        fills.defer(fp.FillPoint(lambda _i: None), inds[0], layer_input=xs[0])  # routed
         for n in (1, 2, 3):
             fills.defer(fp.FillPoint(lambda _i: None, start=lambda _i: None, early=True),
-                        inds[n])
-    fills.begin(fills.take(), mx.array([9.0]))
-    assert queued[-1] == {id(inds[0]), id(inds[1])}
+                        inds[n], layer_input=xs[n])
+    fills.begin(fills.take(), final)
+    assert queued[-1] == {id(inds[0]), id(inds[1])}  # a routed layer's ids need its input
     fills.progress()  # layer 0's fill (layer 1's reads started first)
-    assert queued[-1] == {id(inds[1]), id(inds[2])}
+    assert queued[-1] == {id(inds[1]), id(xs[1]), id(inds[2])}
     fills.progress()
-    assert queued[-1] == {id(inds[2]), id(inds[3])}
+    assert queued[-1] == {id(inds[2]), id(xs[2]), id(inds[3])}
+    fills.progress()  # the last layer: no ids after it, its input still queued
+    assert queued[-1] == {id(inds[3]), id(xs[3])}
+    fills.progress()
+    assert queued[-1] == {id(final)}
 
 
 def test_a_blocking_async_eval_shows_as_eval_not_build(staged, monkeypatch):

@@ -260,6 +260,74 @@ def test_a_thread_that_slept_on_the_gil_runs_a_hand_over_after_the_release():
     assert lone_env.now == pytest.approx(0.0001) and lone.waited_s == 0.0
 
 
+def test_a_thread_back_from_a_call_that_let_go_of_the_gil_takes_it_back():
+    """sim.gil.Gil.take_back: main hands work over from 0 to 0.2 ms (async_eval: a core, not the
+    lock); a reader takes the lock at 0.1 ms for 0.3 ms of Python. Main runs Python again only
+    at 0.45 (the reader's release at 0.4 plus the 0.05 ms hand-over). A take-back nobody
+    contends is free: no wait, no hand-over, no SimPy event."""
+    from sim.gil import Gil
+
+    def run(reader_at: float | None) -> tuple[float, float]:
+        env = simpy.Environment()
+        cores = Cores(env, 0)
+        gil = Gil(env, True, handoff_s=0.00005)
+        seen = {}
+
+        def main():
+            yield cores.work(0.0002, "main")
+            yield from gil.take_back()
+            seen["main"] = env.now
+
+        def reader():
+            yield env.timeout(reader_at)
+            yield from gil.run(cores, 0.0003, "reader0")
+
+        env.process(main())
+        if reader_at is not None:
+            env.process(reader())
+        env.run()
+        return seen["main"] * 1e3, gil.waited_s * 1e3
+
+    assert run(0.0001) == pytest.approx((0.45, 0.25))
+    assert run(0.0003) == pytest.approx((0.2, 0.0))  # the reader asks after main is back
+    assert run(None) == pytest.approx((0.2, 0.0))
+    env = simpy.Environment()
+    off = Gil(env, False)
+    assert list(off.take_back()) == []  # the lock not modelled: nothing to wait for
+    on = Gil(env, True)
+    assert list(on.take_back()) == []  # free: returns without an event
+
+
+def test_a_warm_load_holds_the_gil_through_its_copies():
+    """A warm bundle (page cache) of 3 preads: each returns before a waiting thread is awake, so
+    its copies (0.1 ms at 10 MB/s for 1000 bytes) run inside its hold of the lock, with its
+    0.03 ms of Python: a reader starting at 0 holds it to 0.13 ms, and main asking at 0.05 runs
+    its 0.1 ms of Python from 0.13 to 0.23. With the copy outside the lock (as a cold read's
+    copy is, inside its pread) main would have run at 0.1 - 0.2 (the Python after the copy)."""
+    from sim.gil import Gil
+
+    env = simpy.Environment()
+    cores = Cores(env, 0)
+    gil = Gil(env, True)
+    pc = PageCache(10_000, 1000, 16)
+    pc.fill(3)
+    hw = hardware(**dict(IO, load_overhead_ms=0.03, memcpy_gbps=0.01))
+    f = Fetcher(env, hw, Device(0.0002, 1e12), pc, cores, 16, 1000, gil=gil, bundle_reads=3)
+    load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())
+    seen = {}
+
+    def main():
+        yield env.timeout(0.00005)
+        yield from gil.run(cores, 0.0001, "main")
+        seen["main"] = env.now
+
+    env.process(f.perform(load, "reader0"))
+    env.process(main())
+    env.run()
+    assert load.finished * 1e3 == pytest.approx(0.13)
+    assert seen["main"] * 1e3 == pytest.approx(0.23)
+
+
 def _sliced_load(main_build_s: float, readahead: bool = False, gil_on: bool = True,
                  warm: bool = False, cold_read_cpu_ms: float = 0.0) -> float:
     """A cold bundle of 3 tensor slices (3 preads, 0.2 ms each on the device, 0.03 ms of Python

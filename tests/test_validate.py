@@ -107,6 +107,34 @@ def test_error_summary_by_hand():
     assert ape(0.0, 1.0) is None
 
 
+def test_round_spread_by_hand():
+    """A configuration's noise is its farthest round from the rounds' median decode tok/s:
+    rounds 10, 12, 8, 11 have median 10.5 and the farthest, 8, lies 2.5 off (23.8%)."""
+    from validation.report import _noise_markdown, round_spread_pct, spread_summary
+
+    def rounds(name, role, speeds):
+        r = _r(name, role, decode_tok_s=1.0)
+        r["rounds_decode_tok_s"] = speeds
+        return r
+
+    a = rounds("a", "held-out", [10.0, 12.0, 8.0, 11.0])
+    assert round_spread_pct(a) == pytest.approx(250 / 10.5)
+    assert round_spread_pct(rounds("one", "held-out", [10.0])) is None
+    rs = [a, rounds("b", "held-out", [20.0, 21.0, 19.0]),  # 5% off
+          rounds("c", "held-out", [30.0, 30.0, 33.0]),  # 10% off
+          rounds("cal", "calibration", [1.0, 9.0])]  # left out: calibration
+    s = spread_summary(rs)
+    assert s["n"] == 3 and s["median_pct"] == pytest.approx(10.0)
+    assert s["p90_pct"] == pytest.approx(10 + 0.8 * (250 / 10.5 - 10))
+    text = " ".join(_noise_markdown(s, {"decode_tok_s": {"median_ape_pct": 7.0}}))
+    assert "a median 10.0% (p90 21.0%, 3 configurations)" in text
+    assert "(7.0%) is inside that noise" in text and "neither met nor missed" in text
+    quiet = " ".join(_noise_markdown({"median_pct": 2.0, "p90_pct": 3.0, "n": 3},
+                                     {"decode_tok_s": {"median_ape_pct": 7.0}}))
+    assert "inside that noise" not in quiet and "neither met" not in quiet
+    assert _noise_markdown({"median_pct": None}, {}) == []
+
+
 def test_responsible_component_is_the_largest_miss():
     r = {"measured": {"build_ms_per_step": 5.0, "eval_ms_per_step": 2.0,
                       "blocked_ms_per_step": 3.0},

@@ -130,10 +130,10 @@ class StagedPath(ExpertPath):
         """The experts through the slot table; with `fill`, registered as its fill point."""
         out = switch_glu(x, self.slot_table.arrays, self.slot_table.slot_ids(inds), self.quant)
         if fill is not None:
-            self._defer(inds, fill, out)
+            self._defer(inds, fill, out, x)
         return out
 
-    def _defer(self, inds: mx.array, point: FillPoint, out: mx.array) -> None:
+    def _defer(self, inds: mx.array, point: FillPoint, out: mx.array, x: mx.array) -> None:
         """Register `point` as a fill point (its loads labelled with this call's step); a
         failure of its fill or start resets the path."""
         def resetting(fn):
@@ -148,4 +148,4 @@ class StagedPath(ExpertPath):
         point.fill = resetting(point.fill)
         if point.start is not None:
             point.start = resetting(point.start)
-        self.points.defer(point, inds, out)
+        self.points.defer(point, inds, out, layer_input=x)
