@@ -445,7 +445,7 @@ def test_cold_fit_by_hand(tmp_path):
     build time per step, which a slow spell moves: here it is 3 ms long and changes nothing).
     The cold overhead is not fitted from its blocked time (2 ms a step long here): a cold
     read's gap is the latency fit's alone. A throttled one and a reader path's are not in it."""
-    from validation.calibration import current_note, fit_cold
+    from validation.calibration import current_note, fit_budget_evict
 
     cold = {"config": {"name": "on-demand-pc50-unthrottled", "path": "on-demand",
                        "page_cache": "1/2", "storage": "unthrottled"},
@@ -461,13 +461,13 @@ def test_cold_fit_by_hand(tmp_path):
     sc = tmp_path / "s.toml"
     sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n\n[notes]\n'
                   '"budget_evict_ms.in_decode" = "0.3000"  # old\n')
-    got = fit_cold([cold, throttled, hot], sc)
+    got = fit_budget_evict([cold, throttled, hot], sc)
     assert got == {"budget_evict_ms.in_decode": {"before": 0.3, "after": pytest.approx(0.05)}}
     assert current_note(sc, "cold_overhead_ms.in_decode") is None
     assert current_note(sc, "budget_evict_ms.in_decode") == pytest.approx(0.05, abs=1e-4)
     # no slope measured (the cold loads did not vary): the drops are not fitted
     del cold["measured"]["build_per_cold_read_ms"]
-    assert fit_cold([cold], sc) == {}
+    assert fit_budget_evict([cold], sc) == {}
 
 
 def test_latency_fit_by_hand(tmp_path):

@@ -24,16 +24,15 @@ decode they are larger, which is what the held-out configurations then test.
   ssd_latency_ms.in_decode    machine-wide, the device's time per read request inside decode,
                               from the one calibration configuration that reads cold on the
                               main thread (on-demand, 1/2 page cache): old + median(measured -
-                              simulated
-                              mean cold read, a load row's start to finish on the main
-                              thread, sim.compare.cold_read_ms) / the bundle's preads. The
+                              simulated mean cold read, a load row's start to finish on the
+                              main thread, sim.compare.cold_read_ms) / the bundle's preads. The
                               storage probes are a snapshot of a shared device: one fresh run's
                               calibrate measured 0.088 ms and a 2-reader speedup of 1.22 where
                               the run before measured 0.063 and 1.32, and its simulated cold
                               reads came out 15-54% long in every unthrottled configuration
                               without a lead. It alone takes a cold read's gap: a cold
                               overhead fitted from the same configuration's blocked time
-                              corrected it twice (fit_cold)
+                              corrected it twice (fit_budget_evict)
   budget_evict_ms.in_decode   the main-thread work per cold read under the engine's emulated
                               budget (its page drops after the read, engine.page_cache_budget,
                               and what else a cold read leaves the main thread), from the same
@@ -149,14 +148,13 @@ def fit_heads(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict[s
         "profile has none: the heads run as one batched flush per step)")
 
 
-def _per_load(results: list[dict[str, Any]], metric: str, cold: bool) -> list[float]:
-    """(measured - simulated `metric` per step) / (cold) loads per step, for each result that
-    has both figures and any such loads."""
+def _per_load(results: list[dict[str, Any]], metric: str) -> list[float]:
+    """(measured - simulated `metric` per step) / loads per step, for each result that has both
+    figures and any loads."""
     out = []
     for r in results:
         m, s = r["measured"], r["simulated"]
-        per_step = (m.get("loads_per_step") or 0) * ((m.get("cold_fraction") or 0) if cold
-                                                      else 1)
+        per_step = m.get("loads_per_step") or 0
         if per_step > 0 and s.get(metric) is not None:
             out.append((m[metric] - s[metric]) / per_step)
     return out
@@ -183,7 +181,7 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
     compute_factor (the accelerator's time inside decode against the isolated microbenchmarks':
     old x measured eval / simulated eval) and load_overhead_ms.in_decode (a warm load's CPU
     inside decode: old + (measured - simulated blocked) / loads per step), from the warm ones;
-    then the cold ones' (fit_cold)."""
+    then the cold ones' (fit_budget_evict, fit_latency)."""
     from sim.profiles import load_scenario
 
     cal = [r for r in results if r["config"]["page_cache"] == "all"]
@@ -221,11 +219,11 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
     out.update(_shift(
         scenario, "load_overhead_ms.in_decode",
         current_note(scenario, "load_overhead_ms.in_decode") or hw.load_overhead_ms,
-        _per_load(cal, "blocked_ms_per_step", cold=False),
+        _per_load(cal, "blocked_ms_per_step"),
         "fitted by ssdmoe validate: a warm load's main-thread cost inside decode, from blocked "
         "ms over loads per step of {n} calibration configurations (isolated calibrate loop: "
         f"{hw.load_overhead_ms:.4f} ms)"))
-    out.update(fit_cold(results, scenario))
+    out.update(fit_budget_evict(results, scenario))
     out.update(fit_latency(results, scenario, hw.ssd_latency_ms, sc.model.bundle_reads))
     out.update(fit_handoff(results, scenario, hw.handoff_ms))
     out.update(fit_reader_wake(results, scenario, hw.reader_wake_ms))
@@ -295,19 +293,21 @@ def fit_latency(results: list[dict[str, Any]], scenario: Path, isolated: float,
         f"{bundle_reads} preads a bundle (isolated calibrate probe: {isolated:.4f} ms)")
 
 
-def fit_cold(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict[str, float]]:
+def fit_budget_evict(results: list[dict[str, Any]],
+                     scenario: Path) -> dict[str, dict[str, float]]:
     """budget_evict_ms.in_decode from the calibration configurations that read cold on the main
     thread only (on-demand under a page-cache budget): the main-thread work the engine's
     emulated page-cache budget adds per cold read (it drops an evicted bundle's pages after the
     read, outside the read's wait), old + median(measured - simulated slope of build time over
     cold loads across one capture's decode steps).
-    A cold read's own time is fit_latency's alone. cold_overhead_ms was fitted here too, from
-    the same configuration's blocked time per cold load, which is mostly that read: both
-    corrected the read's gap from one comparison, so it was corrected twice, and the repeated
-    fit (validation.run.FIT_ROUNDS) swung between too long and too short instead of settling
-    (cold overhead 0.27, 0.14, 0.31 ms and latency 0.063, 0.040, 0.055 over the three passes
-    of the 17:36 run, which left the simulated blocked time long in every configuration that
-    reads on demand, the fitting one included). Both sit inside the read, so one configuration
+    A cold read's own time is fit_latency's alone. This was fit_cold, and it fitted
+    cold_overhead_ms too, from the same configuration's blocked time per cold load, which is
+    mostly that read: both corrected the read's gap from one comparison, so it was corrected
+    twice, and the repeated fit (validation.run.FIT_ROUNDS) swung between too long and too
+    short instead of settling (cold overhead 0.27, 0.14, 0.31 ms and latency 0.063, 0.040,
+    0.055 over the three passes of the 17:36 run, which left the simulated blocked time long in
+    every configuration that reads on demand, the fitting one included). Both sit inside the
+    read, so one configuration
     cannot split them; the device's latency takes the gap and the cold overhead stays
     calibrate's isolated figure."""
     cold = _reads_cold_on_main(results)
