@@ -47,6 +47,7 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
     engine's compute on `model_dir` (default: models/tiny-trained-stream, else tiny-random);
     return hardware and model profile values with how each was measured."""
     from calibration.compute_probes import measure_compute
+    from calibration.idle_probe import ARMS, measure_idle_slowdown
     from calibration.machine import facts
     from calibration.stall_probe import measure_stall_wake
     from calibration.storage_probes import measure_storage
@@ -78,6 +79,14 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
                 f"{', '.join(f'{d:g}' for d in stall.delays_ms)} ms held before each expert "
                 f"read vs none, page cache warm, {stall.rounds} rounds rotated, medians of "
                 "paired rounds")
+        idle = measure_idle_slowdown(model_dir)
+        for loop, found in (idle or {}).items():
+            prefix = "sync_" if loop == "sync" else ""
+            setattr(compute, f"{prefix}idle_util_points", found.util)
+            setattr(compute, f"{prefix}idle_slowdown", found.slowdown)
+            compute.idle_how = (
+                "sleeps of " + ", ".join(f"{s:g} ms every {n} steps" for s, n in ARMS if n)
+                + f" vs none, page cache warm, {found.rounds} rounds rotated")
     build_how = (f"measured {when}: graph building of one decode step / {compute.layers} layers, "
                  f"experts resident behind the engine's kernel (no reads, no syncs), 10th "
                  f"percentile of the steps; the engine's paths add main-thread work per layer ("

@@ -133,6 +133,11 @@ class ComputeResult:
     sync_stall_wake_main_ms: list[float] = field(default_factory=list)  # synchronous loop
     sync_stall_wake_compute_ms: list[float] = field(default_factory=list)
     stall_wake_how: str = ""  # the probe's arms
+    idle_util_points: list[float] = field(default_factory=list)  # calibration.idle_probe's
+    idle_slowdown: list[float] = field(default_factory=list)  # curve, lookahead loop
+    sync_idle_util_points: list[float] = field(default_factory=list)  # ... and synchronous
+    sync_idle_slowdown: list[float] = field(default_factory=list)
+    idle_how: str = ""  # the probe's arms
     queue_ahead_reps: int = 0  # routers timed
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -318,6 +323,18 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             [round(x, 4) for x in getattr(c, f"{prefix}stall_wake_main_ms")], main)
         out[f"{prefix}stall_wake_compute_ms"] = (
             [round(x, 4) for x in getattr(c, f"{prefix}stall_wake_compute_ms")], compute)
+    for prefix, loop in (("", "the lookahead loop (hot preset)"),
+                         ("sync_", "the synchronous loop (on-demand preset)")):
+        points = getattr(c, f"{prefix}idle_util_points")
+        if not points:
+            continue
+        out[f"{prefix}idle_util_points"] = ([round(x, 4) for x in points], (
+            f"calibration.idle_probe in {loop} ({c.idle_how}): the kernel's 32 ms average of "
+            "'a thread of the process runs' at a step after a sleep"))
+        out[f"{prefix}idle_slowdown"] = ([round(x, 4) for x in getattr(
+            c, f"{prefix}idle_slowdown")], "that step's build + eval over the same capture's steps "
+            "further from any sleep, less 1: CPU work runs this much slower after the process "
+            "idled (sim.idle_slowdown)")
     if active_params and c.prefill_ms > 0 and c.prefill_tokens:
         tflops = 2 * active_params * c.prefill_tokens / (c.prefill_ms / 1e3) / 1e12
         out["compute_tflops"] = (round(tflops, 6), (

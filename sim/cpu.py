@@ -7,7 +7,8 @@ progresses at min(1, c / n) CPU seconds per second. Other processes' load (`back
 cores kept busy) takes its share first.
 
 A job is `yield cores.work(seconds, thread)` (sim.sharing: one event per job whatever the
-contention).
+contention). After the process has idled, a job's seconds grow by the measured slowdown at the
+kernel's utilization average then (sim.idle_slowdown), fixed at the job's start.
 
 With enough cores for every thread that can run at once (`unbounded`, or cores >= threads),
 nobody ever waits for a core and `work` is a plain timeout: `tests/test_sim_cpu.py` checks
@@ -18,15 +19,17 @@ from __future__ import annotations
 
 import simpy
 
+from sim.idle_slowdown import IdleSlowdown
 from sim.sharing import ProcessorSharing
 
 
 class Cores(ProcessorSharing):
     def __init__(self, env: simpy.Environment, cores: float, background: float = 0.0,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, idle: IdleSlowdown | None = None) -> None:
         """`threads`: the most threads that can ever ask for CPU at once (None: unknown). When
         the cores left by the background load hold them all, nobody can wait for a core and
-        every job is a plain timeout (the shortcut the module doc describes)."""
+        every job is a plain timeout (the shortcut the module doc describes). `idle`: work
+        runs slower after the process idled (sim.idle_slowdown)."""
         if cores < 0 or background < 0:
             raise ValueError("cores and background load must be >= 0")
         super().__init__(env)
@@ -35,6 +38,8 @@ class Cores(ProcessorSharing):
         self.unbounded = cores == 0 or (threads is not None and capacity >= threads)
         self.capacity = 0.0 if self.unbounded else capacity
         self.contended_s = 0.0  # wall time with more runnable jobs than cores
+        self.idle = idle if idle is not None and idle.enabled and cores else None
+        self._running = 0  # jobs in flight on the shortcut path (unbounded)
 
     def rate(self, n: int | None = None) -> float:
         """CPU seconds per second each of n runnable jobs gets."""
@@ -47,9 +52,37 @@ class Cores(ProcessorSharing):
         if n > self.capacity:
             self.contended_s += elapsed
 
+    def _update(self) -> None:
+        if self.idle is not None:  # the kernel's average, up to now
+            self.idle.advance(self.env.now, bool(self.jobs))
+        super()._update()
+
     def work(self, seconds: float, thread: str = "main") -> simpy.Event:
-        """An event that fires once `thread` has had `seconds` of CPU."""
+        """An event that fires once `thread` has had `seconds` of CPU (more after the process
+        idled: sim.idle_slowdown)."""
+        if self.idle is not None and seconds > 0:
+            if self.unbounded:
+                return self._counted(seconds, thread)
+            self._update()
+            seconds *= self.idle.factor()
         if self.unbounded:
             self.busy_s[thread] += seconds
             return self.env.timeout(max(seconds, 0.0))
         return super().work(seconds, thread)
+
+    def _counted(self, seconds: float, thread: str) -> simpy.Event:
+        """The unbounded shortcut, with the jobs in flight counted for the average."""
+        idle = self.idle
+        assert idle is not None
+        idle.advance(self.env.now, self._running > 0)
+        seconds *= idle.factor()
+        self.busy_s[thread] += seconds
+        self._running += 1
+        done = self.env.timeout(seconds)
+
+        def finished(_event: simpy.Event) -> None:
+            idle.advance(self.env.now, True)
+            self._running -= 1
+
+        done.callbacks.append(finished)
+        return done

@@ -84,6 +84,12 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
        for loop in ("", "sync_")},
     **{f"{loop}stall_wake_{who}_ms": (lambda v: all(x >= 0 for x in v), "must be >= 0")
        for loop in ("", "sync_") for who in ("main", "compute")},
+    **{f"{loop}idle_util_points": (lambda v: all(0 <= x <= 1 for x in v)
+                                   and v == sorted(set(v)),
+                                   "must be distinct shares in [0, 1], ascending")
+       for loop in ("", "sync_")},
+    **{f"{loop}idle_slowdown": (lambda v: all(x >= 0 for x in v), "must be >= 0")
+       for loop in ("", "sync_")},
     "throttle_read_mbps": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_read_iops": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_burst_s": (_nonneg, "must be >= 0"),

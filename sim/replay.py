@@ -19,6 +19,7 @@ from sim.compute_stream import ComputeStream
 from sim.cpu import Cores
 from sim.figures import SimFigures
 from sim.gil import Gil
+from sim.idle_slowdown import IdleSlowdown
 from sim.loads import Fetcher
 from sim.main_thread import MainThread
 from sim.memory import MemoryBudget, budget
@@ -106,7 +107,8 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
     # the exact path reads on the main thread (engine.paths.exact): no reader threads
     reader_threads = 0 if sc.path == "exact" else sc.readers
     threads = 1 + reader_threads + (1 if hw.compute_on_cpu else 0)  # main, readers, compute
-    cores = Cores(env, hw.cpu_cores, hw.background_cores, threads)
+    cores = Cores(env, hw.cpu_cores, hw.background_cores, threads,
+                  IdleSlowdown.for_loop(hw, sc.lookahead))
     queue_ahead_s = hw.queue_ahead_ms / 1e3 if math.isfinite(hw.queue_ahead_ms) else None
     compute = ComputeStream(env, cores if hw.compute_on_cpu else None, hw.lazy_compute,
                             hw.sync_overhead_ms / 1e3, queue_ahead_s=queue_ahead_s)

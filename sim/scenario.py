@@ -92,6 +92,13 @@ class Hardware:
     sync_stall_points_ms: list[float] = field(default_factory=list)  # the same curve measured
     sync_stall_wake_main_ms: list[float] = field(default_factory=list)  # in the synchronous
     sync_stall_wake_compute_ms: list[float] = field(default_factory=list)  # loop (empty: none)
+    idle_util_points: list[float] = field(default_factory=list)  # the share of recent time
+    # any of the process's threads ran (0-1, the kernel's 32 ms average) at which the slowdown
+    # below was measured (sim.idle_slowdown; empty: not modelled)
+    idle_slowdown: list[float] = field(default_factory=list)  # extra CPU time per CPU second
+    # of work started at that share (calibration.idle_probe), in the lookahead decode loop
+    sync_idle_util_points: list[float] = field(default_factory=list)  # the same curve in the
+    sync_idle_slowdown: list[float] = field(default_factory=list)  # synchronous loop
     queue_ahead_ms: float = math.inf  # compute left queued when a non-blocking eval returns
     # (sim.compute_stream's bounded queue: MLX blocks while > 10 tasks are in flight, one
     # operation each on its CPU backend); inf = the host never waits (Metal command buffers)
@@ -238,5 +245,6 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "background_cores", "page_cache_floor_gib", "queue_ahead_ms", "queue_speedup",
                      "refused_warm_ms", "stall_points_ms", "stall_wake_main_ms",
                      "stall_wake_compute_ms", "sync_stall_points_ms", "sync_stall_wake_main_ms",
-                     "sync_stall_wake_compute_ms")
+                     "sync_stall_wake_compute_ms", "idle_util_points", "idle_slowdown",
+                     "sync_idle_util_points", "sync_idle_slowdown")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

@@ -252,3 +252,23 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     path = write_hardware(tmp_path / "q.toml", hardware_toml(cal.hardware, "q", cal.when, "t"))
     assert load_hardware(str(path)).lazy_compute is True
     assert load_hardware(str(path)).queue_ahead_ms == cal.hardware["queue_ahead_ms"][0]
+
+
+def test_the_idle_probes_curves_round_trip_through_the_profile(tmp_path):
+    """calibrate writes calibration.idle_probe's curves, one per decode loop, and a profile
+    read back gives them to sim.idle_slowdown; an unmeasured curve is left out."""
+    from sim.idle_slowdown import IdleSlowdown
+
+    assert "idle_util_points" not in hardware_values(storage(), compute(), MACHINE,
+                                                     active_params=2e6)
+    c = compute(idle_util_points=[0.5, 0.75], idle_slowdown=[0.3, 0.0],
+                sync_idle_util_points=[0.6, 0.7], sync_idle_slowdown=[0.1, 0.0],
+                idle_how="sleeps of 60 ms every 3 steps")
+    values = hardware_values(storage(), c, MACHINE, active_params=2e6)
+    path = write_hardware(tmp_path / "cal.toml", hardware_toml(values, "cal", "t", "c"))
+    hw = load_hardware(str(path))
+    assert "60 ms every 3 steps" in values["idle_util_points"][1]
+    lookahead, sync = IdleSlowdown.for_loop(hw, True), IdleSlowdown.for_loop(hw, False)
+    lookahead.util = sync.util = 0.625
+    assert lookahead.factor() == pytest.approx(1.15)
+    assert sync.factor() == pytest.approx(1.075)
