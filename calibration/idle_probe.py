@@ -34,7 +34,6 @@ their own processes.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from pathlib import Path
 
 from calibration.stall_probe import LOOP_PRESETS, per_step, thread_stats
 from contract.errors import IOFault
-from sim.idle_slowdown import PELT_HALF_LIFE_MS
+from sim.idle_slowdown import IdleSlowdown
 
 # (sleep ms, every n decode steps): a throttle's ~70 ms stall every ~3 steps, and spells
 # that leave the average room to recover in between; (0, 0) sleeps never (its threads'
@@ -166,20 +165,21 @@ def run_arms(model_dir: Path, rounds: int, work: Path, *, tokens: int,
     return runs
 
 
-def utilization(run: IdleRun, half_life_ms: float = PELT_HALF_LIFE_MS) -> list[float]:
-    """The kernel's average of "a thread runs" at the middle of each decode step: 1 while
-    stepping (one of the two busy threads always runs), 0 through a sleep (at the start of the
-    step after a sleeping one: the recorder sleeps after that step's row)."""
-    tau = half_life_ms / math.log(2)
-    u, out = 1.0, []
+def utilization(run: IdleRun) -> list[float]:
+    """The simulator's average (sim.idle_slowdown.IdleSlowdown, so the curve's x is what the
+    sim keeps) at the middle of each decode step: a thread runs while stepping (one of the two
+    busy threads always does), none through a sleep (at the start of the step after a sleeping
+    one: the recorder sleeps after that step's row)."""
+    average = IdleSlowdown("idle probe", [], [])
+    now, out = 0.0, []
     for i, (start, end, _) in enumerate(run.rows):
-        span = (end - start) / 1e6
-        asleep = run.sleep_ms if i and sleeps_after(i, run.every) else 0.0
-        u *= math.exp(-min(asleep, span) / tau)
-        keep = math.exp(-max(span - asleep, 0.0) / 2 / tau)
-        u = 1 - (1 - u) * keep
-        out.append(u)
-        u = 1 - (1 - u) * keep
+        span = (end - start) / 1e9
+        asleep = min(run.sleep_ms / 1e3 if i and sleeps_after(i, run.every) else 0.0, span)
+        average.advance(now + asleep, False)
+        average.advance(now + asleep + (span - asleep) / 2, True)
+        out.append(average.util)
+        now += span
+        average.advance(now, True)
     return out
 
 

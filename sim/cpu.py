@@ -63,7 +63,7 @@ class Cores(ProcessorSharing):
         if self.idle is not None and seconds > 0:
             if self.unbounded:
                 return self._counted(seconds, thread)
-            self._update()
+            self.idle.advance(self.env.now, bool(self.jobs))  # up to now, before this job
             seconds *= self.idle.factor()
         if self.unbounded:
             self.busy_s[thread] += seconds

@@ -43,12 +43,14 @@ def set_key(path: Path, key: str, values: list[float], why: str) -> None:
 
 def main() -> int:
     from calibration.idle_probe import ARMS, measure_idle_slowdown
-    from contract.errors import BadInput
+    from contract.errors import BadInput, IOFault
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--hardware", type=Path, help="hardware profile to write the curves into")
     args = ap.parse_args()
+    if args.rounds < 1:
+        sys.exit(f"--rounds: must be >= 1, got {args.rounds}")
     if not (MODEL / "manifest.json").is_file():
         sys.exit(f"{MODEL}: no converted model (ssdmoe convert models/tiny-trained {MODEL})")
     if args.hardware is not None and not args.hardware.is_file():
@@ -56,7 +58,7 @@ def main() -> int:
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     try:
         curves = measure_idle_slowdown(MODEL, rounds=args.rounds)
-    except BadInput as err:
+    except (BadInput, IOFault) as err:  # one line, never a traceback
         sys.exit(str(err))
     if curves is None:
         sys.exit("idle probe: needs Linux (/proc/self/schedstat)")
