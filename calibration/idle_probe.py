@@ -21,9 +21,11 @@ average of "a thread of the process runs" at that step (1 while stepping, 0 whil
 followed through the capture's own timeline) and the step's slowdown: its build + eval over
 the median of the same capture's steps further from any sleep (a capture alternates blocks of
 BLOCK steps with and without sleeps, so the reference runs in the same minute: on this shared
-machine a capture a minute later can run 20% faster or slower). Points are medians over
-rounds, made non-increasing in the average (pool-adjacent-violators) and ended, at no
-slowdown, by the first under the probe's noise (NOISE).
+machine a capture a minute later can run 20% faster or slower). A point is the median over
+every round's steps at that arm and position, made non-increasing in the average (pool-
+adjacent-violators weighted by steps) and ended, at no slowdown, by the first that does not
+stand out of the far steps' own scatter by Z standard errors of its median (noise; never less
+than NOISE): a point of few steps must be larger to count.
 
     curves = measure_idle_slowdown(Path("models/tiny-trained-stream"))  # lookahead, sync
 
@@ -34,6 +36,7 @@ their own processes.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -55,6 +58,11 @@ RECOVERY = 8  # steps after a sleep that make points; the later ones are the ref
 # A slowdown this small is not told apart from the reference on this machine: steps 5-8 after
 # a 20 ms sleep, recovered by every measure, scatter +-5% (2026-12-03); the curve ends there.
 NOISE = 0.05
+# ... nor one under Z standard errors of its median: single steps scatter 12-50% here, and a
+# point of one step per capture (steps 3-8 after a sleep every 3 steps) made the curve's tail
+# (+7..+10% at averages 0.72-0.88 in one run, none in another)
+Z = 2.0
+ROUNDS = 3
 
 
 def sleeps_after(count: int, every: int) -> bool:
@@ -183,63 +191,81 @@ def utilization(run: IdleRun) -> list[float]:
     return out
 
 
-def pooled(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(u, slowdown) sorted by u and made non-increasing in slowdown (pool-adjacent-violators:
-    a violating run is replaced by its mean, at its mean u)."""
-    blocks: list[list[float]] = []  # [sum u, sum slowdown, n]
-    for u, y in sorted(points):
-        blocks.append([u, y, 1])
+def pooled(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
+    """(u, slowdown, steps) sorted by u and made non-increasing in slowdown (weighted
+    pool-adjacent-violators: a violating run is replaced by its steps-weighted mean, at its
+    weighted mean u, and counts all their steps)."""
+    blocks: list[list[float]] = []  # [sum u*n, sum slowdown*n, n]
+    for u, y, n in sorted(points):
+        blocks.append([u * n, y * n, n])
         while len(blocks) > 1 and blocks[-2][1] / blocks[-2][2] < blocks[-1][1] / blocks[-1][2]:
-            su, sy, n = blocks.pop()
+            su, sy, sn = blocks.pop()
             blocks[-1][0] += su
             blocks[-1][1] += sy
-            blocks[-1][2] += n
-    return [(su / n, sy / n) for su, sy, n in blocks]
+            blocks[-1][2] += sn
+    return [(su / n, sy / n, int(n)) for su, sy, n in blocks]
 
 
-def run_points(run: IdleRun) -> dict[int, tuple[float, float]]:
-    """Position after a sleep (1..RECOVERY) -> (the average there, the slowdown of the
-    step's build + eval against the same capture's steps further from any sleep), medians."""
+def run_steps(run: IdleRun) -> tuple[dict[int, list[tuple[float, float]]], list[float]]:
+    """Position after a sleep (1..RECOVERY) -> (the average, the step's build + eval over the
+    median of the same capture's steps further from any sleep, less 1) for each such step; and
+    the same ratio, less 1, for each of those far steps (the reference's own scatter)."""
     after = since_sleep(len(run.rows), run.every)
     util = utilization(run)
     ref = [run.rows[i][2] for i, p in enumerate(after) if p is not None and p > RECOVERY]
     if not ref:
-        return {}
+        return {}, []
     base = statistics.median(ref)
-    out = {}
-    for pos in range(1, RECOVERY + 1):
-        at = [i for i, p in enumerate(after) if p == pos]
-        if at:
-            out[pos] = (statistics.median(util[i] for i in at),
-                        statistics.median(run.rows[i][2] for i in at) / base - 1)
-    return out
+    out: dict[int, list[tuple[float, float]]] = {}
+    for i, p in enumerate(after):
+        if p is not None and 1 <= p <= RECOVERY:
+            out.setdefault(p, []).append((util[i], run.rows[i][2] / base - 1))
+    return out, [w / base - 1 for w in ref]
+
+
+def noise(scatter: list[float], steps: int) -> float:
+    """The smallest slowdown a median of `steps` steps tells apart from none: Z standard
+    errors of a median (1.2533 sigma / sqrt(n), sigma from the far steps' MAD), and never
+    under NOISE."""
+    if not scatter or steps < 1:
+        return NOISE
+    mid = statistics.median(scatter)
+    sigma = 1.4826 * statistics.median(abs(x - mid) for x in scatter)
+    return max(NOISE, Z * 1.2533 * sigma / math.sqrt(steps))
 
 
 def curve(runs: list[IdleRun], rounds: int, preset: str) -> IdleCurve:
-    """Per sleeping arm and position after the sleep: the average there and the slowdown
-    (run_points), medians over rounds."""
+    """Per sleeping arm and position after the sleep, the steps of every round pooled: their
+    median average and median slowdown (run_steps). The curve: those points made
+    non-increasing (weighted by steps), ended, at no slowdown, by the first that does not
+    stand out of the far steps' scatter (noise)."""
     raw: dict[tuple[float, int, int], list[tuple[float, float]]] = {}
+    scatter: list[float] = []
     for r in runs:
         if r.every:
-            for pos, point in run_points(r).items():
-                raw.setdefault((r.sleep_ms, r.every, pos), []).append(point)
+            steps, far = run_steps(r)
+            scatter += far
+            for pos, at in steps.items():
+                raw.setdefault((r.sleep_ms, r.every, pos), []).extend(at)
     points = [{"sleep_ms": k[0], "every": k[1], "position": k[2],
-               "util": statistics.median(p[0] for p in v),
-               "slowdown": statistics.median(p[1] for p in v)} for k, v in sorted(raw.items())]
+               "util": statistics.median(u for u, _ in v),
+               "slowdown": statistics.median(y for _, y in v), "steps": len(v)}
+              for k, v in sorted(raw.items())]
     if not points:
         raise IOFault("idle probe: no step after a sleep was captured")
     util, slow = [], []
-    for u, y in [*pooled([(p["util"], p["slowdown"]) for p in points]), (1.0, 0.0)]:
+    blocks = pooled([(p["util"], p["slowdown"], p["steps"]) for p in points])
+    for u, y, n in [*blocks, (1.0, 0.0, 1)]:
         if not util or u > util[-1] + 1e-4:
             util.append(round(u, 4))
-            slow.append(round(y, 4) if y >= NOISE else 0.0)
+            slow.append(round(y, 4) if y >= noise(scatter, n) else 0.0)
             if slow[-1] == 0:  # flat from here (the curve's end value)
                 break
     return IdleCurve(util, slow, rounds, preset, points, runs)
 
 
-def measure_idle_slowdown(model_dir: Path, *, rounds: int = 2,
-                          tokens: int = 48) -> dict[str, IdleCurve] | None:
+def measure_idle_slowdown(model_dir: Path, *, rounds: int = ROUNDS,
+                          tokens: int = 4 * BLOCK) -> dict[str, IdleCurve] | None:
     """The probe on `model_dir`, one curve per decode loop ("lookahead", "sync", each with
     the preset that runs it: calibration.stall_probe.LOOP_PRESETS); None where there is no
     schedstat (not Linux)."""

@@ -84,6 +84,7 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
             prefix = "sync_" if loop == "sync" else ""
             setattr(compute, f"{prefix}idle_util_points", found.util)
             setattr(compute, f"{prefix}idle_slowdown", found.slowdown)
+            compute.idle_points[loop] = found.points
             compute.idle_how = (
                 "sleeps of " + ", ".join(f"{s:g} ms every {n} steps" for s, n in ARMS if n)
                 + f" vs none, page cache warm, {found.rounds} rounds rotated")

@@ -138,6 +138,8 @@ class ComputeResult:
     sync_idle_util_points: list[float] = field(default_factory=list)  # ... and synchronous
     sync_idle_slowdown: list[float] = field(default_factory=list)
     idle_how: str = ""  # the probe's arms
+    idle_points: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # per loop:
+    # the probe's points before pooling (sleep, every, position, average, slowdown, steps)
     queue_ahead_reps: int = 0  # routers timed
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)

@@ -10,6 +10,9 @@ A job is `yield cores.work(seconds, thread)` (sim.sharing: one event per job wha
 contention). After the process has idled, a job's seconds grow by the measured slowdown at the
 kernel's utilization average then (sim.idle_slowdown), fixed at the job's start.
 
+`active_s()`: the time so far with some job in service (counted once `track_activity()` is
+on), so a stretch's idle time is its length less the growth of that (sim.stall_wake).
+
 With enough cores for every thread that can run at once (`unbounded`, or cores >= threads),
 nobody ever waits for a core and `work` is a plain timeout: `tests/test_sim_cpu.py` checks
 that the shared model gives the same times in that case.
@@ -40,6 +43,25 @@ class Cores(ProcessorSharing):
         self.contended_s = 0.0  # wall time with more runnable jobs than cores
         self.idle = idle if idle is not None and idle.enabled and cores else None
         self._running = 0  # jobs in flight on the shortcut path (unbounded)
+        self.tracking = self.idle is not None  # the shortcut counts its jobs in flight
+        self._active = 0.0  # time with a job in service, up to _active_at
+        self._active_at = 0.0
+
+    def track_activity(self) -> None:
+        """Keep `active_s()` (the shortcut path then counts its jobs in flight)."""
+        self.tracking = True
+
+    def active_s(self) -> float:
+        """Time so far with at least one job in service."""
+        busy = self._running > 0 if self.unbounded else bool(self.jobs)
+        return self._active + (self.env.now - self._active_at if busy else 0.0)
+
+    def _activity(self, busy: bool) -> None:
+        """Bring the active time up to now; `busy`: whether a job was in service since."""
+        now = self.env.now
+        if busy:
+            self._active += now - self._active_at
+        self._active_at = now
 
     def rate(self, n: int | None = None) -> float:
         """CPU seconds per second each of n runnable jobs gets."""
@@ -55,14 +77,15 @@ class Cores(ProcessorSharing):
     def _update(self) -> None:
         if self.idle is not None:  # the kernel's average, up to now
             self.idle.advance(self.env.now, bool(self.jobs))
+        self._activity(bool(self.jobs))
         super()._update()
 
     def work(self, seconds: float, thread: str = "main") -> simpy.Event:
         """An event that fires once `thread` has had `seconds` of CPU (more after the process
         idled: sim.idle_slowdown)."""
+        if self.unbounded and self.tracking and seconds > 0:
+            return self._counted(seconds, thread)
         if self.idle is not None and seconds > 0:
-            if self.unbounded:
-                return self._counted(seconds, thread)
             self.idle.advance(self.env.now, bool(self.jobs))  # up to now, before this job
             seconds *= self.idle.factor()
         if self.unbounded:
@@ -71,17 +94,21 @@ class Cores(ProcessorSharing):
         return super().work(seconds, thread)
 
     def _counted(self, seconds: float, thread: str) -> simpy.Event:
-        """The unbounded shortcut, with the jobs in flight counted for the average."""
+        """The unbounded shortcut, with the jobs in flight counted (for the average and the
+        active time)."""
         idle = self.idle
-        assert idle is not None
-        idle.advance(self.env.now, self._running > 0)
-        seconds *= idle.factor()
+        if idle is not None:
+            idle.advance(self.env.now, self._running > 0)
+            seconds *= idle.factor()
+        self._activity(self._running > 0)
         self.busy_s[thread] += seconds
         self._running += 1
         done = self.env.timeout(seconds)
 
         def finished(_event: simpy.Event) -> None:
-            idle.advance(self.env.now, True)
+            if idle is not None:
+                idle.advance(self.env.now, True)
+            self._activity(True)
             self._running -= 1
 
         done.callbacks.append(finished)

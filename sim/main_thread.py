@@ -107,6 +107,8 @@ class MainThread:
         self.refused_warm_s = hw.refused_warm_ms / 1e3
         self.lookahead = sc.lookahead
         self.stall_wake = StallWake.for_loop(hw, sc.lookahead)
+        if self.stall_wake.points:
+            cores.track_activity()  # a stall's idle part (_execute_layer)
         owners = [policy.head_owner(layer) for layer in range(m.layers)]  # fixed per run
         self.layer_build_s = [self.build_s + (self.head_build_s if o else 0.0) for o in owners]
         self.layer_attn_s = [self.attn_s + (self.head_s if o else 0.0) for o in owners]
@@ -121,7 +123,7 @@ class MainThread:
 
     # -- primitives (each a SimPy sub-process: `yield from`) --------------------------------
     def begin_step(self) -> None:
-        self.build = self.eval = self.blocked = 0.0
+        self.build = self.eval = self.blocked = self.blocked_idle = 0.0
         self.hits = self.misses = 0
         self.evictions0 = self.lru.evictions + self.slots.evictions
 
@@ -174,9 +176,9 @@ class MainThread:
                     and not self.sc.o_direct:  # (O_DIRECT: never asked)
                 # the engine asked the page cache first and was refused (engine.readers.wait):
                 # main-thread work inside the fill's wait, so blocked time
-                start = self.env.now
+                start, active = self.env.now, self.cores.active_s()
                 yield from self.gil.run(self.cores, self.refused_warm_s, MAIN_THREAD)
-                self.blocked += self.env.now - start
+                self._blocked(start, active)
             if not hold:
                 self.readers.submit(load)
         else:  # the main thread reads it now and is blocked meanwhile
@@ -189,12 +191,12 @@ class MainThread:
         pool's ticket (engine.readers.wait times the wait up to the ticket's event, set after
         the drops); a path without readers reads inside graph building or a fill (the exact
         path: engine.store's load row ends before the drops), so there they are that work."""
-        start = self.env.now
+        start, active = self.env.now, self.cores.active_s()
         yield from self.fetcher.perform(load, MAIN_THREAD)
         load.waited = True
         end = self.env.now if self.readers is not None else load.finished
         load.wait += end - start
-        self.blocked += end - start
+        self._blocked(start, active, end)
         after = self.env.now - end
         if after > 0:
             if self.lookahead:
@@ -217,23 +219,32 @@ class MainThread:
                 yield from self._perform_here(load)  # (the reader that finds it skips it)
                 return
             self.readers.promote(load)
-        start = self.env.now
+        start, active = self.env.now, self.cores.active_s()
         yield load.done
         if self.readers is not None:
             yield self.env.timeout(self.readers.handoff_s)
         yield from self.gil.take_back()  # the wait let go of it (sim.gil)
         load.waited = True
         load.wait += self.env.now - start
-        self.blocked += self.env.now - start
+        self._blocked(start, active)
 
     def cache_hit(self, key: int) -> Generator:
         """An app-cache hit: free unless memory is oversubscribed and its pages were swapped
         out (sim.swap), then a swap-in read on the main thread."""
         cost = self.swap.hit_cost(self.env.now, self.bundle_bytes)
         if cost > 0:
-            start = self.env.now
+            start, active = self.env.now, self.cores.active_s()
             yield self.env.timeout(cost)
-            self.blocked += self.env.now - start
+            self._blocked(start, active)
+
+    def _blocked(self, start: float, active: float, end: float | None = None) -> None:
+        """The main thread was blocked from `start` (the cores' active time `active` then) to
+        `end` (now): blocked time, and its part with no thread of the process running (up to
+        now), which is what wakes threads late after a stall (sim.stall_wake)."""
+        end = self.env.now if end is None else end
+        self.blocked += end - start
+        idle = self.env.now - start - (self.cores.active_s() - active)
+        self.blocked_idle += max(min(end - start, idle), 0.0)
 
     # -- caches -----------------------------------------------------------------------------
     def stage(self, step: int, layer: int, predicted: list[int]) -> Generator:
@@ -402,15 +413,18 @@ class MainThread:
         the caches and demand loads), charge the slot rewrites to `charge` (graph building in
         the synchronous loop, fill work in the lookahead loop) and log the set. A main thread
         blocked on the loads, and the compute thread idle meanwhile, wait for a core before
-        they run again (sim.stall_wake): the main thread's wait is blocked time in the
-        lookahead loop, and graph building in the synchronous one, where the stall probe saw
-        it land (build grew by half to two thirds of the main thread's run-queue wait)."""
-        blocked = self.blocked
+        they run again (sim.stall_wake, read at the stall's idle part): the main thread's wait
+        is blocked time in the lookahead loop, and graph building in the synchronous one, where
+        the stall probe saw it land (build grew by half to two thirds of the main thread's
+        run-queue wait)."""
+        idle = self.blocked_idle
         if self.policy.staged_layer(layer):
             executed = yield from self._staged_layer(step, row, layer)
         else:
             executed = yield from self._router_layer(step, row, layer)  # syncs on the router
-        stall = self.blocked - blocked
+        # the stall's idle part (_blocked): a main thread reading a cold bundle itself, or
+        # readers copying one, keep the host awake; the probe's stalls were sleeps
+        stall = self.blocked_idle - idle
         if stall > 0:
             self.compute.wake_after(self.stall_wake.compute_wait(stall))
             wake = self.stall_wake.main_wait(stall)

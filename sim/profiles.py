@@ -137,6 +137,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "gil": (lambda v: True, ""),
     "lora": (lambda v: True, ""),
     "budget_evict_ms": (_nonneg, "must be >= 0"),
+    "read_hold_ms": (_nonneg, "must be >= 0"),
     "staged_headroom": (lambda v: v >= -1, "must be >= 0 (-1 = K)"),
     "runtime_gib": (_nonneg, "must be >= 0"),
     "overlap": (_fraction, "must be in [0, 1]"),

@@ -187,6 +187,8 @@ class Scenario:
     budget_evict_ms: float = 0.0  # CPU per bundle the engine's page-cache budget drops (fadvise
     # DONTNEED on its ranges, engine.store), on the reading thread after its read: only where the
     # page cache is the engine's emulated budget (sim compare); 0 for a real OS page cache
+    read_hold_ms: float = 0.0  # a wait inside every expert read, no CPU and the GIL let go
+    # (calibration.stall_probe's arms sleep this long in each read: its replays)
     gil: bool = False  # the engine's threads share Python's interpreter lock (sim.gil): graph
     # building and fill work on the main thread, each load's Python bookkeeping on its reader
     help_reads: bool = True  # the main thread does a needed read no reader has started yet, and

@@ -16,7 +16,15 @@ Each decode loop has its own curve (`for_loop`): the probe runs the lookahead lo
 VM: a fill's stall of up to ~1-1.5 ms costs no wait at all, ~3-5 ms costs the compute thread
 ~0.7 ms, so the curve is measured where it bends rather than drawn from the origin. In the
 synchronous loop the threads' run-queue waits land only partly on the step, so its curve holds
-what the step's build and eval grew by (calibration.stall_probe.LOOP_WAITS)."""
+what the step's build and eval grew by (calibration.stall_probe.LOOP_WAITS).
+
+The curve is read at the stall's idle part (sim.main_thread._blocked): the time the main thread
+was blocked with no thread of the process running on the host's cores (sim.cpu.Cores.active_s).
+The probe's stalls are sleeps (nothing runs); a cold read that the main thread or a reader does
+itself keeps the host busy for most of its time (cold_read_cpu_ms), and the synchronous loop's
+evaluation did not grow with cold reads at all (on demand with every expert cached, half or a
+quarter of them: 8.35, 8.42, 8.20 ms a step, the 17:36 run), where the curve read at the whole
+blocked time charged it 1.2-2.1 ms more."""
 
 from __future__ import annotations
 

@@ -45,6 +45,34 @@ def test_processor_sharing_by_hand():
     assert _finish_times(1, [(0, 1)], background=0.5) == pytest.approx([2.0])
 
 
+@pytest.mark.parametrize("cores", [1.0, 0.0])  # shared, and the unbounded shortcut
+def test_active_time_counts_overlapping_jobs_once(cores):
+    """Jobs of 1 s at t=0 and t=0.5 and of 0.5 s at t=3: on one shared core the first two run
+    until 2.0 (2 s of work), then idle to 3, busy to 3.5: active 2.5 s by t=4. Unbounded: busy
+    0-1.5 and 3-3.5, active 2.0 s. At t=1.25, 1.25 s either way (a job still running)."""
+    env = simpy.Environment()
+    cpu = Cores(env, cores)
+    cpu.track_activity()
+    seen = {}
+
+    def job(arrival: float, seconds: float):
+        yield env.timeout(arrival)
+        yield cpu.work(seconds, "t")
+
+    def probe():
+        yield env.timeout(1.25)
+        seen["mid"] = cpu.active_s()
+        yield env.timeout(4 - 1.25)
+        seen["end"] = cpu.active_s()
+
+    for a, s in ((0, 1), (0.5, 1), (3, 0.5)):
+        env.process(job(a, s))
+    env.process(probe())
+    env.run()
+    assert seen["mid"] == pytest.approx(1.25)
+    assert seen["end"] == pytest.approx(2.5 if cores else 2.0)
+
+
 def test_unbounded_cores_are_plain_timeouts():
     assert _finish_times(0, [(0, 1), (0, 2), (0.5, 1)]) == pytest.approx([1.0, 2.0, 1.5])
 

@@ -144,35 +144,67 @@ def test_the_probe_average_follows_the_timeline():
 def test_the_probe_point_is_the_slowdown_against_the_same_captures_far_steps():
     """Every 8 steps in the sleeping blocks: a step right after a sleep takes 6 ms of build +
     eval, the next RECOVERY - 1 steps 5 ms, the rest 4 ms (the reference: more than RECOVERY
-    steps from a sleep): slowdowns +50%, then +25%. (The steps near a sleep outnumber the
-    far ones: a reference over every step would be 5 ms.)"""
-    from calibration.idle_probe import BLOCK, RECOVERY, run_points, since_sleep
+    steps from a sleep): slowdowns +50%, then +25%, one per step after a sleep; the far steps
+    scatter by none. (The steps near a sleep outnumber the far ones: a reference over every
+    step would be 5 ms.)"""
+    from calibration.idle_probe import BLOCK, RECOVERY, run_steps, since_sleep
 
     after = since_sleep(4 * BLOCK, 8)
     work = [4.0 if p is None or p > RECOVERY else 6.0 if p == 1 else 5.0 for p in after]
-    points = run_points(_idle_run(8, 60.0, 10.0, work))
-    assert sorted(points) == list(range(1, RECOVERY + 1))
-    assert points[1][1] == pytest.approx(0.5)
-    assert points[2][1] == pytest.approx(0.25)
-    assert points[RECOVERY][1] == pytest.approx(0.25)
+    steps, far = run_steps(_idle_run(8, 60.0, 10.0, work))
+    assert sorted(steps) == list(range(1, RECOVERY + 1))
+    assert len(steps[1]) == after.count(1) == 6  # 3 sleeps in each of 2 sleeping blocks
+    assert [y for _, y in steps[1]] == pytest.approx([0.5] * 6)
+    assert [y for _, y in steps[2]] == pytest.approx([0.25] * 6)
+    assert [y for _, y in steps[RECOVERY]] == pytest.approx([0.25] * len(steps[RECOVERY]))
+    assert len(far) == sum(p is not None and p > RECOVERY for p in after)
+    assert far == pytest.approx([0.0] * len(far))
+
+
+def _fake_curve(points: dict[int, list[float]], scatter: list[float]):
+    """curve() over one capture whose steps after a sleep are `points` (position -> each
+    step's slowdown, at average 0.1 x position) and whose far steps scatter by `scatter`."""
+    import calibration.idle_probe as probe
+
+    original = probe.run_steps
+    probe.run_steps = lambda run: ({pos: [(0.1 * pos, y) for y in ys]
+                                    for pos, ys in points.items()}, scatter)
+    try:
+        return probe.curve([probe.IdleRun(60.0, 8, Path("."), [], {})], 1, "hot")
+    finally:
+        probe.run_steps = original
 
 
 def test_the_curve_is_pooled_non_increasing_and_ends_at_its_first_zero():
-    """(u, slowdown) 0.4: 0.3, 0.5: 0.1, 0.6: 0.2 (a violation: 0.5 and 0.6 pooled to
-    (0.55, 0.15)), 0.7: 0.03 and 0.8: 0.06 (another violation, pooled to (0.75, 0.045):
-    under the probe's noise, so 0, and the curve ends there)."""
-    from calibration.idle_probe import IdleRun, curve
-
-    def fake(points):
-        import calibration.idle_probe as probe
-
-        original = probe.run_points
-        probe.run_points = lambda run: points
-        try:
-            return curve([IdleRun(60.0, 8, Path("."), [], {})], 1, "hot")
-        finally:
-            probe.run_points = original
-
-    c = fake({1: (0.4, 0.3), 2: (0.5, 0.1), 3: (0.6, 0.2), 4: (0.7, 0.03), 5: (0.8, 0.06)})
+    """Points of one step each, the far steps without scatter: (u, slowdown) 0.4: 0.3,
+    0.5: 0.1, 0.6: 0.2 (a violation: 0.5 and 0.6 pooled to (0.55, 0.15)), 0.7: 0.03 and
+    0.8: 0.06 (another violation, pooled to (0.75, 0.045): under the probe's noise floor, so
+    0, and the curve ends there)."""
+    c = _fake_curve({4: [0.3], 5: [0.1], 6: [0.2], 7: [0.03], 8: [0.06]}, [0.0] * 9)
     assert c.util == pytest.approx([0.4, 0.55, 0.75])
     assert c.slowdown == pytest.approx([0.3, 0.15, 0.0])
+
+
+def test_pooling_weighs_each_point_by_its_steps():
+    """0.5: +10% over 3 steps, 0.6: +20% over 1: pooled to (0.525, 0.125), not the plain mean
+    (0.55, 0.15). The median of a point's steps: 0.1, 0.1, 0.4 gives 0.1."""
+    c = _fake_curve({5: [0.1, 0.1, 0.4], 6: [0.2]}, [0.0] * 9)
+    assert c.util[0] == pytest.approx(0.525)
+    assert c.slowdown[0] == pytest.approx(0.125)
+    assert [p["steps"] for p in c.points] == [3, 1]
+
+
+def test_a_point_of_few_steps_must_stand_out_of_the_far_steps_scatter():
+    """Far steps at -0.2, -0.1, 0, +0.1, +0.2: MAD 0.1, sigma 0.14826; Z = 2 standard errors of
+    a median of n steps, 2 x 1.2533 x 0.14826 / sqrt(n): 0.372 for 1 step, 0.093 for 16. So
+    +20% from one step is noise (the curve ends at once), from 16 steps it counts."""
+    from calibration.idle_probe import noise
+
+    scatter = [-0.2, -0.1, 0.0, 0.1, 0.2]
+    assert noise(scatter, 1) == pytest.approx(2 * 1.2533 * 0.14826, rel=1e-4)
+    assert noise(scatter, 16) == pytest.approx(2 * 1.2533 * 0.14826 / 4, rel=1e-4)
+    assert noise([0.0] * 5, 16) == pytest.approx(0.05)  # never under the floor
+    one = _fake_curve({3: [0.2]}, scatter)
+    assert one.util == pytest.approx([0.3]) and one.slowdown == [0.0]
+    many = _fake_curve({3: [0.2] * 16}, scatter)
+    assert many.util == pytest.approx([0.3, 1.0]) and many.slowdown == pytest.approx([0.2, 0.0])

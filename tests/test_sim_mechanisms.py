@@ -222,6 +222,43 @@ def test_a_readers_python_bookkeeping_waits_for_the_main_threads_build():
     assert off.lock is None
 
 
+def test_a_held_read_waits_without_cpu_or_the_gil():
+    """read_hold_ms (the stall probe's sleep in every read, for its replays): a warm read held
+    1 ms finishes 1 ms later with no more CPU, and another thread takes the GIL meanwhile: the
+    main thread's 0.5 ms of Python asked at 0.1 ms ends at 0.6 ms, as without the hold (held
+    as CPU under the lock it would end at 1.6)."""
+    from sim.gil import Gil
+
+    def run(hold_ms: float):
+        env = simpy.Environment()
+        cores = Cores(env, 0)
+        gil = Gil(env, True)
+        pc = PageCache(10_000, 1000, 16)
+        pc.fill(3)
+        f = Fetcher(env, hardware(**dict(IO, load_overhead_ms=0.1, memcpy_gbps=0.0)),
+                    Device(0.0002, 1e12), pc, cores, 16, 1000, gil=gil, hold_ms=hold_ms)
+        load = Load(0, 0, 3, 3, 1000, 1, "demand", 0.0, env.event())
+        ends = {}
+
+        def main():
+            yield env.timeout(0.0001)
+            yield from gil.run(cores, 0.0005, "main")
+            ends["main"] = env.now
+
+        env.process(f.perform(load, "reader0"))
+        env.process(main())
+        env.run()
+        return load.finished, ends["main"], cores.busy_s["reader0"]
+
+    finished, main_end, cpu = run(0.0)
+    held, held_main_end, held_cpu = run(1.0)
+    assert finished == pytest.approx(0.0001)  # 0.1 ms of Python, warm
+    assert held == pytest.approx(0.001 + 0.0001)
+    assert held_cpu == pytest.approx(cpu) == pytest.approx(0.0001)
+    assert main_end == pytest.approx(0.0006)  # the read's Python first, then main's
+    assert held_main_end == pytest.approx(0.0006)  # main's at once: the held read lets go
+
+
 def test_a_thread_that_slept_on_the_gil_runs_a_hand_over_after_the_release():
     """GIL hand-over (sim.gil, gil_handoff_ms = 0.05): main holds the lock 0 -> 1 ms; a thread
     asking at 0.2 ms sleeps on it and runs its 0.1 ms of Python from 1.05 (release + hand-over)

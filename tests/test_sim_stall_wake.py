@@ -83,11 +83,12 @@ def test_an_idle_stream_starts_late_a_busy_one_does_not(cores, shortcut):
 L, C, S, D, B = 4, 1.5, 0.1, 0.5, 0.4  # tests/test_sim_lookahead.py's model and demand fills
 
 
-def _demand_fills(curve: dict, lookahead: bool, on_cpu: bool):
+def _demand_fills(curve: dict, lookahead: bool, on_cpu: bool, cold_overhead_ms: float = 0.0):
     """Six steps alternating two expert sets at every layer, with a one-bundle LRU and
-    O_DIRECT: every fill reads two cold 250 kB bundles on the main thread (D = 0.5 ms)."""
+    O_DIRECT: every fill reads two cold 250 kB bundles on the main thread (D = 0.5 ms of
+    device time, and `cold_overhead_ms` of the main thread's CPU each)."""
     io = dict(ssd_latency_ms=0.0, ssd_bandwidth_gbps=1.0, load_overhead_ms=0.0,
-              cold_overhead_ms=0.0, memcpy_gbps=0.0)
+              cold_overhead_ms=cold_overhead_ms, memcpy_gbps=0.0)
     hw = hardware(mem_bandwidth_gbps=1.0, sync_overhead_ms=S, lazy_compute=True,
                   compute_on_cpu=on_cpu, cpu_cores=0.0, **io, **curve)
     m = model(layers=L, experts=16, k=2, bundle_bytes=250_000, resident_bytes=4_000_000,
@@ -128,6 +129,25 @@ def test_a_blocked_fill_delays_the_main_thread_and_the_compute_after_it(on_cpu):
     assert rows(woken, "blocked_ns") == pytest.approx([L * (D + mw)] * 4, abs=1e-6)
     grown = [w - b for w, b in zip(rows(woken, "eval_ns"), rows(base, "eval_ns"), strict=True)]
     assert grown == pytest.approx([L * cw] * 4, abs=1e-6)
+
+
+@pytest.mark.parametrize("lookahead", [True, False])
+def test_only_the_stalls_idle_part_wakes_the_threads(lookahead):
+    """The same fills with 0.25 ms of the main thread's CPU per cold read (its faults): each
+    fill blocks 2 x (0.25 + 0.25) = 1.0 ms, of which the host idles 0.5 ms (the device time).
+    The curve is read at the idle part, so the threads wait what a 0.5 ms stall costs (mw, cw
+    as above), not a 1.0 ms one (0.2, 0.3): the stall probe's delays are sleeps, and a thread
+    reading on a busy host keeps it awake."""
+    mw, cw = 0.1, 0.1 + 0.2 / 3
+    curve = CURVE if lookahead else {f"sync_{k}": v for k, v in CURVE.items()}
+
+    def run(curve: dict):
+        return _demand_fills(curve, lookahead=lookahead, on_cpu=False, cold_overhead_ms=0.25)
+
+    base, woken = run({}), run(curve)
+    grown = [w - b for w, b in zip(_rows(woken, "window"), _rows(base, "window"), strict=True)]
+    assert grown[1:-1] == pytest.approx([L * (mw + cw)] * 4, abs=1e-6)
+    assert _rows(base, "blocked_ns")[2] == pytest.approx(L * 2 * (D / 2 + 0.25), abs=1e-6)
 
 
 def test_each_decode_loop_takes_its_own_curve():

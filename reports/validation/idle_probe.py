@@ -9,7 +9,7 @@ run-queue wait, timeslices).
 profile (the keys `idle_util_points`, `idle_slowdown` and their `sync_` twins), for
 re-predicting traces captured before calibrate measured them.
 
-    uv run python reports/validation/idle_probe.py [--rounds 2] [--hardware PATH]
+    uv run python reports/validation/idle_probe.py [--rounds 3] [--hardware PATH]
 
 Prints a table per loop; writes idle_probe.json next to this file.
 """
@@ -42,11 +42,11 @@ def set_key(path: Path, key: str, values: list[float], why: str) -> None:
 
 
 def main() -> int:
-    from calibration.idle_probe import ARMS, measure_idle_slowdown
+    from calibration.idle_probe import ARMS, ROUNDS, measure_idle_slowdown
     from contract.errors import BadInput, IOFault
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--hardware", type=Path, help="hardware profile to write the curves into")
     args = ap.parse_args()
     if args.rounds < 1:
@@ -63,14 +63,15 @@ def main() -> int:
     if curves is None:
         sys.exit("idle probe: needs Linux (/proc/self/schedstat)")
     out: dict = {"command": "uv run python reports/validation/idle_probe.py"
-                 + (f" --rounds {args.rounds}" if args.rounds != 2 else ""),
+                 + (f" --rounds {args.rounds}" if args.rounds != ROUNDS else ""),
                  "date": date, "arms": [list(a) for a in ARMS], "loops": {}}
     for loop, c in curves.items():
         print(f"\n{loop} loop ({c.preset} preset, {c.rounds} rounds)")
-        print(f"{'sleep ms':>8} {'every':>5} {'step':>4} {'average':>7} {'slowdown':>8}")
+        print(f"{'sleep ms':>8} {'every':>5} {'step':>4} {'average':>7} {'slowdown':>8} "
+              f"{'steps':>5}")
         for p in c.points:
             print(f"{p['sleep_ms']:8g} {p['every']:5d} {p['position']:4d} {p['util']:7.3f} "
-                  f"{p['slowdown']:+8.3f}")
+                  f"{p['slowdown']:+8.3f} {p['steps']:5d}")
         print(f"curve: {c.util} -> {c.slowdown}")
         arms = []
         print(f"{'sleep ms':>8} {'every':>5} {'thread':>8} {'cpu ms':>7} {'runq ms':>7} "

@@ -3,7 +3,8 @@
 calibration.stall_probe's arms (every expert in the page cache, each expert read held for an
 injected delay; arms rotated over rounds) in one decode loop (--loop: lookahead, the hot path;
 sync, the on-demand path), with longer captures and more delays, and each capture replayed by
-`sim compare` with the same delay added to the warm load's cost, on the validation's fitted
+`sim compare` with the same delay held in every expert read (read_hold_ms: a wait that
+takes no CPU and lets go of the GIL, as the probe's sleep does), on the validation's fitted
 settings of that path's warm calibration configuration: once with this machine's hardware
 profile as calibrated (the loop's stall curve, sim.stall_wake) and once with the curve taken
 out. Per arm (medians over rounds): build, eval and blocked ms per decode step, measured and
@@ -56,10 +57,8 @@ def _simulated(run: StallRun, settings: list[str], extra: list[str]) -> dict[str
     from sim.compare import compare
     from traces.reader import read_trace
 
-    base = next(float(s.split("=", 1)[1]) for s in settings if s.startswith("load_overhead_ms="))
-    sets = [s for s in settings if not s.startswith("load_overhead_ms=")]
     sim = compare(read_trace(run.trace),
-                  sets=[*sets, f"load_overhead_ms={base + run.delay_ms}", *extra])
+                  sets=[*settings, f"read_hold_ms={run.delay_ms}", *extra])
     return {"build_ms": sim.extra["build_ms_per_step"], "eval_ms": sim.extra["eval_ms_per_step"],
             "blocked_ms": sim.simulated["blocked_ms_per_step"]}
 
