@@ -222,33 +222,42 @@ def test_a_readers_python_bookkeeping_waits_for_the_main_threads_build():
     assert off.lock is None
 
 
+def _warm_read_beside_main(hw_io: dict, main_at: float, main_python: float,
+                           **fetcher) -> tuple[float, float, float]:
+    """A warm bundle read on reader0 from t=0 with the GIL modelled, and the main thread asking
+    for the lock at `main_at` for `main_python` s: (the load's finish, main's end, reader0's
+    CPU)."""
+    from sim.gil import Gil
+
+    env = simpy.Environment()
+    cores = Cores(env, 0)
+    gil = Gil(env, True)
+    pc = PageCache(10_000, 1000, 16)
+    pc.fill(3)
+    f = Fetcher(env, hardware(**dict(IO, **hw_io)), Device(0.0002, 1e12), pc, cores, 16, 1000,
+                gil=gil, **fetcher)
+    load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())
+    ends = {}
+
+    def main():
+        yield env.timeout(main_at)
+        yield from gil.run(cores, main_python, "main")
+        ends["main"] = env.now
+
+    env.process(f.perform(load, "reader0"))
+    env.process(main())
+    env.run()
+    return load.finished, ends["main"], cores.busy_s["reader0"]
+
+
 def test_a_held_read_waits_without_cpu_or_the_gil():
     """read_hold_ms (the stall probe's sleep in every read, for its replays): a warm read held
     1 ms finishes 1 ms later with no more CPU, and another thread takes the GIL meanwhile: the
     main thread's 0.5 ms of Python asked at 0.1 ms ends at 0.6 ms, as without the hold (held
     as CPU under the lock it would end at 1.6)."""
-    from sim.gil import Gil
-
     def run(hold_ms: float):
-        env = simpy.Environment()
-        cores = Cores(env, 0)
-        gil = Gil(env, True)
-        pc = PageCache(10_000, 1000, 16)
-        pc.fill(3)
-        f = Fetcher(env, hardware(**dict(IO, load_overhead_ms=0.1, memcpy_gbps=0.0)),
-                    Device(0.0002, 1e12), pc, cores, 16, 1000, gil=gil, hold_ms=hold_ms)
-        load = Load(0, 0, 3, 3, 1000, 1, "demand", 0.0, env.event())
-        ends = {}
-
-        def main():
-            yield env.timeout(0.0001)
-            yield from gil.run(cores, 0.0005, "main")
-            ends["main"] = env.now
-
-        env.process(f.perform(load, "reader0"))
-        env.process(main())
-        env.run()
-        return load.finished, ends["main"], cores.busy_s["reader0"]
+        return _warm_read_beside_main(dict(load_overhead_ms=0.1, memcpy_gbps=0.0), 0.0001,
+                                      0.0005, hold_ms=hold_ms)
 
     finished, main_end, cpu = run(0.0)
     held, held_main_end, held_cpu = run(1.0)
@@ -341,28 +350,11 @@ def test_a_warm_load_holds_the_gil_through_its_copies():
     0.03 ms of Python: a reader starting at 0 holds it to 0.13 ms, and main asking at 0.05 runs
     its 0.1 ms of Python from 0.13 to 0.23. With the copy outside the lock (as a cold read's
     copy is, inside its pread) main would have run at 0.1 - 0.2 (the Python after the copy)."""
-    from sim.gil import Gil
-
-    env = simpy.Environment()
-    cores = Cores(env, 0)
-    gil = Gil(env, True)
-    pc = PageCache(10_000, 1000, 16)
-    pc.fill(3)
-    hw = hardware(**dict(IO, load_overhead_ms=0.03, memcpy_gbps=0.01))
-    f = Fetcher(env, hw, Device(0.0002, 1e12), pc, cores, 16, 1000, gil=gil, bundle_reads=3)
-    load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())
-    seen = {}
-
-    def main():
-        yield env.timeout(0.00005)
-        yield from gil.run(cores, 0.0001, "main")
-        seen["main"] = env.now
-
-    env.process(f.perform(load, "reader0"))
-    env.process(main())
-    env.run()
-    assert load.finished * 1e3 == pytest.approx(0.13)
-    assert seen["main"] * 1e3 == pytest.approx(0.23)
+    finished, main_end, _ = _warm_read_beside_main(dict(load_overhead_ms=0.03,
+                                                        memcpy_gbps=0.01), 0.00005, 0.0001,
+                                                   bundle_reads=3)
+    assert finished * 1e3 == pytest.approx(0.13)
+    assert main_end * 1e3 == pytest.approx(0.23)
 
 
 def _sliced_load(main_build_s: float, readahead: bool = False, gil_on: bool = True,
