@@ -58,7 +58,8 @@ RECOVERY = 8  # steps after a sleep that make points; the later ones are the ref
 # A slowdown this small is not told apart from the reference on this machine: steps 5-8 after
 # a 20 ms sleep, recovered by every measure, scatter +-5% (2026-12-03); the curve ends there.
 NOISE = 0.05
-# ... nor one under Z standard errors of its median: single steps scatter 12-50% here, and a
+# ... nor one under Z standard errors of its median: single steps scatter 12-50% here (a
+# scratch reading of the 20:21 UTC probe's captures: sigma from the far steps' MAD), and a
 # point of one step per capture (steps 3-8 after a sleep every 3 steps) made the curve's tail
 # (+7..+10% at averages 0.72-0.88 in one run, none in another)
 Z = 2.0

@@ -9,6 +9,7 @@ schema as a measured one.
   profiles.py        TOML loading, validation, --set key=value overrides
   sharing.py         processor sharing, the mechanism of cpu.py and shared_device.py
   cpu.py             the host's cores: processor sharing among every thread that computes
+  piecewise.py       a measured curve read between its points (idle_slowdown, stall_wake)
   idle_slowdown.py   work runs slower while the process has recently been mostly idle (the
                      kernel's utilization average packs threads that slept onto one core)
   gil.py             Python's interpreter lock: graph building vs readers' bookkeeping, its

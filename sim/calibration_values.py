@@ -229,6 +229,15 @@ def direct_cold_overhead(st: StorageResult, c: ComputeResult,
     return max(c.direct_bundle_ms - dev - copy - values["load_overhead_ms"][0], 0.0)
 
 
+# the hardware key prefix of each decode loop's probe curves, and the loop in words
+PROBE_LOOPS = (("", "the lookahead loop (hot preset)"),
+               ("sync_", "the synchronous loop (on-demand preset)"))
+
+
+def _rounded(values: list[float]) -> list[float]:
+    return [round(x, 4) for x in values]
+
+
 def compute_values(c: ComputeResult, active_params: float | None = None
                    ) -> dict[str, tuple[Any, str]]:
     """Hardware keys (compute part) -> (value, how). The sim's decode compute per layer is
@@ -304,12 +313,11 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             f"{c.async_blocked_ms:.3f} ms): MLX blocks the caller while more than 10 tasks are "
             "in flight, one operation each on its CPU backend (the sim's bounded queue, "
             "sim.compute_stream)"))
-    for prefix, loop in (("", "the lookahead loop (hot preset)"),
-                         ("sync_", "the synchronous loop (on-demand preset)")):
+    for prefix, loop in PROBE_LOOPS:
         points = getattr(c, f"{prefix}stall_points_ms")
         if not points:
             continue
-        out[f"{prefix}stall_points_ms"] = ([round(x, 4) for x in points], (
+        out[f"{prefix}stall_points_ms"] = (_rounded(points), (
             f"calibration.stall_probe in {loop} ({c.stall_wake_how}): a fill's extra blocked "
             "time per injected delay"))
         main, compute = (("the main thread's extra run-queue wait per such fill (/proc "
@@ -322,21 +330,20 @@ def compute_values(c: ComputeResult, active_params: float | None = None
                           "the growth of eval per such fill: MLX's compute thread's wait, as far "
                           "as it lands on the step (its run-queue wait lands mostly beside it)"))
         out[f"{prefix}stall_wake_main_ms"] = (
-            [round(x, 4) for x in getattr(c, f"{prefix}stall_wake_main_ms")], main)
+            _rounded(getattr(c, f"{prefix}stall_wake_main_ms")), main)
         out[f"{prefix}stall_wake_compute_ms"] = (
-            [round(x, 4) for x in getattr(c, f"{prefix}stall_wake_compute_ms")], compute)
-    for prefix, loop in (("", "the lookahead loop (hot preset)"),
-                         ("sync_", "the synchronous loop (on-demand preset)")):
+            _rounded(getattr(c, f"{prefix}stall_wake_compute_ms")), compute)
+    for prefix, loop in PROBE_LOOPS:
         points = getattr(c, f"{prefix}idle_util_points")
         if not points:
             continue
-        out[f"{prefix}idle_util_points"] = ([round(x, 4) for x in points], (
+        out[f"{prefix}idle_util_points"] = (_rounded(points), (
             f"calibration.idle_probe in {loop} ({c.idle_how}): the kernel's 32 ms average of "
             "'a thread of the process runs' at a step after a sleep"))
-        out[f"{prefix}idle_slowdown"] = ([round(x, 4) for x in getattr(
-            c, f"{prefix}idle_slowdown")], "that step's build + eval over the same capture's steps "
-            "further from any sleep, less 1: CPU work runs this much slower after the process "
-            "idled (sim.idle_slowdown)")
+        out[f"{prefix}idle_slowdown"] = (_rounded(getattr(c, f"{prefix}idle_slowdown")), (
+            "that step's build + eval over the same capture's steps further from any sleep, "
+            "less 1: CPU work runs this much slower after the process idled "
+            "(sim.idle_slowdown)"))
     if active_params and c.prefill_ms > 0 and c.prefill_tokens:
         tflops = 2 * active_params * c.prefill_tokens / (c.prefill_ms / 1e3) / 1e12
         out["compute_tflops"] = (round(tflops, 6), (

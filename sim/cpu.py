@@ -56,12 +56,15 @@ class Cores(ProcessorSharing):
         busy = self._running > 0 if self.unbounded else bool(self.jobs)
         return self._active + (self.env.now - self._active_at if busy else 0.0)
 
-    def _activity(self, busy: bool) -> None:
-        """Bring the active time up to now; `busy`: whether a job was in service since."""
+    def _advance(self, busy: bool) -> None:
+        """Bring the active time and the kernel's average (sim.idle_slowdown) up to now;
+        `busy`: whether a job was in service since the last call."""
         now = self.env.now
         if busy:
             self._active += now - self._active_at
         self._active_at = now
+        if self.idle is not None:
+            self.idle.advance(now, busy)
 
     def rate(self, n: int | None = None) -> float:
         """CPU seconds per second each of n runnable jobs gets."""
@@ -75,9 +78,7 @@ class Cores(ProcessorSharing):
             self.contended_s += elapsed
 
     def _update(self) -> None:
-        if self.idle is not None:  # the kernel's average, up to now
-            self.idle.advance(self.env.now, bool(self.jobs))
-        self._activity(bool(self.jobs))
+        self._advance(bool(self.jobs))
         super()._update()
 
     def work(self, seconds: float, thread: str = "main") -> simpy.Event:
@@ -86,7 +87,7 @@ class Cores(ProcessorSharing):
         if self.unbounded and self.tracking and seconds > 0:
             return self._counted(seconds, thread)
         if self.idle is not None and seconds > 0:
-            self.idle.advance(self.env.now, bool(self.jobs))  # up to now, before this job
+            self._advance(bool(self.jobs))  # up to now, before this job
             seconds *= self.idle.factor()
         if self.unbounded:
             self.busy_s[thread] += seconds
@@ -96,19 +97,15 @@ class Cores(ProcessorSharing):
     def _counted(self, seconds: float, thread: str) -> simpy.Event:
         """The unbounded shortcut, with the jobs in flight counted (for the average and the
         active time)."""
-        idle = self.idle
-        if idle is not None:
-            idle.advance(self.env.now, self._running > 0)
-            seconds *= idle.factor()
-        self._activity(self._running > 0)
+        self._advance(self._running > 0)
+        if self.idle is not None:
+            seconds *= self.idle.factor()
         self.busy_s[thread] += seconds
         self._running += 1
         done = self.env.timeout(seconds)
 
         def finished(_event: simpy.Event) -> None:
-            if idle is not None:
-                idle.advance(self.env.now, True)
-            self._activity(True)
+            self._advance(True)
             self._running -= 1
 
         done.callbacks.append(finished)

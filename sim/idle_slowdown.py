@@ -25,9 +25,9 @@ nothing.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 
 from contract.errors import BadInput
+from sim.piecewise import linear
 from sim.scenario import Hardware
 
 PELT_HALF_LIFE_MS = 32.0  # kernel/sched/pelt.c: y^32 = 0.5 with 1024 us periods
@@ -68,12 +68,4 @@ class IdleSlowdown:
         """CPU seconds a job started now takes per second of work."""
         if not self.points:
             return 1.0
-        u = self.util
-        i = bisect_left(self.points, u)
-        if i == 0:
-            return 1.0 + self.slowdown[0]
-        if i == len(self.points):
-            return 1.0 + self.slowdown[-1]
-        x0, x1 = self.points[i - 1], self.points[i]
-        y0, y1 = self.slowdown[i - 1], self.slowdown[i]
-        return 1.0 + y0 + (y1 - y0) * (u - x0) / (x1 - x0)
+        return 1.0 + linear(self.points, self.slowdown, self.util)

@@ -28,9 +28,8 @@ blocked time charged it 1.2-2.1 ms more."""
 
 from __future__ import annotations
 
-from bisect import bisect_left
-
 from contract.errors import BadInput
+from sim.piecewise import linear
 from sim.scenario import Hardware
 
 
@@ -46,8 +45,10 @@ class StallWake:
                 raise BadInput(f"{where}: {name} has {len(values)} values for "
                                f"{len(points_ms)} stall_points_ms: one per point")
         self.points = [p / 1e3 for p in points_ms]
-        self.main = [v / 1e3 for v in main_ms]
-        self.compute = [v / 1e3 for v in compute_ms]
+        # each curve starts at (0, 0): no stall, no wait
+        self._stalls = [0.0, *self.points]
+        self.main = [0.0, *(v / 1e3 for v in main_ms)]
+        self.compute = [0.0, *(v / 1e3 for v in compute_ms)]
 
     @classmethod
     def for_loop(cls, hw: Hardware, lookahead: bool) -> StallWake:
@@ -57,14 +58,9 @@ class StallWake:
             "stall_points_ms", "stall_wake_main_ms", "stall_wake_compute_ms")))
 
     def _at(self, curve: list[float], stall_s: float) -> float:
-        if not self.points or stall_s <= 0:
+        if not self.points:
             return 0.0
-        i = bisect_left(self.points, stall_s)
-        if i == len(self.points):
-            return curve[-1]
-        x0, y0 = (self.points[i - 1], curve[i - 1]) if i else (0.0, 0.0)
-        x1, y1 = self.points[i], curve[i]
-        return y0 + (y1 - y0) * (stall_s - x0) / (x1 - x0)
+        return linear(self._stalls, curve, stall_s)
 
     def main_wait(self, stall_s: float) -> float:
         return self._at(self.main, stall_s)
