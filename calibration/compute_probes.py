@@ -456,6 +456,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     """ComputeResult for the simulator, plus the engine-side figures (dict) for the profile
     comments and the model profile (main-thread CPU per layer of each decode path, cold/warm
     bundle reads, prefill)."""
+    from calibration.concurrent_reads import concurrent_read_ms
     from engine.loader import open_manifest
 
     t_start = time.perf_counter()
@@ -497,6 +498,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     direct_ms = direct_bundle_ms(converted)
     refused_ms = refused_warm_ms(converted)
     read_cpu, read_wall = cold_read_times(converted)
+    concurrent = concurrent_read_ms(converted)
     exact_extra = exact_extra_ms(converted)
     wake, handoff = handoff_times(handoff_reps)
     gil_handoff = gil_handoff_times(max(handoff_reps // 4, 20))
@@ -551,6 +553,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         cold_read_cpu_ms=float(np.median(read_cpu)) if read_cpu else float("nan"),
         cold_read_wall_ms=float(np.median(read_wall)) if read_wall else float("nan"),
         cold_read_reps=len(read_cpu),
+        concurrent_read_ms=concurrent,
         queue_ahead_ms=float(np.median([left for _, left, _ in queue_samples])),
         async_blocked_ms=float(np.median([blocked for blocked, _, _ in queue_samples])),
         dispatch_ms=float(np.median([cpu for _, _, cpu in queue_samples])),

@@ -12,6 +12,7 @@ schema as a measured one.
   piecewise.py       a measured curve read between its points (idle_slowdown, stall_wake)
   idle_slowdown.py   work runs slower while the process has recently been mostly idle (the
                      kernel's utilization average packs threads that slept onto one core)
+  stall_wake.py      after a fill stalled with the process idle, the threads wait for a core
   gil.py             Python's interpreter lock: graph building vs readers' bookkeeping, its
                      hand-over to a thread that slept on it, and the main thread taking it
                      back after an MLX call or a wait that let go of it
@@ -26,6 +27,8 @@ schema as a measured one.
   device_process.py  the same device as SimPy resources: the reference the closed form equals
   shared_device.py   a device whose concurrent small reads overlap in part (a measured
                      speedup curve): processor sharing over the requests' latency
+  read_overlap.py    that curve fitted to the engine's own concurrent cold bundle reads
+  bisection.py       where a decreasing function crosses a target (the fits that run the sim)
   throttle.py        a read throttle in front of it: the kernel's blk-throttle (a slice's
                      bytes at full speed, then a wait) or a token bucket (a cloud disk)
   memory.py          RAM budget: OS, engine, app caches; the page cache gets what is left
@@ -42,7 +45,8 @@ schema as a measured one.
   compare.py         a measured trace replayed with its engine config, side by side
   model_profile.py   a model profile from a converted model's manifest (`sim profile-model`)
   calibration_values.py  fits and profile writers for `ssdmoe calibrate` (the measuring is
-                     calibration/: storage_probes.py, compute_probes.py, machine.py)
+                     calibration/: storage_probes.py, compute_probes.py,
+                     concurrent_reads.py, machine.py)
 
 What models what (engine module -> sim module); both sides share contract/ (EngineConfig, path
 names, thresholds) and traces/ (the schema, load sources):

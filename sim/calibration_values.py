@@ -138,6 +138,8 @@ class ComputeResult:
     sync_idle_util_points: list[float] = field(default_factory=list)  # ... and synchronous
     sync_idle_slowdown: list[float] = field(default_factory=list)
     idle_how: str = ""  # the probe's arms
+    concurrent_read_ms: dict[int, float] = field(default_factory=dict)  # threads -> median
+    # wall of one cold bundle read with that many reading at once (calibration.concurrent_reads)
     idle_points: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # per loop:
     # the probe's points before pooling (sleep, every, position, average, slowdown, steps)
     queue_ahead_reps: int = 0  # routers timed
@@ -400,7 +402,39 @@ def hardware_values(st: StorageResult, c: ComputeResult, machine: dict[str, tupl
                            "reader threads (no main-thread copy): the write is the load itself"),
         **compute_values(c, active_params),
     }
+    overlap = read_overlap_value(values, c)
+    if overlap is not None:
+        values["queue_speedup"] = overlap
     return values
+
+
+def read_overlap_value(values: dict[str, tuple[Any, str]],
+                       c: ComputeResult) -> tuple[list[float], str] | None:
+    """queue_speedup fitted to the engine's concurrent cold bundle reads (sim.read_overlap),
+    continued past the most threads measured by the O_DIRECT probe's curve; None when they
+    were not measured."""
+    from dataclasses import fields
+
+    from sim.read_overlap import extend, fit_speedup
+    from sim.scenario import Hardware
+
+    walls = c.concurrent_read_ms
+    if len(walls) < 2 or 1 not in walls:
+        return None
+    names = {f.name for f in fields(Hardware)}
+    hw = Hardware(name="calibrating", **{k: v for k, (v, _) in values.items() if k in names})
+    curve = fit_speedup(hw, walls, c.bundle_bytes, BUNDLE_RANGES)
+    small = values.get("queue_speedup")
+    shape = small[0] if small else []
+    full = extend(curve, shape, max(len(shape), len(curve)))
+    walls_txt = ", ".join(f"{n}: {w:.3f}" for n, w in sorted(walls.items()))
+    shape_txt = ", ".join(f"{v:g}" for v in shape) if shape else "not measured"
+    return full, (
+        f"fitted so that the sim's cold bundle reads on n threads at once take as much longer "
+        f"than one alone as the engine's did (calibration.concurrent_reads, sim.read_overlap; "
+        f"median ms per read at n threads = {walls_txt}); past {len(curve)} threads it grows "
+        f"as the O_DIRECT random 4 KiB probe's speedup ({shape_txt}), which overlaps more than "
+        "the engine's buffered reads of a bundle's slices do (sim.shared_device)")
 
 
 def hardware_toml(values: dict[str, tuple[Any, str]], name: str, when: str, command: str,

@@ -39,7 +39,8 @@ vocabulary (sim.policies):
                                         present (per-path main-thread CPU, from calibrate)
   fill_ms_per_layer                     the scenario's notes "fill_ms_per_layer.<path>" when
                                         present (the lookahead loop's dispatch per layer, fitted
-                                        per path by ssdmoe validate)
+                                        per path by ssdmoe validate; the layer lead's
+                                        "fill_ms_per_layer.staged-layer", else the staged path's)
   compute_factor, load_overhead_ms,     the scenario's notes "compute_factor",
   handoff_ms, reader_wake_ms,           "load_overhead_ms.in_decode", "handoff_ms.in_decode",
   ssd_latency_ms, cold_overhead_ms      "reader_wake_ms.in_decode", "ssd_latency_ms.in_decode"
@@ -213,7 +214,7 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     build = sc.notes.get(f"build_ms_per_layer.{path}")
     if build is not None:
         sets.append(f"build_ms_per_layer={build}")
-    fill = sc.notes.get(f"fill_ms_per_layer.{path}")  # lookahead paths, fitted per path
+    fill = fill_note(sc.notes, path, cfg.lead_kind)
     if fill is not None:
         sets.append(f"fill_ms_per_layer={fill}")
     fitted_keys = [("compute_factor", "compute_factor"),
@@ -233,6 +234,16 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     if o_direct and direct is not None:
         sets.append(f"cold_overhead_ms={direct}")
     return sets, path, notes
+
+
+def fill_note(notes: dict[str, str], path: str, lead: str | None) -> str | None:
+    """The lookahead loop's hand-over per layer, fitted per path by ssdmoe validate; the layer
+    lead has its own (profiles fitted before it had one: the staged path's)."""
+    if lead == "layer":
+        own = notes.get("fill_ms_per_layer.staged-layer")
+        if own is not None:
+            return own
+    return notes.get(f"fill_ms_per_layer.{path}")
 
 
 def paged_bundle_bytes(trace: Trace) -> float | None:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from contract.errors import BadInput
+from sim.bisection import decreasing_root
 from sim.routing_synth import SynthRouting, generate_sets, routing_sets
 from traces.reader import Trace
 
@@ -188,13 +189,7 @@ def fit_skew(layers: int, experts: int, k: int, steps: int, reuse: float,
     lo, hi = 0.0, 4.0
     if generated(lo) <= entropy:
         return 0.0  # as even as uniform routing can look at this length
-    for _ in range(12):
-        mid = (lo + hi) / 2
-        if generated(mid) > entropy:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    return decreasing_root(generated, entropy, lo, hi, 12)
 
 
 def profile_values(fits: list[RoutingFit]) -> dict[str, tuple[Any, str]]:

@@ -1,7 +1,9 @@
 """The storage device as measured on a virtual or network disk: concurrent small reads overlap
 only in part. With n requests in flight the device completes them at speedup(n) times the rate
-of one alone (`queue_speedup`: 4 KiB O_DIRECT random-read IOPS with n threads over one thread's,
-`ssdmoe calibrate`), shared equally: processor sharing over each request's latency (sim.sharing).
+of one alone (`queue_speedup`: fitted by `ssdmoe calibrate` to the engine's cold bundle reads on
+n threads at once, sim.read_overlap; without those, 4 KiB O_DIRECT random-read IOPS with n
+threads over one thread's), shared equally: processor sharing over each request's latency
+(sim.sharing).
 A read's bytes then pass the one transfer pipe, shared equally too (bandwidth does not grow
 with threads). The read throttle admits a read first, as in sim.storage.
 

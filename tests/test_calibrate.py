@@ -97,6 +97,32 @@ def test_small_reads_give_the_device_speedup_curve():
     assert curve == [1.0, 1.5, 1.8] and "4 KiB" in how
 
 
+def test_concurrent_bundle_reads_fit_the_speedup_curve():
+    """With the engine's concurrent cold bundle reads measured, queue_speedup is the curve
+    under which the sim's own reads at n threads take what the engine's took, relative to a
+    read alone (here 1.2x and 1.22x at two and three threads: at three the read's CPU on two
+    cores sets most of it); past three threads it grows as the probe's curve does."""
+    from sim.read_overlap import simulated_read_ms
+
+    st = storage()
+    st.small_iops = {1: 20_000.0, 2: 30_000.0, 3: 36_000.0, 4: 40_000.0}
+    walls = {1: 1.0, 2: 1.2, 3: 1.22}
+    c = compute(concurrent_read_ms=walls, cold_read_cpu_ms=0.45, cold_read_wall_ms=0.9,
+                gil_handoff_ms=0.01)
+    curve, how = hardware_values(st, c, MACHINE, active_params=1e6)["queue_speedup"]
+    assert len(curve) == 4 and curve[0] == 1.0 and 1.0 < curve[1] < curve[2]
+    assert curve[3] == pytest.approx(curve[2] * 2.0 / 1.8, abs=1e-3)
+    assert "2: 1.200" in how and "4 KiB" in how
+    hw = load_hardware_from(hardware_values(st, c, MACHINE, active_params=1e6))
+    alone = simulated_read_ms(hw, curve, 1, c.bundle_bytes, 9)
+    for n in (2, 3):
+        ratio = simulated_read_ms(hw, curve, n, c.bundle_bytes, 9) / alone
+        assert ratio == pytest.approx(walls[n], rel=0.01)
+    # not measured: the 4 KiB probe's curve, as before
+    assert hardware_values(st, compute(), MACHINE, active_params=1e6)["queue_speedup"][0] == [
+        1.0, 1.5, 1.8, 2.0]
+
+
 def load_hardware_from(values):
     from sim.scenario import Hardware
 
@@ -232,9 +258,15 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
                                                                     abs=1e-4)
     else:
         assert "cold_read_cpu_ms" not in cal.hardware
-    # small concurrent reads: a speedup curve where O_DIRECT works (tmpfs refuses it)
-    assert ("queue_speedup" in cal.hardware) == (1 in st.small_iops)
-    if st.small_iops:
+    # concurrent cold bundle reads, where pages could be dropped: slower with more threads
+    # in flight at the 4th count than alone (the device and two cores are shared)
+    if c.cold_read_reps:
+        assert sorted(c.concurrent_read_ms) == [1, 2, 3, 4]
+        assert 0 < c.concurrent_read_ms[1] < c.concurrent_read_ms[4]
+    # a speedup curve where O_DIRECT works (tmpfs refuses it) or bundles were read at once
+    assert ("queue_speedup" in cal.hardware) == (1 in st.small_iops
+                                                 or bool(c.concurrent_read_ms))
+    if "queue_speedup" in cal.hardware:
         assert cal.hardware["queue_speedup"][0][0] == 1.0 and all(
             v > 0 for v in cal.hardware["queue_speedup"][0])
     # the main thread's refused ask for a cold bundle (nan only when nothing could be dropped)

@@ -112,6 +112,16 @@ def test_engine_configs_map_onto_scenario_keys():
     assert "fill_ms_per_layer=0.16" in sets and "fill_ms_per_layer=0.05" not in sets
     sets, _, _ = engine_settings({"decode": "exact", "k": 2}, sc)
     assert not any(s.startswith("fill_ms_per_layer") for s in sets)
+    # the layer lead: the staged path's until it has its own, then its own (not the token
+    # lead's, which shares the staged path's)
+    layer = {"decode": "staged", "k": 2, "lead_kind": "layer"}
+    sets, _, _ = engine_settings(layer, sc)
+    assert "fill_ms_per_layer=0.16" in sets
+    sc.notes["fill_ms_per_layer.staged-layer"] = "0.31"
+    sets, _, _ = engine_settings(layer, sc)
+    assert "fill_ms_per_layer=0.31" in sets and "fill_ms_per_layer=0.16" not in sets
+    sets, _, _ = engine_settings({"decode": "staged", "k": 2}, sc)
+    assert "fill_ms_per_layer=0.16" in sets and "fill_ms_per_layer=0.31" not in sets
     with pytest.raises(BadInput, match="decode path 'fancy' unknown"):  # the contract's check
         engine_settings({"decode": "fancy"}, sc)
 

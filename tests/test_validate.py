@@ -25,16 +25,20 @@ def validate_model(tiny_random_converted, tmp_path_factory):
 
 
 def test_default_matrix_sweeps_every_axis_from_the_defaults():
+    from validation.calibration import FILL_PATHS, fill_path
+
     m = default_matrix(quick=True)
     configs = m.configs()
     names = [c.name for c in configs]
     assert len(names) == len(set(names))
     cal = [c for c in configs if c.role == "calibration"]
-    paths = {"on-demand", "hot", "staged", "staged-token"}
+    paths = {"on-demand", "hot", "staged", "staged-token", "staged-layer"}
     assert configs[:len(cal)] == cal and {c.path for c in cal} == paths
-    # one per path (and the heads' staged path): its costs inside decode
+    # one per path (and the staged path's two leads): its costs inside decode; every
+    # lookahead path whose hand-over is fitted has one
     warm = [c for c in cal if c.page_cache == "all"]
-    assert {c.path for c in warm} == paths and len(warm) == 4
+    assert {c.path for c in warm} == paths and len(warm) == 5
+    assert {fill_path(c.to_dict()) for c in warm} >= set(FILL_PATHS)
     # one reading cold on the main thread, one reading cold through reader threads
     cold = [c for c in cal if c.page_cache != "all"]
     assert [(c.path, c.storage) for c in cold] == [("on-demand", "unthrottled"),
@@ -166,7 +170,7 @@ def test_end_to_end_resume_and_missing(tmp_path, ssdmoe_subprocess, validate_mod
     names = {x["config"]["name"] for x in doc["results"]}
     assert names == {"on-demand-pcall-unthrottled", "hot-pcall-unthrottled",
                      "staged-pcall-unthrottled", "staged-token-pcall-unthrottled",
-                     "on-demand-pc50-unthrottled",
+                     "staged-layer-pcall-unthrottled", "on-demand-pc50-unthrottled",
                      "hot-pc50-unthrottled", "on-demand-pc25-unthrottled",
                      "staged-layer-pc25-unthrottled", "on-demand-pc25-unthrottled-k2"}
     assert doc["missing"] == []
@@ -277,6 +281,41 @@ def test_dispatch_fit_is_per_lookahead_path(tmp_path):
                                                "after": pytest.approx(isolated + 0.075)}
     assert got["compute_factor"] == {"before": 1.0, "after": pytest.approx(1.2)}
     assert current_note(sc, "fill_ms_per_layer.hot") == pytest.approx(isolated + 0.2, abs=1e-4)
+
+
+def test_the_layer_lead_fits_its_own_hand_over_and_nothing_machine_wide(tmp_path):
+    """The staged path with the layer lead, every expert cached, fits
+    fill_ms_per_layer.staged-layer alone: isolated + (9.0 - 7.8) / 6 = + 0.2; the staged
+    path's stays + (8.0 - 7.4) / 6 = + 0.1 (with the layer lead in its median: + 0.15), and
+    its blocked time and readers' start (far off here) move neither the warm load's cost
+    (+ (1.0 - 0.4) / 6 = + 0.1 from the staged one alone; with it the median: + 0.3) nor the
+    readers' wake-up (+ 0.05 alone; with it + 0.25)."""
+    from sim.profiles import load_hardware, load_model
+    from validation.calibration import fit_machine
+
+    isolated = load_model("tiny-trained").fill_ms_per_layer
+    hw = load_hardware("this-machine")
+
+    def warm(name: str, path: str, measured_eval: float, simulated_eval: float,
+             blocked: float, start: float) -> dict:
+        return {"config": {"name": name, "path": path, "page_cache": "all",
+                           "role": "calibration"}, "layers": 6,
+                "settings": ["lookahead=true"],
+                "measured": {"eval_ms_per_step": measured_eval, "blocked_ms_per_step": blocked,
+                             "loads_per_step": 6.0, "reader_start_ms": start},
+                "simulated": {"eval_ms_per_step": simulated_eval, "blocked_ms_per_step": 0.4,
+                              "reader_start_ms": 0.1}}
+
+    sc = tmp_path / "s.toml"
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n')
+    got = fit_machine([warm("staged-pcall", "staged", 8.0, 7.4, 1.0, 0.15),
+                       warm("staged-layer-pcall", "staged-layer", 9.0, 7.8, 3.4, 0.55)], sc)
+    assert got["fill_ms_per_layer.staged-layer"] == {"before": isolated,
+                                                     "after": pytest.approx(isolated + 0.2)}
+    assert got["fill_ms_per_layer.staged"]["after"] == pytest.approx(isolated + 0.1)
+    assert got["load_overhead_ms.in_decode"]["after"] == pytest.approx(hw.load_overhead_ms
+                                                                       + 0.1)
+    assert got["reader_wake_ms.in_decode"]["after"] == pytest.approx(hw.reader_wake_ms + 0.05)
 
 
 def test_a_refit_starts_from_the_isolated_figures_not_from_the_last_fit(tmp_path):

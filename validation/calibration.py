@@ -9,13 +9,18 @@ decode they are larger, which is what the held-out configurations then test.
                               microbenchmarks': old x median(measured / simulated eval per step)
                               over the configurations that decode in the synchronous loop
                               (on-demand), where eval is the compute and its syncs alone
-  fill_ms_per_layer.<path>    per lookahead path (hot, staged), the main-thread work per layer
-                              as it hands work over (MLX's dispatch on the calling thread, which
-                              compute waits on, and the fill's host work: an LRU lookup on the
-                              hot path, slot tables on the staged one): old + median((measured -
-                              simulated eval per step) / layers) over that path's warm
-                              configurations (staged: with and without heads); old starts at
-                              calibrate's isolated figure (the model profile's).
+  fill_ms_per_layer.<path>    per lookahead path (hot, staged, staged-layer), the main-thread
+                              work per layer as it hands work over (MLX's dispatch on the
+                              calling thread, which compute waits on, and the fill's host work:
+                              an LRU lookup on the hot path, slot tables on the staged one; the
+                              layer lead's fill points also bring the next layer's predicted ids
+                              to the host and queue their reads, and hand more over: the lead
+                              probe measured 0.07-0.09 ms more per point to start the next
+                              layer and 0.04-0.09 more to hand the gather over): old +
+                              median((measured - simulated eval per step) / layers) over that
+                              path's warm configurations (staged: with and without heads; the
+                              layer lead: its own, which fits nothing machine-wide); old starts
+                              at calibrate's isolated figure (the model profile's).
                               Before these two were split, one compute_factor fitted mostly to
                               the lookahead configurations (1.26) charged the synchronous loop
                               ~25% too much eval
@@ -83,6 +88,19 @@ from typing import Any
 
 # validation.matrix path -> the engine decode path whose cost it measures
 DECODE_PATH = {"on-demand": "exact", "hot": "hot", "staged": "staged"}
+# the staged path with the same-token lead: its calibration configuration fits its own
+# hand-over (fill_ms_per_layer.staged-layer) and nothing machine-wide
+LAYER_LEAD = "staged-layer"
+FILL_PATHS = ("hot", "staged", LAYER_LEAD)
+
+
+def fill_path(config: dict[str, Any]) -> str | None:
+    """The fill_ms_per_layer key a configuration's lookahead loop reads: the layer lead has
+    its own (each fill point also brings the next layer's ids to the host and queues their
+    reads), the token lead shares the staged path's."""
+    if config["path"] == LAYER_LEAD:
+        return LAYER_LEAD
+    return DECODE_PATH.get(config["path"].split("-")[0])
 
 
 def fitted_build(result: dict[str, Any], layers: int, old: float) -> float:
@@ -184,7 +202,8 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
     then the cold ones' (fit_budget_evict, fit_latency)."""
     from sim.profiles import load_scenario
 
-    cal = [r for r in results if r["config"]["page_cache"] == "all"]
+    warm = [r for r in results if r["config"]["page_cache"] == "all"]
+    cal = [r for r in warm if r["config"]["path"] != LAYER_LEAD]
     if not cal:
         return {}
     sc = load_scenario(str(scenario))
@@ -202,14 +221,13 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
                    f"over {len(ratios)} calibration configuration(s) of the synchronous decode "
                    f"loop (before this fit: {old_cf:.4f})")
         out["compute_factor"] = {"before": old_cf, "after": new_cf}
-    for path in ("hot", "staged"):
+    for path in FILL_PATHS:
         key = f"fill_ms_per_layer.{path}"
         old_fill = current_note(scenario, key)
         out.update(_shift(
             scenario, key, sc.model.fill_ms_per_layer if old_fill is None else old_fill,
             [(r["measured"]["eval_ms_per_step"] - r["simulated"]["eval_ms_per_step"])
-             / r["layers"] for r in cal if looks_ahead(r)
-             and DECODE_PATH.get(r["config"]["path"].split("-")[0]) == path
+             / r["layers"] for r in warm if looks_ahead(r) and fill_path(r["config"]) == path
              and r["simulated"].get("eval_ms_per_step") is not None
              and r["measured"].get("eval_ms_per_step") is not None],
             f"fitted by ssdmoe validate: the {path} path's main-thread work per layer as the "
@@ -259,8 +277,8 @@ def fit_reader_wake(results: list[dict[str, Any]], scenario: Path,
     """reader_wake_ms.in_decode from the calibration configurations whose reader threads read
     (measured and simulated both have loads started by an idle reader)."""
     deltas = _differences([r for r in results
-                           if r["config"].get("role", "calibration") == "calibration"],
-                          "reader_start_ms")
+                           if r["config"].get("role", "calibration") == "calibration"
+                           and r["config"].get("path") != LAYER_LEAD], "reader_start_ms")
     return _shift(
         scenario, "reader_wake_ms.in_decode",
         current_note(scenario, "reader_wake_ms.in_decode") or isolated, deltas,

@@ -184,9 +184,11 @@ def default_matrix(quick: bool = False, throttles: list[str] | None = None) -> M
     # only (on-demand, 1/2 page cache, unthrottled): it fits a cold read's cost inside decode;
     # and one whose reader threads read cold (hot, 1/2 page cache): it fits the hand-off of
     # their loads inside decode; and the staged path with heads, every expert in the page
-    # cache: it fits the heads' graph building (validation.calibration)
+    # cache: it fits the heads' graph building; and the staged path with the layer lead,
+    # every expert in the page cache: it fits that lead's own hand-over per fill point
+    # (validation.calibration)
     calibration = [Config(path=p, page_cache="all", role="calibration")
-                   for p in ("on-demand", "hot", "staged", "staged-token")]
+                   for p in ("on-demand", "hot", "staged", "staged-token", "staged-layer")]
     calibration += [Config(path=p, page_cache="1/2", role="calibration")
                     for p in ("on-demand", "hot")]
     return Matrix(axes, defaults, corners, calibration)
