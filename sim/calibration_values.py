@@ -432,9 +432,10 @@ def read_overlap_value(values: dict[str, tuple[Any, str]],
     return full, (
         f"fitted so that the sim's cold bundle reads on n threads at once take as much longer "
         f"than one alone as the engine's did (calibration.concurrent_reads, sim.read_overlap; "
-        f"median ms per read at n threads = {walls_txt}); past {len(curve)} threads it grows "
-        f"as the O_DIRECT random 4 KiB probe's speedup ({shape_txt}), which overlaps more than "
-        "the engine's buffered reads of a bundle's slices do (sim.shared_device)")
+        f"ms per read at n threads, the read alone times the median ratio paired within a "
+        f"round = {walls_txt}); past {len(curve)} threads it grows "
+        f"as the O_DIRECT random 4 KiB probe's speedup ({shape_txt}), never falling "
+        "(sim.read_overlap.extend, sim.shared_device)")
 
 
 def hardware_toml(values: dict[str, tuple[Any, str]], name: str, when: str, command: str,

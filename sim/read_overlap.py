@@ -2,7 +2,8 @@
 
 `ssdmoe calibrate` reads cold bundles through the engine's store on n threads at once
 (calibration.concurrent_reads: each thread its own bundles, page cache dropped) and measures
-the median wall time of one read at each n. This module runs the same experiment in the sim
+how long one read takes at each n, paired with a read alone in the same round. This module runs
+the same experiment in the sim
 (sim.loads on a sim.shared_device device and the host's sim.cpu cores, the GIL held for each
 read's Python, no compute) and finds, for n = 2, 3, ..., the device's `queue_speedup` at which
 the simulated read takes as much longer than a read alone as the measured one does. Ratios, so
@@ -38,8 +39,10 @@ EXPERTS = 64  # bundles per layer in the simulated store: keys only, spaced apar
 
 def simulated_read_ms(hw: Hardware, speedup: list[float], threads: int, bundle_bytes: int,
                       bundle_reads: int, reads: int = READS_PER_THREAD) -> float:
-    """Median wall ms of one cold bundle read with `threads` threads each reading `reads`
-    bundles back to back (the probe's experiment), on a device with this speedup curve."""
+    """Mean wall ms of one cold bundle read with `threads` threads each reading `reads`
+    bundles back to back (the probe's experiment), on a device with this speedup curve. The
+    mean, not the probe's median: the sim is deterministic and its threads run in lockstep, so
+    a median jumps from read to read as the curve moves where the mean moves smoothly."""
     env = simpy.Environment()
     device = SharedDevice(env, hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9, speedup)
     cores = Cores(env, hw.cpu_cores, hw.background_cores, threads)
@@ -94,12 +97,14 @@ def fit_speedup(hw: Hardware, measured_ms: dict[int, float], bundle_bytes: int,
 
 def extend(curve: list[float], shape: list[float], length: int) -> list[float]:
     """`curve` continued to `length` points by `shape`'s growth past curve's last count
-    (the O_DIRECT probe's speedup measured to more threads), never above n."""
+    (the O_DIRECT probe's speedup measured to more threads), never above n nor below the
+    count before (a noisy probe can dip: more reads in flight never finish slower together)."""
     out = list(curve)
     last = len(curve)
     for n in range(last + 1, length + 1):
         if n > len(shape) or shape[last - 1] <= 0:
             out.append(out[-1])
             continue
-        out.append(round(min(curve[-1] * shape[n - 1] / shape[last - 1], float(n)), 3))
+        grown = curve[-1] * shape[n - 1] / shape[last - 1]
+        out.append(round(min(max(grown, out[-1]), float(n)), 3))
     return out

@@ -57,7 +57,10 @@ def test_the_fit_recovers_a_curve_through_cpu_and_the_gil():
 
 def test_extend_follows_the_probe_shape_past_the_fit():
     """Past the counts fitted, the curve grows as the O_DIRECT probe's does from the same count
-    (2.0 x 3.0 / 2.4 = 2.5), never above n, and stays flat past the probe's end."""
+    (2.0 x 3.0 / 2.4 = 2.5), never above n nor below the count before (a probe that dips),
+    and stays flat past the probe's end."""
     assert extend([1.0, 1.4, 2.0], [1.0, 1.6, 2.4, 3.0], 5) == [1.0, 1.4, 2.0, 2.5, 2.5]
+    assert extend([1.0, 1.4, 2.0], [1.0, 1.6, 2.4, 3.0, 1.2, 3.6], 6) == [1.0, 1.4, 2.0, 2.5,
+                                                                          2.5, 3.0]
     assert extend([1.0, 1.9, 2.9], [1.0, 2.0, 3.0, 4.4], 4) == [1.0, 1.9, 2.9, 4.0]
     assert extend([1.0, 1.4], [], 3) == [1.0, 1.4, 1.4]
