@@ -17,14 +17,17 @@ Lookahead (lookahead true: our engine's staged decode loop, engine.generate / fi
 Step t's work is queued as soon as its graph is built and runs at once (async eval: never lazy);
 while it computes the main thread builds step t+1's graph and, layer by layer, resolves step
 t's fill points. Per decode step t (a window of wall time, as the engine's trace rows are):
-  start     step t's graph was built in the previous window and its layer 0 attention queued
-            (the first decode step of a request builds its own graph first); the policy stages
-            step t+1's predicted sets (on_step_start of t+1)
+  start     step t's graph was built in the previous window and its layer 0 attention queued,
+            its predicted sets staged (the first decode step of a request builds its own graph
+            and stages its sets first)
   per layer build layer l of step t+1 (+ its head), then step t's fill point l: sync on router
             l (unless staged: then only the staged loads are waited for), the loads as above,
             then queue layer l's experts and layer l+1's attention (+ head)
-  end       sync on step t's token; step t+1's layer 0 attention is queued (the engine queues it
-            just before; the accelerator timeline is the same)
+  end       step t+1's evaluation begins before step t's token (engine.generate.finish): its
+            kick waits until little of step t is left queued, then step t+1's predicted sets
+            are staged (their reads start ahead of its window); sync on step t's token; step
+            t+1's layer 0 attention is queued (the engine queues it with the kick; the
+            in-order stream gives the same timeline)
   Work is handed over as async_eval does (`queue_async`): where the stream's queue is bounded
   (hardware queue_ahead_ms: MLX's CPU backend) the main thread waits, as eval, until little is
   left queued, so it builds only beside that little. Before each layer's hand-over the main
@@ -377,10 +380,9 @@ class MainThread:
             for layer in range(self.layers):
                 yield from self.cpu(self._layer_build_s(layer))
             yield from self.queue_async(self._attention_s(0))
-        # begin(step) (engine.fill_points): the staged layers' reads start as the step's
-        # evaluation is queued; their predicted ids came to the host at the end of the last step
-        for layer, predicted in policy.boundary(row):
-            yield from self.stage(step, layer, predicted)
+        if not built:  # begin(step) (engine.fill_points): its staged layers' reads start
+            for layer, predicted in policy.boundary(row):
+                yield from self.stage(step, layer, predicted)
         resolved = set()
         for layer in range(self.layers):
             if next_row is not None:  # step+1's layer, while this step computes
@@ -402,8 +404,16 @@ class MainThread:
                 yield from self.queue_async(self._attention_s(layer + 1))
             elif self.unembed_s:
                 yield from self.queue_async(self.unembed_s)
+        if next_row is not None:
+            # begin(step+1) (engine.generate.finish) comes before this step's token: its kick
+            # returns once little of this step is left queued (the last hand-over above
+            # already waited for that), then the reads of step+1's predicted sets (the heads
+            # computed them early in this step) start. The kick's own work is queued after
+            # the token's sync below: the stream runs in order, so the token never waits on it.
+            for layer, predicted in policy.boundary(next_row):
+                yield from self.stage(step + 1, layer, predicted)
         yield from self.gpu_sync()  # token `step` on the host
-        if next_row is not None:  # step+1's evaluation begins (the engine: before the token)
+        if next_row is not None:  # step+1's evaluation begins
             yield from self.queue_async(self._attention_s(0))
         self.record_step(step, request, "decode", 1, start)
 

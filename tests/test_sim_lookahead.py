@@ -70,9 +70,11 @@ def _rows_ms(result, col: str = "window") -> list[float]:
     return (d[col] / 1e6).to_list()
 
 
-def _run(b: float, lookahead: bool, lazy: bool = True, router=None, m=None, **over):
+def _run(b: float, lookahead: bool, lazy: bool = True, router=None, m=None,
+         hardware_over: dict | None = None, **over):
     router = _same_experts() if router is None else router
-    sc = scenario(hw=_hw(lazy), m=m or _model(b), path=over.pop("path", "staged"),
+    sc = scenario(hw=_hw(lazy, **(hardware_over or {})), m=m or _model(b),
+                  path=over.pop("path", "staged"),
                   lead=over.pop("lead", "none"),
                   decode_steps=len(router), lookahead=lookahead, **over)
     return run_scenario(sc, routing=routing_input(router))
@@ -223,10 +225,14 @@ def test_prerouter_staged_layers_skip_the_sync_and_stage_at_their_step():
     without waiting: (x + a + h) twice, (x + a), x, then the token sync s:
       window = 4 c + 3 h + 2 s = 6.8 ms.
     Synchronous loop, lazy: every build is on the critical path: 3 (b + 0.1) + b + 6.8 = 8.7.
-    In the lookahead loop a step's sets are staged (prefetches issued) as its evaluation is
-    queued (engine.fill_points.begin): at the start of its own window, not before (the
-    predictions come from the previous step's heads), and waited for right after layer 0's
-    fill point."""
+    In the lookahead loop a step's sets are staged (prefetches issued) as its evaluation
+    begins (engine.generate.finish: fill_points.begin, before the previous step's token: the
+    previous step's heads computed them), and waited for right after layer 0's fill point.
+    With an unbounded queue that is as soon as the previous window's fills are done (the same
+    point of every window). With a bounded one (q = 0.3 ms) the begin's kick returns once q of
+    the previous step is left, the reads start, the token's sync waits q + s, and handing the
+    next layer 0's attention + head over waits until q of it is left (a + h - q):
+      issued = window start - (a + h + s) = start - 1.3 ms."""
     m = _model(0.4, consumer_first=1, consumer_last=3, heads=3, head_bytes=200_000,
                head_build_ms=0.1)
     la = _run(0.4, True, m=m, lead="token", router=_cycling())
@@ -239,7 +245,16 @@ def test_prerouter_staged_layers_skip_the_sync_and_stage_at_their_step():
     pre = la.trace.loads.filter(pl.col("source") == "prefetch")
     assert pre.height == STEPS * 3 * 2  # 3 consumer layers x K, every step
     later = pre.filter(pl.col("step") > 0)
-    assert all(issued == starts[s] for s, issued in later.select("step", "issued_ns").iter_rows())
+    ahead = {starts[s] - issued for s, issued in later.select("step", "issued_ns").iter_rows()}
+    assert len(ahead) == 1 and 0 < ahead.pop() < window * 1e6
+    bounded = _run(0.4, True, m=m, lead="token", router=_cycling(),
+                   hardware_over=dict(queue_ahead_ms=0.3))
+    steps = bounded.trace.steps.filter(pl.col("phase") == "decode")
+    starts = dict(zip(steps["step"].to_list(), steps["start_ns"].to_list(), strict=True))
+    later = bounded.trace.loads.filter((pl.col("source") == "prefetch") & (pl.col("step") > 0))
+    assert later.height == (STEPS - 1) * 3 * 2
+    for s, issued in later.select("step", "issued_ns").iter_rows():
+        assert (starts[s] - issued) / 1e6 == pytest.approx(A + 0.2 + S, abs=1e-6)
     routing = la.trace.routing.filter(pl.col("layer") >= 1)
     assert set(routing["source"]) == {"prediction"}
     got = np.stack(routing.sort("step", "layer")["experts"].to_list())
