@@ -56,8 +56,10 @@ def _run(store: ExpertStore, keys: list[tuple[int, int]], threads: int,
 
 def concurrent_read_ms(converted: Path, threads: tuple[int, ...] = THREADS,
                        per_thread: int = 48, rounds: int = 12) -> dict[int, float]:
-    """Thread count -> median wall ms of one cold bundle read with that many threads reading
-    at once. Empty when the pages could not be dropped (nothing is cold to measure)."""
+    """Thread count -> wall ms of one cold bundle read with that many threads reading at
+    once: the read alone (the median over rounds of a round's median) times the median over
+    rounds of the count's ratio to it. Empty when the pages could not be dropped (nothing is
+    cold to measure)."""
     from engine.loader import open_manifest
 
     manifest = open_manifest(converted, verify=False)

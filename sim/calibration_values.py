@@ -138,8 +138,9 @@ class ComputeResult:
     sync_idle_util_points: list[float] = field(default_factory=list)  # ... and synchronous
     sync_idle_slowdown: list[float] = field(default_factory=list)
     idle_how: str = ""  # the probe's arms
-    concurrent_read_ms: dict[int, float] = field(default_factory=dict)  # threads -> median
-    # wall of one cold bundle read with that many reading at once (calibration.concurrent_reads)
+    concurrent_read_ms: dict[int, float] = field(default_factory=dict)  # threads -> wall of
+    # one cold bundle read with that many reading at once, paired per round with the read alone
+    # (calibration.concurrent_reads)
     idle_points: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # per loop:
     # the probe's points before pooling (sleep, every, position, average, slowdown, steps)
     queue_ahead_reps: int = 0  # routers timed
