@@ -7,11 +7,15 @@
    and at 15 MB/s, arms rotated over rounds, each its own `ssdmoe capture` process that reads
    every thread's /proc schedstat (CPU, run-queue wait, timeslices) before and after. Per arm,
    the two busiest threads (graph building + fills, and MLX's compute thread); reader threads
-   are gone when the run ends and are not counted.
+   are gone when the run ends and are not counted; and the capture's decode steps' median
+   build, eval and blocked ms. `--arms page-cache` pairs the hot path with every expert cached
+   and with a 1/4 page cache instead (unthrottled): does decode's own work grow when reader
+   threads read cold beside it? (writes throttle_probe-page-cache.json)
 3. How long a thread takes to run once woken (a threading.Event ping-pong), back to back and
    after idle gaps, the other core idle or kept busy.
 
     uv run python reports/validation/throttle_probe.py [--rounds 2] [--no-capture]
+        [--arms throttle|page-cache]
 
 Prints a table per part; writes throttle_probe.json next to this file.
 """
@@ -37,7 +41,14 @@ MODEL = ROOT / "models" / "tiny-trained-stream"
 THROTTLED = ("hot-pc25-15mbps", "on-demand-pc25-15mbps", "staged-pc25-15mbps",
              "staged-layer-pc25-15mbps", "staged-token-pc25-15mbps", "on-demand-pc25-40mbps")
 LONG_MS = 20.0
-ARMS = {"unthrottled": [], "15 MB/s": ["--read-mbps", "15"]}
+# --arms: (what every capture runs, {arm: its own options})
+SETUPS = {
+    "throttle": ("staged, 1/4 page cache", ["--preset", "staged", "--page-cache-fraction", "0.25"],
+                 {"unthrottled": [], "15 MB/s": ["--read-mbps", "15"]}),
+    "page-cache": ("hot, unthrottled", ["--preset", "hot"],
+                   {"every expert cached": ["--page-cache-fraction", "1.0"],
+                    "1/4 cached": ["--page-cache-fraction", "0.25"]}),
+}
 GAPS = ((0.0, False), (2.0, False), (20.0, False), (2.0, True))  # (idle ms, other core busy)
 
 
@@ -98,17 +109,28 @@ def child(out: str, argv: list[str]) -> None:
     Path(out).write_text(json.dumps(sorted(rows, key=lambda r: -r["cpu_s"])[:2]))
 
 
-def capture_arms(rounds: int) -> dict[str, list[dict]]:
-    results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+def _step_medians(trace: Path) -> dict[str, float]:
+    """The capture's decode steps: median build, eval and blocked ms."""
+    import polars as pl
+
+    from traces.reader import read_trace
+
+    steps = read_trace(trace).steps.filter(pl.col("phase") == "decode")
+    return {f"{c}_ms": float(steps[f"{c}_ns"].median() or 0) / 1e6
+            for c in ("build", "eval", "blocked")}
+
+
+def capture_arms(rounds: int, setup: str = "throttle") -> dict[str, list[dict]]:
+    _, base, arms = SETUPS[setup]
+    results: dict[str, list[dict]] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            order = list(ARMS) if r % 2 == 0 else list(reversed(ARMS))
+            order = list(arms) if r % 2 == 0 else list(reversed(arms))
             for arm in order:
                 out = Path(tmp) / "threads.json"
                 argv = [str(MODEL), "--out", str(Path(tmp) / "trace"), "--force", "--no-progress",
                         "--prompts", str(HERE / "prompts.jsonl"), "--max-tokens", "96",
-                        "--temp", "1.0", "--seed", "0", "--preset", "staged",
-                        "--page-cache-fraction", "0.25", *ARMS[arm]]
+                        "--temp", "1.0", "--seed", "0", *base, *arms[arm]]
                 t0 = time.perf_counter()
                 done = subprocess.run([sys.executable, __file__, "--child", str(out), *argv],
                                       capture_output=True, text=True)
@@ -116,7 +138,8 @@ def capture_arms(rounds: int) -> dict[str, list[dict]]:
                     sys.exit(f"capture ({arm}) failed: "
                              f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
                 results[arm].append({"wall_s": time.perf_counter() - t0,
-                                     "threads": json.loads(out.read_text())})
+                                     "threads": json.loads(out.read_text()),
+                                     "steps": _step_medians(Path(tmp) / "trace")})
                 print(f"  round {r + 1}/{rounds} {arm}: done", flush=True)
     return results
 
@@ -172,12 +195,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--no-capture", action="store_true", help="parts 1 and 3 only")
+    p.add_argument("--arms", choices=list(SETUPS), default="throttle",
+                   help="the captures' two arms (part 2)")
     a = p.parse_args()
     if a.rounds < 1:
         sys.exit(f"--rounds: must be >= 1, got {a.rounds}")
     doc: dict = {"command": "uv run python reports/validation/throttle_probe.py"
                  + (f" --rounds {a.rounds}" if a.rounds != 2 else "")
-                 + (" --no-capture" if a.no_capture else ""),
+                 + (" --no-capture" if a.no_capture else "")
+                 + (f" --arms {a.arms}" if a.arms != "throttle" else ""),
                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
     doc["stalls"] = stall_shares()
@@ -193,13 +219,16 @@ def main() -> None:
     if not a.no_capture:
         if not MODEL.exists():
             sys.exit(f"{MODEL}: no such model (ssdmoe convert models/tiny-trained {MODEL})")
-        print("2. staged, 1/4 page cache: the two busiest threads' schedstat per capture")
-        doc["threads"] = capture_arms(a.rounds)
+        print(f"2. {SETUPS[a.arms][0]}: the two busiest threads' schedstat per capture, and "
+              "its decode steps' median build / eval / blocked ms")
+        doc["threads"] = capture_arms(a.rounds, a.arms)
         for arm, runs in doc["threads"].items():
             for run in runs:
                 cols = "; ".join(f"CPU {t['cpu_s']:.2f} s, run-queue wait {t['wait_s']:.2f} s, "
                                  f"{t['slices']} slices" for t in run["threads"])
-                print(f"  {arm:12} wall {run['wall_s']:.1f} s: {cols}")
+                st = run["steps"]
+                print(f"  {arm:20} wall {run['wall_s']:.1f} s: {cols}; steps "
+                      f"{st['build_ms']:.2f} / {st['eval_ms']:.2f} / {st['blocked_ms']:.2f}")
 
     doc["wake"] = wake_latency()
     print("3. a woken thread's delay before it runs, us (p50 / p90)")
@@ -207,8 +236,9 @@ def main() -> None:
         print(f"  idle gap {r['idle_gap_ms']:4.1f} ms, other core "
               f"{'busy' if r['other_core_busy'] else 'idle'}: {r['wake_us_p50']:.1f} / "
               f"{r['wake_us_p90']:.1f}")
-    (HERE / "throttle_probe.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {HERE / 'throttle_probe.json'}")
+    name = "throttle_probe.json" if a.arms == "throttle" else f"throttle_probe-{a.arms}.json"
+    (HERE / name).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {HERE / name}")
 
 
 if __name__ == "__main__":
