@@ -208,7 +208,9 @@ def storage_values(st: StorageResult, c: ComputeResult | None = None,
     }
     iops = st.small_iops
     if 1 in iops and iops[1] > 0:
-        n_max = max(n for n in range(1, len(iops) + 1) if all(k in iops for k in range(1, n + 1)))
+        from sim.read_overlap import counts_from_one
+
+        n_max = counts_from_one(iops)
         curve = [1.0] + [round(iops[n] / iops[1], 3) for n in range(2, n_max + 1)]
         txt = ", ".join(f"{n}: {iops[n]:.0f}" for n in range(1, n_max + 1))
         out["queue_speedup"] = (curve, (

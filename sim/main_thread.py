@@ -276,6 +276,12 @@ class MainThread:
             staged[e] = load
         slots.stage(layer, staged)
 
+    def stage_boundary(self, step: int, row: int) -> Generator:
+        """Stage what the policy predicted for decode step `step` (routing row `row`) at its
+        boundary (the token lead's sets of every consumer layer)."""
+        for layer, predicted in self.policy.boundary(row):
+            yield from self.stage(step, layer, predicted)
+
     def _staged_layer(self, step: int, row: int, layer: int) -> Generator:
         executed = self.policy.executed(row, layer)
         staged = self.slots.take(layer) or {}
@@ -352,9 +358,7 @@ class MainThread:
         """Decode step `step` (trace step index) executing routing row `row`, synchronous loop."""
         start = self.env.now
         self.begin_step()
-        policy = self.policy
-        for layer, predicted in policy.boundary(row):
-            yield from self.stage(step, layer, predicted)
+        yield from self.stage_boundary(step, row)
         for layer in range(self.layers):
             yield from self.cpu(self._layer_build_s(layer))
             self._queue_attention(layer)
@@ -381,8 +385,7 @@ class MainThread:
                 yield from self.cpu(self._layer_build_s(layer))
             yield from self.queue_async(self._attention_s(0))
         if not built:  # begin(step) (engine.fill_points): its staged layers' reads start
-            for layer, predicted in policy.boundary(row):
-                yield from self.stage(step, layer, predicted)
+            yield from self.stage_boundary(step, row)
         resolved = set()
         for layer in range(self.layers):
             if next_row is not None:  # step+1's layer, while this step computes
@@ -410,8 +413,7 @@ class MainThread:
             # already waited for that), then the reads of step+1's predicted sets (the heads
             # computed them early in this step) start. The kick's own work is queued after
             # the token's sync below: the stream runs in order, so the token never waits on it.
-            for layer, predicted in policy.boundary(next_row):
-                yield from self.stage(step + 1, layer, predicted)
+            yield from self.stage_boundary(step + 1, next_row)
         yield from self.gpu_sync()  # token `step` on the host
         if next_row is not None:  # step+1's evaluation begins
             yield from self.queue_async(self._attention_s(0))

@@ -65,6 +65,14 @@ def simulated_read_ms(hw: Hardware, speedup: list[float], threads: int, bundle_b
     return statistics.fmean(walls) * 1e3
 
 
+def counts_from_one(by_threads: dict[int, float]) -> int:
+    """The most threads n such that every count 1..n was measured (0: not even one)."""
+    n = 0
+    while n + 1 in by_threads:
+        n += 1
+    return n
+
+
 def fit_speedup(hw: Hardware, measured_ms: dict[int, float], bundle_bytes: int,
                 bundle_reads: int, reads: int = READS_PER_THREAD) -> list[float]:
     """The speedup curve [1.0, s(2), ..., s(N)] (N: the most threads measured, every count
@@ -74,8 +82,7 @@ def fit_speedup(hw: Hardware, measured_ms: dict[int, float], bundle_bytes: int,
     monotone in s(n) (sim.bisection)."""
     if 1 not in measured_ms or measured_ms[1] <= 0:
         raise ValueError("the read alone (one thread) must be measured and > 0")
-    top = max(n for n in range(1, len(measured_ms) + 1)
-              if all(k in measured_ms for k in range(1, n + 1)))
+    top = counts_from_one(measured_ms)
     curve = [1.0]
     alone = simulated_read_ms(hw, curve, 1, bundle_bytes, bundle_reads, reads)
     for n in range(2, top + 1):

@@ -199,11 +199,13 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
     compute_factor (the accelerator's time inside decode against the isolated microbenchmarks':
     old x measured eval / simulated eval) and load_overhead_ms.in_decode (a warm load's CPU
     inside decode: old + (measured - simulated blocked) / loads per step), from the warm ones;
-    then the cold ones' (fit_budget_evict, fit_latency)."""
+    then the cold ones' (fit_budget_evict, fit_latency). The layer lead's configuration fits
+    its own hand-over only: it is left out of every machine-wide figure."""
     from sim.profiles import load_scenario
 
     warm = [r for r in results if r["config"]["page_cache"] == "all"]
-    cal = [r for r in warm if r["config"]["path"] != LAYER_LEAD]
+    machine_wide = [r for r in results if r["config"].get("path") != LAYER_LEAD]
+    cal = [r for r in machine_wide if r["config"]["page_cache"] == "all"]
     if not cal:
         return {}
     sc = load_scenario(str(scenario))
@@ -241,10 +243,10 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
         "fitted by ssdmoe validate: a warm load's main-thread cost inside decode, from blocked "
         "ms over loads per step of {n} calibration configurations (isolated calibrate loop: "
         f"{hw.load_overhead_ms:.4f} ms)"))
-    out.update(fit_budget_evict(results, scenario))
-    out.update(fit_latency(results, scenario, hw.ssd_latency_ms, sc.model.bundle_reads))
-    out.update(fit_handoff(results, scenario, hw.handoff_ms))
-    out.update(fit_reader_wake(results, scenario, hw.reader_wake_ms))
+    out.update(fit_budget_evict(machine_wide, scenario))
+    out.update(fit_latency(machine_wide, scenario, hw.ssd_latency_ms, sc.model.bundle_reads))
+    out.update(fit_handoff(machine_wide, scenario, hw.handoff_ms))
+    out.update(fit_reader_wake(machine_wide, scenario, hw.reader_wake_ms))
     return out
 
 
@@ -277,8 +279,8 @@ def fit_reader_wake(results: list[dict[str, Any]], scenario: Path,
     """reader_wake_ms.in_decode from the calibration configurations whose reader threads read
     (measured and simulated both have loads started by an idle reader)."""
     deltas = _differences([r for r in results
-                           if r["config"].get("role", "calibration") == "calibration"
-                           and r["config"].get("path") != LAYER_LEAD], "reader_start_ms")
+                           if r["config"].get("role", "calibration") == "calibration"],
+                          "reader_start_ms")
     return _shift(
         scenario, "reader_wake_ms.in_decode",
         current_note(scenario, "reader_wake_ms.in_decode") or isolated, deltas,
