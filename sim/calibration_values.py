@@ -144,6 +144,8 @@ class ComputeResult:
     idle_points: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # per loop:
     # the probe's points before pooling (sleep, every, position, average, slowdown, steps)
     queue_ahead_reps: int = 0  # routers timed
+    bundle_reads: int = BUNDLE_RANGES  # the measured model's preads per bundle (one per tensor
+    # slice of its first MoE layer)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -395,7 +397,7 @@ def hardware_values(st: StorageResult, c: ComputeResult, machine: dict[str, tupl
     cpu_cores, compute_on_cpu as read on the machine (calibration.machine.facts)."""
     values = {
         **machine,
-        **storage_values(st, c),
+        **storage_values(st, c, c.bundle_reads),
         "readahead": (False, "the engine reads with POSIX_FADV_RANDOM: a cold read caches only "
                       "its own pages"),
         "cpu_factor": (1.0, "graph-building times in model profiles measured here are this "
@@ -416,17 +418,14 @@ def read_overlap_value(values: dict[str, tuple[Any, str]],
     """queue_speedup fitted to the engine's concurrent cold bundle reads (sim.read_overlap),
     continued past the most threads measured by the O_DIRECT probe's curve; None when they
     were not measured."""
-    from dataclasses import fields
-
+    from sim.profiles import hardware_from_values
     from sim.read_overlap import extend, fit_speedup
-    from sim.scenario import Hardware
 
     walls = c.concurrent_read_ms
     if len(walls) < 2 or 1 not in walls:
         return None
-    names = {f.name for f in fields(Hardware)}
-    hw = Hardware(name="calibrating", **{k: v for k, (v, _) in values.items() if k in names})
-    curve = fit_speedup(hw, walls, c.bundle_bytes, BUNDLE_RANGES)
+    hw = hardware_from_values("calibrating", values)
+    curve = fit_speedup(hw, walls, c.bundle_bytes, c.bundle_reads)
     small = values.get("queue_speedup")
     shape = small[0] if small else []
     full = extend(curve, shape, max(len(shape), len(curve)))

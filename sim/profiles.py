@@ -261,6 +261,15 @@ def load_hardware(name_or_path: str, overrides: dict[str, Any] | None = None,
     return Hardware(**values)
 
 
+def hardware_from_values(name: str, values: dict[str, tuple[Any, str]]) -> Hardware:
+    """A Hardware from calibrate's (value, how it was measured) pairs, checked as a profile file
+    is; keys that are not Hardware's are left out (a partial set: what is missing keeps its
+    default)."""
+    data = {k: v for k, (v, _) in values.items() if k in HARDWARE_KEYS}
+    return Hardware(name=name, **_fields(f"hardware {name}", data, Hardware, HARDWARE_KEYS,
+                                         required=False))
+
+
 def load_model(name_or_path: str, overrides: dict[str, Any] | None = None,
                where: str | None = None) -> ModelProfile:
     path = _resolve(name_or_path, "models")

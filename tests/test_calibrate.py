@@ -123,10 +123,35 @@ def test_concurrent_bundle_reads_fit_the_speedup_curve():
         1.0, 1.5, 1.8, 2.0]
 
 
-def load_hardware_from(values):
-    from sim.scenario import Hardware
+def test_fits_use_the_measured_models_reads_per_bundle():
+    """A model whose bundle is 3 slices (not the streaming layout's 9): the warm load's fixed
+    cost is 3 pread intercepts, and the concurrent-read fit simulates 3-slice reads, so its
+    curve reproduces the measured ratios with 3 slices and not with 9."""
+    from sim.read_overlap import simulated_read_ms
 
-    return Hardware(name="cal", **{k: v for k, (v, _) in values.items()})
+    st = storage()
+    st.small_iops = {1: 20_000.0, 2: 30_000.0, 3: 36_000.0, 4: 40_000.0}
+    walls = {1: 1.0, 2: 1.2}
+    c = compute(concurrent_read_ms=walls, cold_read_cpu_ms=0.45, cold_read_wall_ms=0.9,
+                gil_handoff_ms=0.01, bundle_reads=3)
+    c.warm_bundle_ms = float("nan")  # the per-size fit x reads per bundle sets load_overhead
+    values = hardware_values(st, c, MACHINE, active_params=1e6)
+    assert values["load_overhead_ms"][0] == pytest.approx(3 * 0.004, rel=1e-3)
+    hw = load_hardware_from(values)
+    curve = values["queue_speedup"][0]
+
+    def ratio(reads: int) -> float:
+        return (simulated_read_ms(hw, curve, 2, c.bundle_bytes, reads)
+                / simulated_read_ms(hw, curve, 1, c.bundle_bytes, reads))
+
+    assert ratio(3) == pytest.approx(1.2, rel=0.01)
+    assert ratio(9) != pytest.approx(1.2, rel=0.01)
+
+
+def load_hardware_from(values):
+    from sim.profiles import hardware_from_values
+
+    return hardware_from_values("cal", values)
 
 
 def test_written_profile_loads_and_round_trips(tmp_path):

@@ -738,3 +738,63 @@ def test_lead_probe_section_shows_each_arm_as_the_probe_wrote_it(tmp_path):
                                               "kick |"]
     assert lines[header + 2] == ("| layer @ 0.25 | 44.7 / 64.4 | 2.37 / 1.64 | 13.77 / 7.99 | "
                                  "7.76 / 5.92 | 0.195 | 1.381 | 0.431 | 1.113 |")
+
+
+def test_bootstrap_median_matches_its_closed_form():
+    """The median of n (odd) rounds drawn with replacement is at most the k-th smallest round
+    when at least (n + 1) / 2 of the n draws are among the k smallest: a binomial tail with
+    p = k / n. Five distinct rounds, 40000 draws, each order statistic's frequency."""
+    from math import comb
+
+    import numpy as np
+
+    from validation.noise import median_draws
+
+    speeds, n = [50.0, 20.0, 40.0, 10.0, 30.0], 5
+
+    def at_most(k: int) -> float:
+        p = k / n
+        return sum(comb(n, j) * p**j * (1 - p) ** (n - j) for j in range((n + 1) // 2, n + 1))
+
+    drawn = median_draws(speeds, 40000, np.random.default_rng(1))
+    for k, value in enumerate(sorted(speeds), start=1):
+        exact = at_most(k) - at_most(k - 1)
+        assert np.mean(drawn == value) == pytest.approx(exact, abs=0.01)
+    # by hand, the middle round: P(Bin(5, 0.6) >= 3) - P(Bin(5, 0.4) >= 3)
+    # = (0.3456 + 0.2592 + 0.07776) - (0.2304 + 0.0768 + 0.01024) = 0.36512
+    assert at_most(3) - at_most(2) == pytest.approx(0.36512)
+
+
+def test_noise_summary_by_hand():
+    """Rounds that never move give a floor of 0 and a fixed error; calibration configurations
+    and single rounds are left out; a run of one configuration has no summary."""
+    from validation.noise import noise_summary
+    from validation.report import _noise_markdown
+
+    def rounds(name, role, speeds, simulated):
+        r = _r(name, role, decode_tok_s=1.0)
+        r["rounds_decode_tok_s"] = speeds
+        r["simulated"]["decode_tok_s"] = simulated
+        return r
+
+    steady = [rounds("a", "held-out", [10.0, 10.0, 10.0], 11.0),  # 10% off in every draw
+              rounds("b", "held-out", [20.0, 20.0], 19.0),  # 5% off
+              rounds("c", "held-out", [30.0], 99.0),  # one round: left out
+              rounds("cal", "calibration", [1.0, 9.0, 5.0], 50.0)]
+    s = noise_summary(steady, draws=200)
+    assert s["n"] == 2
+    assert s["floor"]["p90_pct"] == 0.0 and s["floor"]["p90_range_pct"] == [0.0, 0.0]
+    assert s["simulated"]["median_pct"] == pytest.approx(7.5)
+    assert s["simulated"]["p90_pct"] == pytest.approx(5.0 + 0.9 * 5.0)
+    assert noise_summary(steady[:1]) == {}
+    # a noisy configuration: its redrawn medians move, and so does the floor
+    noisy = [rounds("a", "held-out", [10.0, 20.0, 30.0], 20.0),
+             rounds("b", "held-out", [10.0, 20.0, 30.0], 20.0)]
+    s = noise_summary(noisy, draws=4000)
+    # each draw's median is 10, 20 or 30 (7/27, 13/27, 7/27): |20 - m| / m is 100%, 0 or 33%
+    assert s["floor"] == s["simulated"]  # the simulated figure is the observed median here
+    # a draw's p90 over two is 0 when both medians are 20 (p = (13/27)^2 = 0.23 > 5%) and
+    # 100 when both are 10 (p = (7/27)^2 = 0.067 > 5%): the 5-95% range spans both
+    assert s["floor"]["p90_range_pct"] == [0.0, 100.0]
+    text = " ".join(_noise_markdown({"median_pct": 2.0, "p90_pct": 3.0, "n": 2}, {}, s))
+    assert "4000 bootstrap draws" in text and "lower bound" in text

@@ -17,6 +17,7 @@ import numpy as np
 
 from validation import plots
 from validation.labels import LABELS
+from validation.noise import noise_summary
 from validation.run import METRICS
 
 COMPONENTS = ("build_ms_per_step", "eval_ms_per_step", "blocked_ms_per_step")
@@ -194,7 +195,7 @@ def write_report(out: Path, results: list[dict], missing: list[str], meta: dict[
     worst = max(held, key=lambda r: r["ape_pct"].get("decode_tok_s") or -1, default=None)
     gain = gain_analysis(results, hardware)
     doc = {**meta, "summary": summary, "round_spread": spread_summary(results),
-           "missing": missing, "gain": gain,
+           "noise": noise_summary(results), "missing": missing, "gain": gain,
            "worst": worst["config"]["name"] if worst else None, "results": results}
     out.mkdir(parents=True, exist_ok=True)
     (out / "validation.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -252,7 +253,7 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None, out: Path) -> 
     for k, s in doc["summary"].items():
         lines.append(f"| {LABELS[k]} | {_fmt(s['median_ape_pct'], 1)}% | "
                      f"{_fmt(s['p90_ape_pct'], 1)}% | {s['n']} |")
-    lines += _noise_markdown(doc.get("round_spread") or {}, doc["summary"])
+    lines += _noise_markdown(doc.get("round_spread") or {}, doc["summary"], doc.get("noise"))
     lines += ["", "![simulated vs measured](scatter.png)", "", "![error per configuration]"
               "(errors.png)", "", "## Every configuration", "",
               "measured / simulated (abs. error %). Overlap and entropy are the measured decode "
@@ -309,8 +310,9 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None, out: Path) -> 
     return "\n".join(lines)
 
 
-def _noise_markdown(spread: dict, summary: dict) -> list[str]:
-    """One paragraph: how noisy the measured side was, beside the errors it is compared with."""
+def _noise_markdown(spread: dict, summary: dict, noise: dict | None = None) -> list[str]:
+    """One paragraph: how noisy the measured side was, beside the errors it is compared with;
+    with `noise` (validation.noise), what redrawing the rounds makes of the summary figures."""
     med, p90 = spread.get("median_pct"), spread.get("p90_pct")
     if med is None:
         return []
@@ -325,6 +327,21 @@ def _noise_markdown(spread: dict, summary: dict) -> list[str]:
     if med > 5.0:
         lines[-1] += (" The noise exceeds the decode median target (5%): on this run that "
                       "target can be neither met nor missed with confidence.")
+    if noise:
+        floor, sim = noise["floor"], noise["simulated"]
+
+        def fig(d: dict, key: str) -> str:
+            lo, hi = d[f"{key}_range_pct"]
+            return f"{d[f'{key}_pct']:.1f}% ({lo:.1f}-{hi:.1f}%)"
+
+        lines += ["", f"Redrawing each held-out configuration's rounds ({noise['draws']} "
+                  f"bootstrap draws, `validation/noise.py`; medians over the draws, their 5-95% "
+                  f"range in brackets): a simulator that had every configuration's median "
+                  f"exactly would score a decode median error of {fig(floor, 'median')} and a "
+                  f"p90 of {fig(floor, 'p90')}; this run's prediction scores "
+                  f"{fig(sim, 'median')} and {fig(sim, 'p90')}. The calibration "
+                  "configurations' rounds are not redrawn (each draw would need its own fit), "
+                  "so the first pair is a lower bound on what noise alone gives."]
     return lines
 
 
