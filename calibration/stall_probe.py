@@ -55,6 +55,11 @@ LOOP_PRESETS = {"lookahead": "hot", "sync": "on-demand"}
 # where the sim books its wait) and eval (the compute thread's).
 LOOP_WAITS = {"lookahead": "runqueue", "sync": "step"}
 DELAYS_MS = (0.2, 0.5, 1.0, 4.0)
+# How a read is held: "sleep" (a slow device: the thread idles) or "busy" (the reading thread
+# keeps a core busy copying warm pages, its GIL let go on every pread, as a cold read's kernel
+# work does: reports/validation/busy_stall_probe.py)
+HOLDS = ("sleep", "busy")
+BUSY_CHUNK = 65536  # bytes per pread of the busy hold
 
 
 @dataclass
@@ -69,6 +74,7 @@ class StallRun:
     blocked_ms: float
     fills: float  # fills per step that waited on a load (distinct layers with a waited load)
     threads: dict[str, dict[str, float]]  # "main" / "compute" -> run_ms, runqueue_ms, switches
+    hold: str = "sleep"  # HOLDS
 
 
 @dataclass
@@ -85,17 +91,26 @@ class StallCurve:
     runs: list[StallRun] = field(default_factory=list)
 
 
-def child(delay_ms: float, stats_out: Path, capture_args: list[str]) -> int:
-    """Run `ssdmoe capture` with every expert read held `delay_ms`; schedstat at exit."""
+def child(delay_ms: float, stats_out: Path, capture_args: list[str],
+          hold: str = "sleep") -> int:
+    """Run `ssdmoe capture` with every expert read held `delay_ms` (asleep, or busy re-reading
+    the first BUSY_CHUNK of the model's resident file, warm); schedstat at exit."""
     import atexit
+    import os
 
     import engine.store as store
 
     if delay_ms > 0:  # in _row: every read ends there (buffered, RWF_NOWAIT, O_DIRECT), and
         row = store.ExpertStore._row  # the delay falls inside its started..finished
+        warm = os.open(Path(capture_args[0]) / "resident.safetensors", os.O_RDONLY)
 
         def held(self, *a, **k):
-            time.sleep(delay_ms / 1e3)
+            if hold == "busy":
+                end = time.perf_counter() + delay_ms / 1e3
+                while time.perf_counter() < end:
+                    os.pread(warm, BUSY_CHUNK, 0)
+            else:
+                time.sleep(delay_ms / 1e3)
             return row(self, *a, **k)
 
         store.ExpertStore._row = held
@@ -129,7 +144,8 @@ def per_step(stats: dict[str, dict[str, float]], steps: int) -> dict[str, dict[s
 
 
 def capture(model_dir: Path, delay_ms: float, out: Path, *, tokens: int,
-            prompts: Path | None = None, preset: str = LOOP_PRESETS["lookahead"]) -> StallRun:
+            prompts: Path | None = None, preset: str = LOOP_PRESETS["lookahead"],
+            hold: str = "sleep") -> StallRun:
     import polars as pl
 
     from traces.reader import read_trace
@@ -138,8 +154,8 @@ def capture(model_dir: Path, delay_ms: float, out: Path, *, tokens: int,
     args = [str(model_dir), "--out", str(out), "--force", "--no-progress", "--max-tokens",
             str(tokens), "--temp", "1.0", "--seed", "0", "--preset", preset,
             *(["--prompts", str(prompts)] if prompts is not None else [])]
-    proc = subprocess.run([sys.executable, "-m", "calibration.stall_probe", str(delay_ms),
-                           str(stats), *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "calibration.stall_probe", hold,
+                           str(delay_ms), str(stats), *args], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1])
     if proc.returncode != 0 or not stats.is_file():
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -152,7 +168,7 @@ def capture(model_dir: Path, delay_ms: float, out: Path, *, tokens: int,
     ms = {k: steps[k].mean() / 1e6 for k in ("build_ns", "eval_ns", "blocked_ns")}
     return StallRun(delay_ms, out, steps.height, ms["build_ns"], ms["eval_ns"],
                     ms["blocked_ns"], fills, per_step(json.loads(stats.read_text()),
-                                                      steps.height))
+                                                      steps.height), hold)
 
 
 def run_arms(model_dir: Path, delays: list[float], rounds: int, work: Path, *, tokens: int,
@@ -220,5 +236,5 @@ def measure_stall_wake(model_dir: Path, *, delays_ms: tuple[float, ...] = DELAYS
     return out
 
 
-if __name__ == "__main__":  # a probe capture: DELAY_MS STATS_OUT CAPTURE_ARGS...
-    sys.exit(child(float(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]))
+if __name__ == "__main__":  # a probe capture: HOLD DELAY_MS STATS_OUT CAPTURE_ARGS...
+    sys.exit(child(float(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:], hold=sys.argv[1]))
