@@ -75,6 +75,13 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
             setattr(compute, f"{prefix}stall_points_ms", stall.stall_ms)
             setattr(compute, f"{prefix}stall_wake_main_ms", stall.main_ms)
             setattr(compute, f"{prefix}stall_wake_compute_ms", stall.compute_ms)
+            if stall.busy_stall_ms:
+                compute.busy_stall_points_ms = stall.busy_stall_ms
+                compute.busy_stall_compute_ms = stall.busy_compute_ms
+                compute.busy_stall_how = (
+                    f"{', '.join(f'{d:g}' for d in stall.busy_delays_ms)} ms of warm preads "
+                    f"before each expert read vs none, page cache warm, {stall.rounds} rounds "
+                    "rotated, medians of paired rounds")
             compute.stall_wake_how = (
                 f"{', '.join(f'{d:g}' for d in stall.delays_ms)} ms held before each expert "
                 f"read vs none, page cache warm, {stall.rounds} rounds rotated, medians of "

@@ -60,6 +60,9 @@ DELAYS_MS = (0.2, 0.5, 1.0, 4.0)
 # work does: reports/validation/busy_stall_probe.py)
 HOLDS = ("sleep", "busy")
 BUSY_CHUNK = 65536  # bytes per pread of the busy hold
+# the busy holds calibrate runs in the lookahead loop (a cold read's ~0.5-1 ms of kernel work):
+# their eval growth per fill is the busy curve (sim.stall_wake)
+BUSY_DELAYS_MS = (0.5, 1.0)
 
 
 @dataclass
@@ -89,6 +92,9 @@ class StallCurve:
     rounds: int
     preset: str = LOOP_PRESETS["lookahead"]
     runs: list[StallRun] = field(default_factory=list)
+    busy_stall_ms: list[float] = field(default_factory=list)  # the busy holds' stalls per
+    busy_compute_ms: list[float] = field(default_factory=list)  # fill and eval grown per fill
+    busy_delays_ms: list[float] = field(default_factory=list)
 
 
 def child(delay_ms: float, stats_out: Path, capture_args: list[str],
@@ -172,14 +178,14 @@ def capture(model_dir: Path, delay_ms: float, out: Path, *, tokens: int,
 
 
 def run_arms(model_dir: Path, delays: list[float], rounds: int, work: Path, *, tokens: int,
-             prompts: Path | None = None,
-             preset: str = LOOP_PRESETS["lookahead"]) -> list[StallRun]:
+             prompts: Path | None = None, preset: str = LOOP_PRESETS["lookahead"],
+             hold: str = "sleep") -> list[StallRun]:
     """Every delay captured `rounds` times, the order rotated per round."""
     runs = []
     for r in range(rounds):
         for d in delays[r % len(delays):] + delays[:r % len(delays)]:
-            runs.append(capture(model_dir, d, work / f"{preset}-delay{d}-round{r}",
-                                tokens=tokens, prompts=prompts, preset=preset))
+            runs.append(capture(model_dir, d, work / f"{preset}-{hold}{d}-round{r}",
+                                tokens=tokens, prompts=prompts, preset=preset, hold=hold))
     return runs
 
 
@@ -221,18 +227,40 @@ def curve(runs: list[StallRun], delays_ms: tuple[float, ...], rounds: int,
                       [p[2] for p in points], list(delays_ms), rounds, preset, runs)
 
 
+def busy_curve(runs: list[StallRun], delays_ms: tuple[float, ...]) -> tuple[list[float],
+                                                                           list[float]]:
+    """The busy holds' points: (stall per fill, eval grown per fill) over the no-hold arm
+    (curve_point, "step"), in order of stall, distinct stalls only."""
+    points: list[tuple[float, float]] = []
+    for stall, _, grown in sorted(curve_point(runs, d, "step") for d in delays_ms):
+        if not points or stall > points[-1][0]:
+            points.append((stall, grown))
+    return [p[0] for p in points], [p[1] for p in points]
+
+
 def measure_stall_wake(model_dir: Path, *, delays_ms: tuple[float, ...] = DELAYS_MS,
+                       busy_delays_ms: tuple[float, ...] = BUSY_DELAYS_MS,
                        rounds: int = 2, tokens: int = 24) -> dict[str, StallCurve] | None:
-    """The probe on `model_dir`, one curve per decode loop ("lookahead", "sync"); None where
-    there is no schedstat (not Linux)."""
+    """The probe on `model_dir`, one curve per decode loop ("lookahead", "sync"), the
+    lookahead one with its busy holds' curve too; None where there is no schedstat (not
+    Linux)."""
     if not Path("/proc/self/schedstat").is_file():
         return None
     out = {}
+    model_dir = Path(model_dir).resolve()
     with tempfile.TemporaryDirectory(prefix="ssdmoe-stall-") as tmp:
         for loop, preset in LOOP_PRESETS.items():
-            runs = run_arms(Path(model_dir).resolve(), [0.0, *delays_ms], rounds, Path(tmp),
-                            tokens=tokens, preset=preset)
+            runs = run_arms(model_dir, [0.0, *delays_ms], rounds, Path(tmp), tokens=tokens,
+                            preset=preset)
             out[loop] = curve(runs, delays_ms, rounds, preset, LOOP_WAITS[loop])
+        if busy_delays_ms:
+            preset = LOOP_PRESETS["lookahead"]
+            busy = run_arms(model_dir, [0.0, *busy_delays_ms], rounds, Path(tmp),
+                            tokens=tokens, preset=preset, hold="busy")
+            found = out["lookahead"]
+            found.busy_stall_ms, found.busy_compute_ms = busy_curve(busy, busy_delays_ms)
+            found.busy_delays_ms = list(busy_delays_ms)
+            found.runs += busy
     return out
 
 

@@ -12,7 +12,8 @@ schema as a measured one.
   piecewise.py       a measured curve read between its points (idle_slowdown, stall_wake)
   idle_slowdown.py   work runs slower while the process has recently been mostly idle (the
                      kernel's utilization average packs threads that slept onto one core)
-  stall_wake.py      after a fill stalled with the process idle, the threads wait for a core
+  stall_wake.py      after a fill stalled with the process idle, the threads wait for a core;
+                     after one the host spent busy, the compute thread's next work runs late
   gil.py             Python's interpreter lock: graph building vs readers' bookkeeping, its
                      hand-over to a thread that slept on it, and the main thread taking it
                      back after an MLX call or a wait that let go of it

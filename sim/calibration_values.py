@@ -133,6 +133,9 @@ class ComputeResult:
     sync_stall_wake_main_ms: list[float] = field(default_factory=list)  # synchronous loop
     sync_stall_wake_compute_ms: list[float] = field(default_factory=list)
     stall_wake_how: str = ""  # the probe's arms
+    busy_stall_points_ms: list[float] = field(default_factory=list)  # the stall probe's busy
+    busy_stall_compute_ms: list[float] = field(default_factory=list)  # holds, lookahead loop
+    busy_stall_how: str = ""
     idle_util_points: list[float] = field(default_factory=list)  # calibration.idle_probe's
     idle_slowdown: list[float] = field(default_factory=list)  # curve, lookahead loop
     sync_idle_util_points: list[float] = field(default_factory=list)  # ... and synchronous
@@ -340,6 +343,15 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             _rounded(getattr(c, f"{prefix}stall_wake_main_ms")), main)
         out[f"{prefix}stall_wake_compute_ms"] = (
             _rounded(getattr(c, f"{prefix}stall_wake_compute_ms")), compute)
+    if c.busy_stall_points_ms:
+        out["busy_stall_points_ms"] = (_rounded(c.busy_stall_points_ms), (
+            f"calibration.stall_probe's busy hold in the lookahead loop ({c.busy_stall_how}: "
+            "the reading thread re-reads warm pages, the GIL let go per pread): a fill's extra "
+            "blocked time per hold"))
+        out["busy_stall_compute_ms"] = (_rounded(c.busy_stall_compute_ms), (
+            "the growth of eval per such fill: the compute thread's next work after a stall "
+            "the host spent busy, its run-queue wait flat (sim.stall_wake, read at a stall's "
+            "busy part)"))
     for prefix, loop in PROBE_LOOPS:
         points = getattr(c, f"{prefix}idle_util_points")
         if not points:

@@ -110,8 +110,8 @@ class MainThread:
         self.refused_warm_s = hw.refused_warm_ms / 1e3
         self.lookahead = sc.lookahead
         self.stall_wake = StallWake.for_loop(hw, sc.lookahead)
-        if self.stall_wake.points:
-            cores.track_activity()  # a stall's idle part (_execute_layer)
+        if self.stall_wake.reads_idle:
+            cores.track_activity()  # a stall's idle and busy parts (_execute_layer)
         owners = [policy.head_owner(layer) for layer in range(m.layers)]  # fixed per run
         self.layer_build_s = [self.build_s + (self.head_build_s if o else 0.0) for o in owners]
         self.layer_attn_s = [self.attn_s + (self.head_s if o else 0.0) for o in owners]
@@ -429,7 +429,7 @@ class MainThread:
         is blocked time in the lookahead loop, and graph building in the synchronous one, where
         the stall probe saw it land (build grew by half to two thirds of the main thread's
         run-queue wait)."""
-        idle = self.blocked_idle
+        idle, blocked = self.blocked_idle, self.blocked
         if self.policy.staged_layer(layer):
             executed = yield from self._staged_layer(step, row, layer)
         else:
@@ -437,8 +437,10 @@ class MainThread:
         # the stall's idle part (_blocked): a main thread reading a cold bundle itself, or
         # readers copying one, keep the host awake; the probe's stalls were sleeps
         stall = self.blocked_idle - idle
-        if stall > 0:
-            self.compute.wake_after(self.stall_wake.compute_wait(stall))
+        # and the busy part: the compute thread's next work runs late after it too
+        busy = self.stall_wake.busy_compute_wait(self.blocked - blocked - stall)
+        if stall > 0 or busy > 0:
+            self.compute.wake_after(self.stall_wake.compute_wait(stall) + busy)
             wake = self.stall_wake.main_wait(stall)
             if wake > 0:
                 yield self.env.timeout(wake)

@@ -81,9 +81,10 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "refused_warm_ms": (_nonneg, "must be >= 0"),
     **{f"{loop}stall_points_ms": (lambda v: all(x > 0 for x in v) and v == sorted(set(v)),
                                   "must be distinct stalls > 0 ms in ascending order")
-       for loop in ("", "sync_")},
+       for loop in ("", "sync_", "busy_")},
     **{f"{loop}stall_wake_{who}_ms": (lambda v: all(x >= 0 for x in v), "must be >= 0")
        for loop in ("", "sync_") for who in ("main", "compute")},
+    "busy_stall_compute_ms": (lambda v: all(x >= 0 for x in v), "must be >= 0"),
     **{f"{loop}idle_util_points": (lambda v: all(0 <= x <= 1 for x in v)
                                    and v == sorted(set(v)),
                                    "must be distinct shares in [0, 1], ascending")

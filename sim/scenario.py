@@ -89,6 +89,11 @@ class Hardware:
     # a core after that stall, before it runs again (calibration.stall_probe)
     stall_wake_compute_ms: list[float] = field(default_factory=list)  # the compute thread's,
     # idle through the stall, before it runs the next work it is handed
+    busy_stall_points_ms: list[float] = field(default_factory=list)  # a fill's blocked time
+    # with the host kept busy (the reading thread's CPU, not a sleep) at which the growth below
+    # was measured in the lookahead loop (calibration.stall_probe's busy hold; empty: none)
+    busy_stall_compute_ms: list[float] = field(default_factory=list)  # eval grown per such
+    # fill: the compute thread's next work runs late or slow, not waiting for a core
     sync_stall_points_ms: list[float] = field(default_factory=list)  # the same curve measured
     sync_stall_wake_main_ms: list[float] = field(default_factory=list)  # in the synchronous
     sync_stall_wake_compute_ms: list[float] = field(default_factory=list)  # loop (empty: none)
@@ -246,7 +251,8 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "throttle_kind", "compute_factor", "cpu_cores", "compute_on_cpu",
                      "background_cores", "page_cache_floor_gib", "queue_ahead_ms", "queue_speedup",
                      "refused_warm_ms", "stall_points_ms", "stall_wake_main_ms",
-                     "stall_wake_compute_ms", "sync_stall_points_ms", "sync_stall_wake_main_ms",
+                     "stall_wake_compute_ms", "busy_stall_points_ms", "busy_stall_compute_ms",
+                     "sync_stall_points_ms", "sync_stall_wake_main_ms",
                      "sync_stall_wake_compute_ms", "idle_util_points", "idle_slowdown",
                      "sync_idle_util_points", "sync_idle_slowdown")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

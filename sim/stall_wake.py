@@ -24,7 +24,16 @@ The probe's stalls are sleeps (nothing runs); a cold read that the main thread o
 itself keeps the host busy for most of its time (cold_read_cpu_ms), and the synchronous loop's
 evaluation did not grow with cold reads at all (on demand with every expert cached, half or a
 quarter of them: 8.35, 8.42, 8.20 ms a step, the 17:36 run), where the curve read at the whole
-blocked time charged it 1.2-2.1 ms more."""
+blocked time charged it 1.2-2.1 ms more.
+
+A stall the host spends busy costs the compute thread too, in the lookahead loop, though not as
+a wait for a core: reports/validation/busy_stall_probe.py held every expert read busy (the
+reading thread re-reading warm pages, the GIL let go per pread) and eval grew 0.05-0.15 ms per
+fill with the compute thread's run-queue wait flat, where a sleep of the same length grew it
+0.17-0.76. The hardware's `busy_stall_points_ms` -> `busy_stall_compute_ms` (calibration's
+busy hold) is read at the stall's busy part (its blocked time less the idle part), linear from
+(0, 0) and flat after the last point; the synchronous loop has none (its evaluation did not
+grow with cold reads, above)."""
 
 from __future__ import annotations
 
@@ -35,7 +44,14 @@ from sim.scenario import Hardware
 
 class StallWake:
     def __init__(self, where: str, points_ms: list[float], main_ms: list[float],
-                 compute_ms: list[float]) -> None:
+                 compute_ms: list[float], busy_points_ms: list[float] | None = None,
+                 busy_compute_ms: list[float] | None = None) -> None:
+        busy_points_ms, busy_compute_ms = busy_points_ms or [], busy_compute_ms or []
+        if len(busy_points_ms) != len(busy_compute_ms):
+            raise BadInput(f"{where}: busy_stall_compute_ms has {len(busy_compute_ms)} values "
+                           f"for {len(busy_points_ms)} busy_stall_points_ms: one per point")
+        self._busy = [0.0, *(p / 1e3 for p in busy_points_ms)]
+        self.busy_compute = [0.0, *(v / 1e3 for v in busy_compute_ms)]
         if not points_ms and (main_ms or compute_ms):
             raise BadInput(f"{where}: stall_wake_main_ms / stall_wake_compute_ms need "
                            "stall_points_ms (the stalls they were measured at)")
@@ -54,8 +70,9 @@ class StallWake:
     def for_loop(cls, hw: Hardware, lookahead: bool) -> StallWake:
         """The curve measured in the decode loop the scenario runs."""
         prefix = "" if lookahead else "sync_"
+        busy = (hw.busy_stall_points_ms, hw.busy_stall_compute_ms) if lookahead else ([], [])
         return cls(f"hardware {hw.name}", *(getattr(hw, f"{prefix}{key}") for key in (
-            "stall_points_ms", "stall_wake_main_ms", "stall_wake_compute_ms")))
+            "stall_points_ms", "stall_wake_main_ms", "stall_wake_compute_ms")), *busy)
 
     def _at(self, curve: list[float], stall_s: float) -> float:
         if not self.points:
@@ -67,3 +84,14 @@ class StallWake:
 
     def compute_wait(self, stall_s: float) -> float:
         return self._at(self.compute, stall_s)
+
+    @property
+    def reads_idle(self) -> bool:
+        """Whether either curve needs a stall's idle part (its busy part is the rest)."""
+        return bool(self.points) or len(self._busy) > 1
+
+    def busy_compute_wait(self, busy_s: float) -> float:
+        """The compute thread's extra time after a stall with `busy_s` of it spent busy."""
+        if len(self._busy) < 2 or busy_s <= 0:
+            return 0.0
+        return linear(self._busy, self.busy_compute, busy_s)

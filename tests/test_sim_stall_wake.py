@@ -256,3 +256,64 @@ def test_a_profile_with_a_descending_curve_is_one_clear_line(tmp_path):
     with pytest.raises(BadInput,
                        match=r"bad.toml: stall_points_ms: \[3.0, 1.0\] must be distinct"):
         load_hardware(bad)
+
+
+@pytest.mark.parametrize("lookahead", [True, False])
+def test_a_busy_stall_costs_the_compute_thread_in_the_lookahead_loop(lookahead):
+    """The fills above with 0.25 ms of the main thread's CPU per cold read: each blocks 1.0 ms,
+    0.5 ms of it busy. With a busy curve of 0.2 ms at a 0.25 ms busy stall and 0.3 at 1 ms, the
+    busy part costs the compute thread bw = 0.2 + 0.1 x 0.25 / 0.75 = 0.2333 ms before the next
+    work it is handed: in the lookahead loop the window and eval grow by L bw, blocked not at
+    all; the synchronous loop has no busy curve (its eval did not grow with cold reads). Beside
+    the sleep curve, the two add up: L (mw + cw + bw)."""
+    busy = dict(busy_stall_points_ms=[0.25, 1.0], busy_stall_compute_ms=[0.2, 0.3])
+    bw, mw, cw = 0.2 + 0.1 / 3, 0.1, 0.1 + 0.2 / 3
+
+    def run(curve: dict):
+        return _demand_fills(curve, lookahead=lookahead, on_cpu=False, cold_overhead_ms=0.25)
+
+    base, woken, both = run({}), run(busy), run({**busy, **CURVE})
+    grown = {col: [w - b for w, b in zip(_rows(woken, col), _rows(base, col), strict=True)][1:-1]
+             for col in ("window", "eval_ns", "blocked_ns")}
+    expect = L * bw if lookahead else 0.0
+    assert grown["window"] == pytest.approx([expect] * 4, abs=1e-6)
+    assert grown["eval_ns"] == pytest.approx([expect] * 4, abs=1e-6)
+    assert grown["blocked_ns"] == pytest.approx([0.0] * 4, abs=1e-6)
+    if lookahead:
+        total = [w - b for w, b in zip(_rows(both, "window"), _rows(base, "window"),
+                                       strict=True)][1:-1]
+        assert total == pytest.approx([L * (mw + cw + bw)] * 4, abs=1e-6)
+    with pytest.raises(BadInput, match="busy_stall_compute_ms has 1 values for 2"):
+        StallWake("hardware x", [], [], [], [0.5, 1.0], [0.1])
+
+
+def test_the_busy_curve_is_eval_grown_per_fill_by_stall(tmp_path):
+    """Busy holds of 0.5 and 1 ms: per step, no hold eval 5.0, blocked 1 over 5 fills; 0.5 ms:
+    eval 5.5, blocked 8.5 (stall 1.5 per fill); 1 ms: eval 6.0, blocked 16 (stall 3.0): the
+    curve is (1.5, 0.1), (3.0, 0.2). Written to the profile, it loads back; a profile whose
+    busy curve has one value too few is one clear line."""
+    from calibration.stall_probe import busy_curve
+    from sim.calibration_values import hardware_toml, hardware_values, write_hardware
+    from tests.test_calibrate import MACHINE, compute, storage
+
+    held = [_run(0, 1.0, 5, 0, 0), _run(0.5, 8.5, 5, 0, 0), _run(1.0, 16.0, 5, 0, 0)]
+    held[1].eval_ms, held[2].eval_ms = 5.5, 6.0
+    points, grown = busy_curve(held, (1.0, 0.5))
+    assert points == pytest.approx([1.5, 3.0]) and grown == pytest.approx([0.1, 0.2])
+    c = compute(busy_stall_points_ms=points, busy_stall_compute_ms=grown,
+                busy_stall_how="0.5, 1 ms of warm preads")
+    values = hardware_values(storage(), c, MACHINE, active_params=1e6)
+    assert values["busy_stall_compute_ms"][0] == pytest.approx([0.1, 0.2])
+    assert "0.5, 1 ms of warm preads" in values["busy_stall_points_ms"][1]
+    from sim.profiles import load_hardware
+
+    path = write_hardware(tmp_path / "cal.toml",
+                          hardware_toml(values, "cal", "now", "ssdmoe calibrate"))
+    # half way between the points: 0.15 ms
+    assert StallWake.for_loop(load_hardware(str(path)), lookahead=True).busy_compute_wait(
+        2.25e-3) == pytest.approx(0.15e-3)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(path.read_text().replace("busy_stall_compute_ms = [0.1, 0.2]",
+                                            "busy_stall_compute_ms = [0.1]"))
+    with pytest.raises(BadInput, match="busy_stall_compute_ms has 1 values for 2"):
+        StallWake.for_loop(load_hardware(str(bad)), lookahead=True)
