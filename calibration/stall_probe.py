@@ -151,7 +151,7 @@ def per_step(stats: dict[str, dict[str, float]], steps: int) -> dict[str, dict[s
 
 def capture(model_dir: Path, delay_ms: float, out: Path, *, tokens: int,
             prompts: Path | None = None, preset: str = LOOP_PRESETS["lookahead"],
-            hold: str = "sleep") -> StallRun:
+            hold: str = "sleep", extra: tuple[str, ...] = ()) -> StallRun:
     import polars as pl
 
     from traces.reader import read_trace
@@ -159,7 +159,7 @@ def capture(model_dir: Path, delay_ms: float, out: Path, *, tokens: int,
     stats = out.parent / f"{out.name}.sched.json"
     args = [str(model_dir), "--out", str(out), "--force", "--no-progress", "--max-tokens",
             str(tokens), "--temp", "1.0", "--seed", "0", "--preset", preset,
-            *(["--prompts", str(prompts)] if prompts is not None else [])]
+            *(["--prompts", str(prompts)] if prompts is not None else []), *extra]
     proc = subprocess.run([sys.executable, "-m", "calibration.stall_probe", hold,
                            str(delay_ms), str(stats), *args], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1])

@@ -11,12 +11,18 @@ growth over the no-hold capture of the same round, per fill that blocked; median
 stall, build and eval (calibration.stall_probe.curve_point, "step"), and the compute thread's
 CPU and run-queue wait.
 
-The simulator reads its lookahead stall curve (sim.stall_wake, measured with sleeps) at a
-stall's idle part only: a busy stall costs nothing there.
+With --lead layer the captures run the staged path with the layer lead instead: with every
+expert cached its reads are prefetches a reader thread does while compute runs, so a hold
+there lies beside compute rather than in a stall.
+
+The simulator reads its lookahead sleep curve (sim.stall_wake) at a stall's idle part and its
+busy curve (calibrate's busy holds, this probe's figure) at the busy part.
 
     uv run python reports/validation/busy_stall_probe.py [--delays 0.5,1] [--rounds 3]
+        [--lead layer]
 
-Writes busy_stall_probe.json next to this file. Linux only (schedstat).
+Writes busy_stall_probe.json (busy_stall_probe-layer.json with --lead layer) next to this
+file. Linux only (schedstat).
 """
 
 from __future__ import annotations
@@ -70,7 +76,11 @@ def main() -> None:
     ap.add_argument("--delays", default="0.5,1", help="holds per expert read, ms")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--lead", choices=("none", "layer"), default="none",
+                    help="layer: the staged path with the layer lead (reads beside compute)")
     args = ap.parse_args()
+    preset, extra = ((LOOP_PRESETS["lookahead"], ()) if args.lead == "none"
+                     else ("staged", ("--lead", "layer")))
     delays = [float(d) for d in args.delays.split(",")]
     order = arms(delays)
     runs: list[StallRun] = []
@@ -78,8 +88,8 @@ def main() -> None:
         for r in range(args.rounds):
             for hold, d in order[r % len(order):] + order[:r % len(order)]:
                 runs.append(capture(MODEL, d, Path(tmp) / f"{hold}{d}-round{r}",
-                                    tokens=args.tokens, preset=LOOP_PRESETS["lookahead"],
-                                    hold=hold))
+                                    tokens=args.tokens, preset=preset, hold=hold,
+                                    extra=extra))
                 print(f"round {r + 1}/{args.rounds} {hold} {d} ms: eval "
                       f"{runs[-1].eval_ms:.2f} ms/step", flush=True)
     table = {f"{hold} {d:g}": per_arm(runs, hold, d) for hold, d in order}
@@ -91,15 +101,17 @@ def main() -> None:
     print("\nper fill that blocked, over no hold: stall, build, eval, compute cpu, run-queue ms")
     for name, g in grown.items():
         print(f"{name:10s} " + "  ".join(f"{g[k]:6.3f}" for k in g))
+    lead = "" if args.lead == "none" else f" --lead {args.lead}"
     doc = {"command": "uv run python reports/validation/busy_stall_probe.py "
-                      f"--delays {args.delays} --rounds {args.rounds}",
+                      f"--delays {args.delays} --rounds {args.rounds}{lead}",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": str(MODEL),
-           "preset": LOOP_PRESETS["lookahead"], "tokens": args.tokens, "rounds": args.rounds,
+           "preset": preset, "lead": args.lead, "tokens": args.tokens, "rounds": args.rounds,
            "arms": table, "growth_per_fill": grown,
            "runs": [{"hold": r.hold, "delay_ms": r.delay_ms, "build_ms": r.build_ms,
                      "eval_ms": r.eval_ms, "blocked_ms": r.blocked_ms, "fills": r.fills,
                      "threads": r.threads} for r in runs]}
-    (HERE / "busy_stall_probe.json").write_text(json.dumps(doc, indent=1) + "\n")
+    name = "busy_stall_probe.json" if args.lead == "none" else f"busy_stall_probe-{args.lead}.json"
+    (HERE / name).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":
