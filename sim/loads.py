@@ -25,7 +25,9 @@ so with the GIL modelled its copies run inside its hold of the lock). The engine
 one pread per tensor slice and each pread takes the GIL back, so with the GIL modelled a cold
 load runs slice by slice (`_by_syscall`).
 `read_hold_ms` (Scenario) holds every expert read that long first, as calibration.stall_probe's
-sleep does: no CPU, the GIL let go (its replays, reports/validation/stall_probe.py).
+sleep does: no CPU, the GIL let go (its replays, reports/validation/stall_probe.py); with
+`read_hold_busy` the hold is that much CPU on the reading thread, the GIL let go, as the probe's
+busy hold (reports/validation/busy_stall_probe.py).
 All of it is CPU time on the host's shared cores (sim.cpu), so a load slows down when graph
 building and compute run beside it, and slows them in turn.
 A bundle may be read as several pieces (tensor-wise partial reads, `*_pieces`): with readahead
@@ -80,7 +82,8 @@ class Fetcher:
     def __init__(self, env: simpy.Environment, hw: Hardware, device: Device | SharedDevice,
                  page_cache: PageCache, cores: Cores, experts: int, bundle_bytes: int,
                  device_bundle_bytes: int = 0, evict_ms: float = 0.0,
-                 gil: Gil | None = None, bundle_reads: int = 1, hold_ms: float = 0.0) -> None:
+                 gil: Gil | None = None, bundle_reads: int = 1, hold_ms: float = 0.0,
+                 hold_busy: bool = False) -> None:
         self.env = env
         self.device = device
         self.pc = page_cache
@@ -96,6 +99,7 @@ class Fetcher:
         self.cold_read_cpu = hw.cold_read_cpu_ms / 1e3
         self.evict_s = evict_ms / 1e3  # Scenario.budget_evict_ms
         self.hold_s = hold_ms / 1e3  # Scenario.read_hold_ms
+        self.hold_busy = hold_busy  # Scenario.read_hold_busy
         self.gil = gil if gil is not None else Gil(env, False)
         # each pread takes the GIL back (the engine); False: once per load, as the sim did
         # before (kept for reports/validation/gil_probe.py's comparison)
@@ -120,8 +124,10 @@ class Fetcher:
         env = self.env
         load.started = env.now
         load.thread = thread
-        if self.hold_s and load.expert >= 0:  # the stall probe's sleep: idle, GIL let go
-            yield env.timeout(self.hold_s)
+        if self.hold_s and load.expert >= 0:  # the stall probe's hold, the GIL let go:
+            # asleep, or busy on a core
+            yield self.cores.work(self.hold_s, thread) if self.hold_busy else \
+                env.timeout(self.hold_s)
         if load.expert < 0:
             missing = self.pc.probe_layer(load.layer)
             requests, cold_bytes = load.pieces, missing * self.device_bytes

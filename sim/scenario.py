@@ -194,6 +194,8 @@ class Scenario:
     # page cache is the engine's emulated budget (sim compare); 0 for a real OS page cache
     read_hold_ms: float = 0.0  # a wait inside every expert read, no CPU and the GIL let go
     # (calibration.stall_probe's arms sleep this long in each read: its replays)
+    read_hold_busy: bool = False  # the hold is CPU on the reading thread's core instead, the
+    # GIL let go (the stall probe's busy hold: reports/validation/busy_stall_probe.py)
     gil: bool = False  # the engine's threads share Python's interpreter lock (sim.gil): graph
     # building and fill work on the main thread, each load's Python bookkeeping on its reader
     help_reads: bool = True  # the main thread does a needed read no reader has started yet, and

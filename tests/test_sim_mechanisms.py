@@ -268,6 +268,37 @@ def test_a_held_read_waits_without_cpu_or_the_gil():
     assert held_main_end == pytest.approx(0.0006)  # main's at once: the held read lets go
 
 
+def test_a_busy_held_read_takes_cpu_but_not_the_gil():
+    """read_hold_busy (the busy probe's hold): the same read held 1 ms busy finishes as late
+    and costs reader0 1 ms more CPU; the main thread still takes the GIL at once (0.6 ms). On
+    one core beside a main-thread job of 1 ms from t=0, the two share it: the hold and the job
+    each progress at half speed, so the job ends at 2 ms, not 1."""
+    def run(hold_busy: bool):
+        return _warm_read_beside_main(dict(load_overhead_ms=0.1, memcpy_gbps=0.0), 0.0001,
+                                      0.0005, hold_ms=1.0, hold_busy=hold_busy)
+
+    asleep, asleep_main, asleep_cpu = run(False)
+    busy, busy_main, busy_cpu = run(True)
+    assert busy == pytest.approx(asleep) == pytest.approx(0.0011)
+    assert busy_cpu == pytest.approx(asleep_cpu + 0.001)
+    assert busy_main == pytest.approx(asleep_main) == pytest.approx(0.0006)
+    env = simpy.Environment()
+    cores = Cores(env, 1)
+    f = Fetcher(env, hardware(**IO), Device(0.0, 1e12), PageCache(10_000, 1000, 16), cores, 16,
+                1000, hold_ms=1.0, hold_busy=True)
+    ends = {}
+
+    def beside():
+        yield cores.work(0.001, "main")
+        ends["main"] = env.now
+
+    f.pc.fill(3)
+    env.process(f.perform(Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event()), "reader0"))
+    env.process(beside())
+    env.run()
+    assert ends["main"] == pytest.approx(0.002)
+
+
 def test_a_thread_that_slept_on_the_gil_runs_a_hand_over_after_the_release():
     """GIL hand-over (sim.gil, gil_handoff_ms = 0.05): main holds the lock 0 -> 1 ms; a thread
     asking at 0.2 ms sleeps on it and runs its 0.1 ms of Python from 1.05 (release + hand-over)

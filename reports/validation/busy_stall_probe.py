@@ -15,8 +15,11 @@ With --lead layer the captures run the staged path with the layer lead instead: 
 expert cached its reads are prefetches a reader thread does while compute runs, so a hold
 there lies beside compute rather than in a stall.
 
-The simulator reads its lookahead sleep curve (sim.stall_wake) at a stall's idle part and its
-busy curve (calibrate's busy holds, this probe's figure) at the busy part.
+Each capture is replayed by `sim compare` on the validation's fitted settings of the path's warm
+calibration configuration, with the same hold in every expert read (read_hold_ms, and
+read_hold_busy for the busy arms: CPU on the reading thread, the GIL let go). The simulator
+reads its lookahead sleep curve (sim.stall_wake) at a stall's idle part and its busy curve
+(calibrate's busy holds) at the busy part.
 
     uv run python reports/validation/busy_stall_probe.py [--delays 0.5,1] [--rounds 3]
         [--lead layer]
@@ -41,17 +44,30 @@ sys.path.insert(0, str(ROOT))
 from calibration.stall_probe import LOOP_PRESETS, StallRun, capture, curve_point  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from stall_probe import OWN_SETTINGS, _simulated  # noqa: E402
+
 MODEL = ROOT / "models" / "tiny-trained-stream"
+# the warm calibration configuration whose fitted settings each lead's replays take
+CALIBRATION_CONFIG = {"none": "hot-pcall-unthrottled", "layer": "staged-layer-pcall-unthrottled"}
+
+
+def settings_of(lead: str) -> list[str]:
+    doc = json.loads((HERE / "results" / f"{CALIBRATION_CONFIG[lead]}.json").read_text())
+    return [s for s in doc["settings"] if s.split("=", 1)[0] not in OWN_SETTINGS]
 
 
 def arms(delays: list[float]) -> list[tuple[str, float]]:
     return [("sleep", 0.0), *((hold, d) for d in delays for hold in ("sleep", "busy"))]
 
 
-def per_arm(runs: list[StallRun], hold: str, delay: float) -> dict[str, float]:
+def per_arm(runs: list[StallRun], hold: str, delay: float,
+            simulated: dict[int, dict[str, float]]) -> dict[str, float]:
     mine = [r for r in runs if r.hold == hold and r.delay_ms == delay]
     out = {k: statistics.median(getattr(r, k) for r in mine)
            for k in ("build_ms", "eval_ms", "blocked_ms", "fills")}
+    for k in ("build_ms", "eval_ms", "blocked_ms"):
+        out[f"simulated_{k}"] = statistics.median(simulated[id(r)][k] for r in mine)
     for t in ("main", "compute"):
         for k in ("run_ms", "runqueue_ms"):
             out[f"{t}_{k}"] = statistics.median(r.threads[t][k] for r in mine)
@@ -92,12 +108,16 @@ def main() -> None:
                                     extra=extra))
                 print(f"round {r + 1}/{args.rounds} {hold} {d} ms: eval "
                       f"{runs[-1].eval_ms:.2f} ms/step", flush=True)
-    table = {f"{hold} {d:g}": per_arm(runs, hold, d) for hold, d in order}
+        settings = settings_of(args.lead)
+        simulated = {id(r): _simulated(r, settings, ["read_hold_busy=true"]
+                                       if r.hold == "busy" else []) for r in runs}
+    table = {f"{hold} {d:g}": per_arm(runs, hold, d, simulated) for hold, d in order}
     grown = {f"{hold} {d:g}": growth(runs, hold, d) for hold, d in order[1:]}
-    print("\narm         build   eval  blocked  compute cpu / run-queue ms per step")
+    print("\nms per step, measured / simulated: build, eval, blocked; compute cpu / run-queue")
     for name, a in table.items():
-        print(f"{name:10s} {a['build_ms']:6.2f} {a['eval_ms']:6.2f} {a['blocked_ms']:8.2f}"
-              f"   {a['compute_run_ms']:6.2f} / {a['compute_runqueue_ms']:5.2f}")
+        print(f"{name:10s} " + "  ".join(f"{a[k]:5.2f} / {a['simulated_' + k]:5.2f}"
+                                         for k in ("build_ms", "eval_ms", "blocked_ms"))
+              + f"   {a['compute_run_ms']:6.2f} / {a['compute_runqueue_ms']:5.2f}")
     print("\nper fill that blocked, over no hold: stall, build, eval, compute cpu, run-queue ms")
     for name, g in grown.items():
         print(f"{name:10s} " + "  ".join(f"{g[k]:6.3f}" for k in g))
@@ -106,7 +126,7 @@ def main() -> None:
                       f"--delays {args.delays} --rounds {args.rounds}{lead}",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": str(MODEL),
            "preset": preset, "lead": args.lead, "tokens": args.tokens, "rounds": args.rounds,
-           "arms": table, "growth_per_fill": grown,
+           "settings": settings, "arms": table, "growth_per_fill": grown,
            "runs": [{"hold": r.hold, "delay_ms": r.delay_ms, "build_ms": r.build_ms,
                      "eval_ms": r.eval_ms, "blocked_ms": r.blocked_ms, "fills": r.fills,
                      "threads": r.threads} for r in runs]}
