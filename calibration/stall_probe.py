@@ -108,7 +108,8 @@ def child(delay_ms: float, stats_out: Path, capture_args: list[str],
 
     if delay_ms > 0:  # in _row: every read ends there (buffered, RWF_NOWAIT, O_DIRECT), and
         row = store.ExpertStore._row  # the delay falls inside its started..finished
-        warm = os.open(Path(capture_args[0]) / "resident.safetensors", os.O_RDONLY)
+        if hold == "busy":
+            warm = os.open(Path(capture_args[0]) / "resident.safetensors", os.O_RDONLY)
 
         def held(self, *a, **k):
             if hold == "busy":
@@ -227,17 +228,6 @@ def curve(runs: list[StallRun], delays_ms: tuple[float, ...], rounds: int,
                       [p[2] for p in points], list(delays_ms), rounds, preset, runs)
 
 
-def busy_curve(runs: list[StallRun], delays_ms: tuple[float, ...]) -> tuple[list[float],
-                                                                           list[float]]:
-    """The busy holds' points: (stall per fill, eval grown per fill) over the no-hold arm
-    (curve_point, "step"), in order of stall, distinct stalls only."""
-    points: list[tuple[float, float]] = []
-    for stall, _, grown in sorted(curve_point(runs, d, "step") for d in delays_ms):
-        if not points or stall > points[-1][0]:
-            points.append((stall, grown))
-    return [p[0] for p in points], [p[1] for p in points]
-
-
 def measure_stall_wake(model_dir: Path, *, delays_ms: tuple[float, ...] = DELAYS_MS,
                        busy_delays_ms: tuple[float, ...] = BUSY_DELAYS_MS,
                        rounds: int = 2, tokens: int = 24) -> dict[str, StallCurve] | None:
@@ -257,8 +247,11 @@ def measure_stall_wake(model_dir: Path, *, delays_ms: tuple[float, ...] = DELAYS
             preset = LOOP_PRESETS["lookahead"]
             busy = run_arms(model_dir, [0.0, *busy_delays_ms], rounds, Path(tmp),
                             tokens=tokens, preset=preset, hold="busy")
+            # what eval grew by per fill ("step"): the compute thread's run-queue wait stays
+            # flat beside a busy hold (reports/validation/busy_stall_probe.py)
+            held = curve(busy, busy_delays_ms, rounds, preset, "step")
             found = out["lookahead"]
-            found.busy_stall_ms, found.busy_compute_ms = busy_curve(busy, busy_delays_ms)
+            found.busy_stall_ms, found.busy_compute_ms = held.stall_ms, held.compute_ms
             found.busy_delays_ms = list(busy_delays_ms)
             found.runs += busy
     return out

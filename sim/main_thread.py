@@ -438,9 +438,9 @@ class MainThread:
         # readers copying one, keep the host awake; the probe's stalls were sleeps
         stall = self.blocked_idle - idle
         # and the busy part: the compute thread's next work runs late after it too
-        busy = self.stall_wake.busy_compute_wait(self.blocked - blocked - stall)
-        if stall > 0 or busy > 0:
-            self.compute.wake_after(self.stall_wake.compute_wait(stall) + busy)
+        busy_wait = self.stall_wake.busy_compute_wait(self.blocked - blocked - stall)
+        if stall > 0 or busy_wait > 0:
+            self.compute.wake_after(self.stall_wake.compute_wait(stall) + busy_wait)
             wake = self.stall_wake.main_wait(stall)
             if wake > 0:
                 yield self.env.timeout(wake)

@@ -292,13 +292,14 @@ def test_the_busy_curve_is_eval_grown_per_fill_by_stall(tmp_path):
     eval 5.5, blocked 8.5 (stall 1.5 per fill); 1 ms: eval 6.0, blocked 16 (stall 3.0): the
     curve is (1.5, 0.1), (3.0, 0.2). Written to the profile, it loads back; a profile whose
     busy curve has one value too few is one clear line."""
-    from calibration.stall_probe import busy_curve
+    from calibration.stall_probe import curve
     from sim.calibration_values import hardware_toml, hardware_values, write_hardware
     from tests.test_calibrate import MACHINE, compute, storage
 
     held = [_run(0, 1.0, 5, 0, 0), _run(0.5, 8.5, 5, 0, 0), _run(1.0, 16.0, 5, 0, 0)]
     held[1].eval_ms, held[2].eval_ms = 5.5, 6.0
-    points, grown = busy_curve(held, (1.0, 0.5))
+    found = curve(held, (1.0, 0.5), 1, "hot", "step")
+    points, grown = found.stall_ms, found.compute_ms
     assert points == pytest.approx([1.5, 3.0]) and grown == pytest.approx([0.1, 0.2])
     c = compute(busy_stall_points_ms=points, busy_stall_compute_ms=grown,
                 busy_stall_how="0.5, 1 ms of warm preads")
