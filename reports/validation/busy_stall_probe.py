@@ -41,24 +41,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from calibration.stall_probe import LOOP_PRESETS, StallRun, capture, curve_point  # noqa: E402
+from calibration.stall_probe import (  # noqa: E402
+    HOLDS,
+    LOOP_PRESETS,
+    StallRun,
+    capture,
+    curve_point,
+)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from stall_probe import OWN_SETTINGS, _simulated  # noqa: E402
+from stall_probe import _simulated, fitted_settings  # noqa: E402
 
 MODEL = ROOT / "models" / "tiny-trained-stream"
 # the warm calibration configuration whose fitted settings each lead's replays take
 CALIBRATION_CONFIG = {"none": "hot-pcall-unthrottled", "layer": "staged-layer-pcall-unthrottled"}
 
 
-def settings_of(lead: str) -> list[str]:
-    doc = json.loads((HERE / "results" / f"{CALIBRATION_CONFIG[lead]}.json").read_text())
-    return [s for s in doc["settings"] if s.split("=", 1)[0] not in OWN_SETTINGS]
-
-
 def arms(delays: list[float]) -> list[tuple[str, float]]:
-    return [("sleep", 0.0), *((hold, d) for d in delays for hold in ("sleep", "busy"))]
+    return [("sleep", 0.0), *((hold, d) for d in delays for hold in HOLDS)]
 
 
 def per_arm(runs: list[StallRun], hold: str, delay: float,
@@ -97,7 +98,21 @@ def main() -> None:
     args = ap.parse_args()
     preset, extra = ((LOOP_PRESETS["lookahead"], ()) if args.lead == "none"
                      else ("staged", ("--lead", "layer")))
-    delays = [float(d) for d in args.delays.split(",")]
+    try:
+        delays = sorted({float(d) for d in args.delays.split(",")} - {0.0})
+    except ValueError:
+        sys.exit(f"--delays {args.delays!r}: not a comma-separated list of milliseconds")
+    if not delays or min(delays) < 0:
+        sys.exit(f"--delays {args.delays!r}: give holds > 0 ms (no hold is always an arm)")
+    if args.rounds < 1:
+        sys.exit(f"--rounds {args.rounds}: must be >= 1")
+    if not Path("/proc/self/schedstat").is_file():
+        sys.exit("busy_stall_probe: needs Linux's /proc schedstat")
+    if not (MODEL / "manifest.json").is_file():
+        sys.exit(f"{MODEL}: no converted model (bash scripts/setup.sh builds it)")
+    fitted = HERE / "results" / f"{CALIBRATION_CONFIG[args.lead]}.json"
+    if not fitted.is_file():
+        sys.exit(f"{fitted}: no fitted settings to replay with (run ssdmoe validate first)")
     order = arms(delays)
     runs: list[StallRun] = []
     with tempfile.TemporaryDirectory(prefix="ssdmoe-busy-stall-") as tmp:
@@ -108,7 +123,7 @@ def main() -> None:
                                     extra=extra))
                 print(f"round {r + 1}/{args.rounds} {hold} {d} ms: eval "
                       f"{runs[-1].eval_ms:.2f} ms/step", flush=True)
-        settings = settings_of(args.lead)
+        settings = fitted_settings(CALIBRATION_CONFIG[args.lead])
         simulated = {id(r): _simulated(r, settings, ["read_hold_busy=true"]
                                        if r.hold == "busy" else []) for r in runs}
     table = {f"{hold} {d:g}": per_arm(runs, hold, d, simulated) for hold, d in order}

@@ -48,9 +48,15 @@ def _no_curve(loop: str) -> list[str]:
                                        "stall_wake_compute_ms")]
 
 
-def _settings(loop: str) -> list[str]:
-    doc = json.loads((HERE / "results" / f"{CALIBRATION_CONFIG[loop]}.json").read_text())
+def fitted_settings(config: str) -> list[str]:
+    """The validation's fitted `sim compare` settings of calibration configuration `config`,
+    less what each replayed trace's own run.json sets."""
+    doc = json.loads((HERE / "results" / f"{config}.json").read_text())
     return [s for s in doc["settings"] if s.split("=", 1)[0] not in OWN_SETTINGS]
+
+
+def _settings(loop: str) -> list[str]:
+    return fitted_settings(CALIBRATION_CONFIG[loop])
 
 
 def _simulated(run: StallRun, settings: list[str], extra: list[str]) -> dict[str, float]:
