@@ -49,6 +49,7 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
     from calibration.compute_probes import measure_compute
     from calibration.idle_probe import ARMS, measure_idle_slowdown
     from calibration.machine import facts
+    from calibration.sched_probe import BURST_MS, PERIOD_MS, measure_reader_weight
     from calibration.stall_probe import measure_stall_wake
     from calibration.storage_probes import measure_storage
     from sim.calibration_values import hardware_values, now_text
@@ -86,6 +87,16 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
                 f"{', '.join(f'{d:g}' for d in stall.delays_ms)} ms held before each expert "
                 f"read vs none, page cache warm, {stall.rounds} rounds rotated, medians of "
                 "paired rounds")
+        weight = measure_reader_weight()
+        if weight is not None:
+            compute.reader_cpu_weight = weight.weight
+            compute.reader_weight_how = (
+                f"{weight.cores} processes waking together every {PERIOD_MS:g} ms for "
+                f"{BURST_MS:g} ms of CPU beside {weight.cores} spinning ones on {weight.cores} "
+                f"cores, {weight.rounds} rounds: median burst rate {weight.rate:.4f} of a core "
+                f"({weight.alone_rate:.4f} without the spinners, {weight.bursts} bursts); "
+                "weighted sharing gives a burst w / (w + 1), so w = r / (1 - r), at most 1000; "
+                "plain sharing would give 1/2")
         idle = measure_idle_slowdown(model_dir)
         for loop, found in (idle or {}).items():
             prefix = "sync_" if loop == "sync" else ""

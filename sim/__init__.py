@@ -8,7 +8,8 @@ schema as a measured one.
   scenario.py        Hardware / ModelProfile / Scenario dataclasses
   profiles.py        TOML loading, validation, --set key=value overrides
   sharing.py         processor sharing, the mechanism of cpu.py and shared_device.py
-  cpu.py             the host's cores: processor sharing among every thread that computes
+  cpu.py             the host's cores: processor sharing among every thread that computes,
+                     reader threads weighted (the kernel serves a short waking burst first)
   piecewise.py       a measured curve read between its points (idle_slowdown, stall_wake)
   idle_slowdown.py   work runs slower while the process has recently been mostly idle (the
                      kernel's utilization average packs threads that slept onto one core)
@@ -21,7 +22,7 @@ schema as a measured one.
                      a bounded queue: async eval returns once little is left queued)
   main_thread.py     the main thread's process: graph build, fills, syncs, waits
   prefill.py         a prefill step: whole-layer loads overlapping the layers' compute
-  readers.py         reader threads: processes on one priority queue, demand before prefetch
+  readers.py         reader threads: processes on one first-in first-out queue (the engine's)
   loads.py           a load and its cost by where its bytes are (page cache, device) + CPU work,
                      a cold read's kernel CPU running beside its device time
   storage.py         the device, closed form (queue depth, latency, shared bandwidth)

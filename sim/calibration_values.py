@@ -136,6 +136,8 @@ class ComputeResult:
     busy_stall_points_ms: list[float] = field(default_factory=list)  # the stall probe's busy
     busy_stall_compute_ms: list[float] = field(default_factory=list)  # holds, lookahead loop
     busy_stall_how: str = ""
+    reader_cpu_weight: float = float("nan")  # calibration.sched_probe (nan: not measured)
+    reader_weight_how: str = ""
     idle_util_points: list[float] = field(default_factory=list)  # calibration.idle_probe's
     idle_slowdown: list[float] = field(default_factory=list)  # curve, lookahead loop
     sync_idle_util_points: list[float] = field(default_factory=list)  # ... and synchronous
@@ -352,6 +354,10 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             "the growth of eval per such fill: the compute thread's next work after a stall "
             "the host spent busy, its run-queue wait flat (sim.stall_wake, read at a stall's "
             "busy part)"))
+    if c.reader_cpu_weight == c.reader_cpu_weight:  # not nan
+        out["reader_cpu_weight"] = (round(c.reader_cpu_weight, 1), (
+            f"calibration.sched_probe ({c.reader_weight_how}): a reader thread's weight on the "
+            "shared cores against the other threads' 1 (sim.cpu)"))
     for prefix, loop in PROBE_LOOPS:
         points = getattr(c, f"{prefix}idle_util_points")
         if not points:

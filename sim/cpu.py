@@ -6,6 +6,14 @@ time slicing, so the model is processor sharing: with n jobs runnable on c cores
 progresses at min(1, c / n) CPU seconds per second. Other processes' load (`background`, in
 cores kept busy) takes its share first.
 
+Reader threads can weigh more (`reader_weight`, the hardware's `reader_cpu_weight`): a thread
+that wakes for a short burst of work is served before threads that use most of a core (Linux's
+EEVDF places a waking thread by the CPU time it is owed; calibration.sched_probe measures it:
+on this machine a 0.5 ms burst beside two spinning threads on two cores runs at the speed of a
+whole core). With weights the cores are shared in proportion to them, no job faster than one
+core (`weighted_shares`); a reader's read work then takes a core from graph building and a CPU
+backend's compute thread rather than a fair share of one.
+
 A job is `yield cores.work(seconds, thread)` (sim.sharing: one event per job whatever the
 contention). After the process has idled, a job's seconds grow by the measured slowdown at the
 kernel's utilization average then (sim.idle_slowdown), fixed at the job's start.
@@ -20,21 +28,52 @@ that the shared model gives the same times in that case.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import simpy
 
 from sim.idle_slowdown import IdleSlowdown
 from sim.sharing import ProcessorSharing
 
+READER_THREAD = "reader"  # reader threads are named reader0, reader1, ... (sim.readers)
+
+
+def weighted_shares(weights: Mapping[int, float], capacity: float) -> dict[int, float]:
+    """Cores each job gets when `capacity` cores are shared in proportion to `weights`, none
+    more than one core (a thread runs on one core at a time): a job whose share would pass one
+    core gets one, and the rest is shared again among the others."""
+    shares: dict[int, float] = {}
+    left = dict(weights)
+    while left:
+        total = sum(left.values())
+        full = [k for k, w in left.items() if capacity * w / total >= 1.0]
+        if not full:
+            shares.update({k: capacity * w / total for k, w in left.items()})
+            break
+        for k in full:
+            shares[k] = 1.0
+            del left[k]
+        capacity -= len(full)
+        if capacity <= 0:
+            shares.update(dict.fromkeys(left, 0.0))
+            break
+    return shares
+
 
 class Cores(ProcessorSharing):
     def __init__(self, env: simpy.Environment, cores: float, background: float = 0.0,
-                 threads: int | None = None, idle: IdleSlowdown | None = None) -> None:
+                 threads: int | None = None, idle: IdleSlowdown | None = None,
+                 reader_weight: float = 1.0) -> None:
         """`threads`: the most threads that can ever ask for CPU at once (None: unknown). When
         the cores left by the background load hold them all, nobody can wait for a core and
         every job is a plain timeout (the shortcut the module doc describes). `idle`: work
-        runs slower after the process idled (sim.idle_slowdown)."""
+        runs slower after the process idled (sim.idle_slowdown). `reader_weight`: a reader
+        thread's weight against every other thread's 1."""
         if cores < 0 or background < 0:
             raise ValueError("cores and background load must be >= 0")
+        if reader_weight <= 0:
+            raise ValueError("a reader thread's weight must be > 0")
+        self.reader_weight = reader_weight
         super().__init__(env)
         capacity = max(cores - background, 0.05)
         # 0 cores: not modelled (every job runs at full speed)
@@ -72,6 +111,13 @@ class Cores(ProcessorSharing):
         if self.unbounded or n == 0:
             return 1.0
         return min(1.0, self.capacity / n)
+
+    def rates(self) -> dict[int, float]:
+        readers = [k for k, job in self.jobs.items() if job[2].startswith(READER_THREAD)]
+        if self.reader_weight == 1.0 or not readers or len(readers) == len(self.jobs):
+            return super().rates()  # every job in service weighs the same
+        weights = dict.fromkeys(self.jobs, 1.0) | dict.fromkeys(readers, self.reader_weight)
+        return weighted_shares(weights, self.capacity)
 
     def on_elapsed(self, elapsed: float, n: int) -> None:
         if n > self.capacity:

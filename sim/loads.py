@@ -51,11 +51,11 @@ from sim.storage import Device
 
 class Load:
     __slots__ = ("step", "layer", "expert", "nbytes", "pieces", "source", "issued", "started",
-                 "finished", "cold", "cold_pieces", "waited", "wait", "thread", "priority",
-                 "seq", "key", "done")
+                 "finished", "cold", "cold_pieces", "waited", "wait", "thread", "key",
+                 "done")
 
     def __init__(self, step: int, layer: int, expert: int, key: int, nbytes: int, pieces: int,
-                 source: str, issued: float, done: simpy.Event, priority: int = 1) -> None:
+                 source: str, issued: float, done: simpy.Event) -> None:
         self.step = step
         self.layer = layer
         self.expert = expert
@@ -71,8 +71,6 @@ class Load:
         self.waited = False
         self.wait = 0.0
         self.thread = ""
-        self.priority = priority
-        self.seq = 0
         self.done = done  # fires when the bytes are in engine memory
 
 

@@ -62,7 +62,7 @@ from sim.cpu import Cores
 from sim.loads import Fetcher, Load
 from sim.policies import Policy
 from sim.prefill import whole_layer_prefill
-from sim.readers import DEMAND_PRIORITY, INLINE_WARM_BYTES, PREFETCH_PRIORITY, ReaderThreads
+from sim.readers import INLINE_WARM_BYTES, ReaderThreads
 from sim.record import StepLog
 from sim.scenario import Scenario
 from sim.stall_wake import StallWake
@@ -163,12 +163,11 @@ class MainThread:
             self.eval += self.env.now - start
 
     def new_load(self, step: int, layer: int, expert: int, key: int, nbytes: int, pieces: int,
-                 source: str, priority: int, hold: bool = False) -> Generator:
+                 source: str, hold: bool = False) -> Generator:
         """Issue a load (a generator returning it: `load = yield from ...`). `hold`: a demand
         load the caller hands out itself (`_hand_out`) once it knows all of a fill's misses."""
         env = self.env
-        load = Load(step, layer, expert, key, nbytes, pieces, source, env.now, env.event(),
-                    priority)
+        load = Load(step, layer, expert, key, nbytes, pieces, source, env.now, env.event())
         # A small demand read the page cache holds is a copy the engine's main thread does
         # itself (engine.readers.INLINE_WARM_BYTES: cheaper than a reader hand-off); others
         # go to the readers.
@@ -221,7 +220,6 @@ class MainThread:
             if self.sc.help_reads:  # no reader has started it: the main thread reads it
                 yield from self._perform_here(load)  # (the reader that finds it skips it)
                 return
-            self.readers.promote(load)
         start, active = self.env.now, self.cores.active_s()
         yield load.done
         if self.readers is not None:
@@ -269,8 +267,7 @@ class MainThread:
                 load = lru.get(key)
             else:
                 load = yield from self.new_load(step, layer, e, key, self.bundle_bytes,
-                                                self.sc.prefetch_pieces, PREFETCH,
-                                                PREFETCH_PRIORITY)
+                                                self.sc.prefetch_pieces, PREFETCH)
                 lru.insert(key, load)
             slots.place(layer, e, load, keep)
             staged[e] = load
@@ -328,8 +325,7 @@ class MainThread:
                     slots.place(layer, e, load, keep)
             else:
                 load = yield from self.new_load(step, layer, e, key, self.bundle_bytes,
-                                                self.sc.demand_pieces, DEMAND,
-                                                DEMAND_PRIORITY, hold=True)
+                                                self.sc.demand_pieces, DEMAND, hold=True)
                 if not load.done.triggered:
                     held.append(load)
                 if policy.app_cache:

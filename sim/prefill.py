@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
-from sim.readers import PREFETCH_PRIORITY
 from traces.schema import WHOLE_LAYER
 
 if TYPE_CHECKING:
@@ -26,7 +25,7 @@ def whole_layer_prefill(main: MainThread, step: int, request: int, tokens: int) 
 
     def whole(layer: int) -> Generator:
         return main.new_load(step, layer, -1, -1, layer_bytes, m.whole_layer_reads,
-                             WHOLE_LAYER, PREFETCH_PRIORITY)
+                             WHOLE_LAYER)
 
     upcoming = yield from whole(0)
     for layer in range(main.layers):

@@ -25,7 +25,7 @@ from collections.abc import Generator
 import simpy
 
 from sim.bisection import decreasing_root
-from sim.cpu import Cores
+from sim.cpu import READER_THREAD, Cores
 from sim.gil import Gil
 from sim.loads import Fetcher, Load
 from sim.page_cache import PageCache
@@ -56,7 +56,7 @@ def simulated_read_ms(hw: Hardware, speedup: list[float], threads: int, bundle_b
             key = 3 * (i * reads + j) + 1  # every third key: no neighbour's pages shared
             load = Load(0, key // EXPERTS, key % EXPERTS, key, bundle_bytes, 1, PREFETCH,
                         env.now, env.event())
-            yield from fetcher.perform(load, f"reader{i}")
+            yield from fetcher.perform(load, f"{READER_THREAD}{i}")
             walls.append(load.finished - load.started)
 
     for i in range(threads):

@@ -1,9 +1,8 @@
-"""Reader threads: `n` SimPy processes taking loads from one software queue, demand loads ahead
-of prefetches (FIFO within a priority), one load at a time each, never preempted; each load's
-copy and fault work runs on the host's shared cores (sim.loads).
-
-A prefetch the main thread finds it needs is promoted: queued again as a demand load (the stale
-entry is skipped when it surfaces).
+"""Reader threads: `n` SimPy processes taking loads from one first-in first-out queue, one load at
+a time each, never preempted; each load's copy and fault work runs on the host's shared cores
+(sim.loads). The engine's queue is one `queue.SimpleQueue` (engine.readers): a demand read
+queued behind prefetches waits its turn, unless the main thread reads it itself first
+(help_reads, sim.main_thread.wait).
 
 Wake-up (`reader_wake_ms`): a reader idle on the queue starts a load handed to it `wake_s`
 late, not at once: in the engine (engine.readers) the queue put wakes a thread blocked in
@@ -23,12 +22,10 @@ from collections.abc import Generator
 import simpy
 
 from contract.thresholds import INLINE_WARM_BYTES  # shared with the engine
+from sim.cpu import READER_THREAD
 from sim.loads import Fetcher, Load
 
-__all__ = ["INLINE_WARM_BYTES", "DEMAND_PRIORITY", "PREFETCH_PRIORITY", "ReaderThreads"]
-
-DEMAND_PRIORITY = 0
-PREFETCH_PRIORITY = 1
+__all__ = ["INLINE_WARM_BYTES", "ReaderThreads"]
 
 
 class ReaderThreads:
@@ -41,33 +38,23 @@ class ReaderThreads:
         self.handoff_s = handoff_s
         self.wake_s = wake_s
         self.fetcher = fetcher
-        self.queue = simpy.PriorityStore(env)
-        self._seq = 0
+        self.queue = simpy.Store(env)
         self.busy_s = 0.0
         for i in range(n):
-            env.process(self._reader(f"reader{i}"))
+            env.process(self._reader(f"{READER_THREAD}{i}"))
 
     def submit(self, load: Load) -> None:
-        self._seq += 1
-        load.seq = self._seq
-        self.queue.put(simpy.PriorityItem((load.priority, load.seq), load))
-
-    def promote(self, load: Load) -> None:
-        """The main thread needs a queued prefetch now: move it ahead as a demand read."""
-        if load.started < 0 and load.priority != DEMAND_PRIORITY:
-            load.priority = DEMAND_PRIORITY
-            self.queue.put(simpy.PriorityItem((DEMAND_PRIORITY, load.seq), load))
+        self.queue.put(load)
 
     def _reader(self, name: str) -> Generator:
         while True:
             asked = self.queue.get()
             idle = not asked.triggered  # nothing queued: the thread sleeps until a put
-            item = yield asked
+            load: Load = yield asked
             if idle and self.wake_s:
                 yield self.env.timeout(self.wake_s)
-            load: Load = item.item
-            if load.started >= 0 or item.priority[0] != load.priority:
-                continue  # superseded by its promoted entry
+            if load.started >= 0:
+                continue  # the main thread read it meanwhile (help_reads)
             start = self.env.now
             yield from self.fetcher.perform(load, name)
             self.busy_s += self.env.now - start

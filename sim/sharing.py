@@ -1,6 +1,7 @@
 """Processor sharing: jobs in service together, each progressing at `rate(n)` seconds of work
 per second while n jobs are in service. The host's cores (sim.cpu) and a storage device whose
-concurrent requests overlap only in part (sim.shared_device) are both this.
+concurrent requests overlap only in part (sim.shared_device) are both this. A server whose jobs
+are not served alike overrides `rates()` (sim.cpu: weighted by thread).
 
 A job is `yield server.work(seconds, who)`: the event fires when the job has had `seconds` of
 work. Arrivals and departures re-time the one pending completion (a generation number retires
@@ -29,6 +30,11 @@ class ProcessorSharing:
         """Work seconds per second each of n jobs in service gets (<= 1)."""
         raise NotImplementedError
 
+    def rates(self) -> dict[int, float]:
+        """Work seconds per second of each job in service (by default all alike)."""
+        rate = self.rate(len(self.jobs))
+        return dict.fromkeys(self.jobs, rate)
+
     def on_elapsed(self, elapsed: float, n: int) -> None:
         """Hook: `elapsed` seconds passed with n jobs in service."""
 
@@ -49,11 +55,10 @@ class ProcessorSharing:
         now = self.env.now
         elapsed = now - self._at
         if elapsed > 0 and self.jobs:
-            n = len(self.jobs)
-            given = elapsed * self.rate(n)
-            self.on_elapsed(elapsed, n)
-            for job in self.jobs.values():
-                job[0] -= given
+            self.on_elapsed(elapsed, len(self.jobs))
+            rates = self.rates()
+            for key, job in self.jobs.items():
+                job[0] -= elapsed * rates[key]
         self._at = now
 
     def _schedule(self) -> None:
@@ -64,8 +69,9 @@ class ProcessorSharing:
             return
         self._generation += 1
         generation = self._generation
-        soonest = min(job[0] for job in self.jobs.values())
-        timer = self.env.timeout(soonest / self.rate(len(self.jobs)))
+        rates = self.rates()
+        soonest = min(job[0] / rates[key] for key, job in self.jobs.items() if rates[key] > 0)
+        timer = self.env.timeout(soonest)
         timer.callbacks.append(lambda _event: self._fire(generation))
 
     def _fire(self, generation: int) -> None:

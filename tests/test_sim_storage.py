@@ -10,7 +10,7 @@ from sim_helpers import hardware
 from sim.cpu import Cores
 from sim.loads import Fetcher, Load
 from sim.page_cache import PageCache
-from sim.readers import DEMAND_PRIORITY, PREFETCH_PRIORITY, ReaderThreads
+from sim.readers import ReaderThreads
 from sim.storage import Device
 from traces.schema import DEMAND, PREFETCH
 
@@ -92,11 +92,12 @@ def _readers(env: simpy.Environment, n: int, latency: float = 0.001,
 
 
 def _load(env: simpy.Environment, expert: int, source: str = PREFETCH) -> Load:
-    prio = DEMAND_PRIORITY if source == DEMAND else PREFETCH_PRIORITY
-    return Load(0, 0, expert, expert, 1_000_000, 1, source, env.now, env.event(), prio)
+    return Load(0, 0, expert, expert, 1_000_000, 1, source, env.now, env.event())
 
 
-def test_demand_reads_go_ahead_of_queued_prefetches():
+def test_a_demand_read_waits_behind_queued_prefetches_as_in_the_engine():
+    # engine.readers: one queue.SimpleQueue, first in first out; a demand read queued after
+    # prefetches gets a reader only once they have started
     env = simpy.Environment()
     readers = _readers(env, 1)  # one reader; every read takes 1 ms latency + 1 ms transfer
     prefetches = [_load(env, e) for e in range(3)]
@@ -111,13 +112,12 @@ def test_demand_reads_go_ahead_of_queued_prefetches():
 
     env.process(main())
     env.run()
-    assert demand[0].finished == pytest.approx(0.004)  # right after prefetch 0 (ends 0.002)
-    assert prefetches[0].finished == pytest.approx(0.002)
-    assert prefetches[1].finished == pytest.approx(0.006)
-    assert prefetches[2].finished == pytest.approx(0.008)
+    assert [ld.finished for ld in prefetches] == pytest.approx([0.002, 0.004, 0.006])
+    assert demand[0].started == pytest.approx(0.006)
+    assert demand[0].finished == pytest.approx(0.008)
 
 
-def test_two_readers_overlap_latency_and_promote_a_needed_prefetch():
+def test_two_readers_overlap_latency_in_queue_order():
     env = simpy.Environment()
     readers = _readers(env, 2)
     loads = [_load(env, e) for e in range(4)]
@@ -125,17 +125,17 @@ def test_two_readers_overlap_latency_and_promote_a_needed_prefetch():
     def main():
         for ld in loads:
             readers.submit(ld)
-        readers.promote(loads[3])  # the main thread needs the last prefetch now
         yield env.timeout(0)
 
     env.process(main())
     env.run()
-    # the readers wake after the batch is queued: the promoted load 3 is the first one started
-    assert (loads[3].started, loads[3].finished) == (0.0, pytest.approx(0.002))
-    # the second reader takes prefetch 0 at t=0: latency overlaps, the transfer waits for the
-    # pipe (busy until 2 ms); then the first reader (free at 2 ms) takes prefetch 1
-    assert (loads[0].started, loads[0].finished) == (0.0, pytest.approx(0.003))
-    assert loads[0].thread != loads[3].thread
-    assert (loads[1].started, loads[1].finished) == (pytest.approx(0.002), pytest.approx(0.004))
-    assert loads[1].thread == loads[3].thread
-    assert (loads[2].started, loads[2].finished) == (pytest.approx(0.003), pytest.approx(0.005))
+    # both readers start at t=0 (prefetch 0 and 1): latency overlaps, the second transfer
+    # waits for the pipe (busy until 2 ms); the first reader, free at 2 ms, takes prefetch 2,
+    # the second, free at 3 ms, prefetch 3
+    assert (loads[0].started, loads[0].finished) == (0.0, pytest.approx(0.002))
+    assert (loads[1].started, loads[1].finished) == (0.0, pytest.approx(0.003))
+    assert loads[0].thread != loads[1].thread
+    assert (loads[2].started, loads[2].finished) == (pytest.approx(0.002), pytest.approx(0.004))
+    assert loads[2].thread == loads[0].thread
+    assert (loads[3].started, loads[3].finished) == (pytest.approx(0.003), pytest.approx(0.005))
+    assert loads[3].thread == loads[1].thread
