@@ -230,6 +230,9 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
         fitted = sc.notes.get(key)  # fitted inside decode by ssdmoe validate
         if fitted is not None:
             sets.append(f"{setting}={fitted}")
+    cold_fill = sc.notes.get("cold_fill_compute_ms.in_decode")
+    if cold_fill is not None and looked_ahead(engine):
+        sets.append(f"cold_fill_compute_ms={cold_fill}")
     direct = sc.notes.get("cold_overhead_ms.o_direct")
     if o_direct and direct is not None:
         sets.append(f"cold_overhead_ms={direct}")
@@ -409,7 +412,8 @@ def measured_split(trace: Trace) -> dict[str, float | None]:
             "reader_start_ms": reader_start_ms(trace),
             "build_per_cold_read_ms": build_per_cold_read_ms(trace),
             "cold_read_ms": cold_read_ms(trace),
-            "blocked_past_loads_ms": blocked_past_loads_ms(trace)}
+            "blocked_past_loads_ms": blocked_past_loads_ms(trace),
+            "cold_fills_per_step": cold_fills_per_step(trace)}
 
 
 def _decode_loads(trace: Trace):
@@ -428,6 +432,16 @@ def cold_read_ms(trace: Trace) -> float | None:
     if not cold.height:
         return None
     return float((cold["finished_ns"] - cold["started_ns"]).mean()) / 1e6
+
+
+def cold_fills_per_step(trace: Trace) -> float | None:
+    """Fills (a decode step's layer) per decode step whose main thread waited on a cold expert
+    load. None without decode steps."""
+    decode, loads = _decode_loads(trace)
+    if not decode.height:
+        return None
+    stalled = loads.filter(loads["cold"] & loads["waited"] & (loads["expert"] >= 0))
+    return stalled.select(["step", "layer"]).unique().height / decode.height
 
 
 def blocked_past_loads_ms(trace: Trace) -> float | None:

@@ -127,6 +127,7 @@ class MainThread:
     # -- primitives (each a SimPy sub-process: `yield from`) --------------------------------
     def begin_step(self) -> None:
         self.build = self.eval = self.blocked = self.blocked_idle = 0.0
+        self.cold_waits = 0  # loads waited on that were cold (a fill's cold stall)
         self.hits = self.misses = 0
         self.evictions0 = self.lru.evictions + self.slots.evictions
 
@@ -196,6 +197,7 @@ class MainThread:
         start, active = self.env.now, self.cores.active_s()
         yield from self.fetcher.perform(load, MAIN_THREAD)
         load.waited = True
+        self.cold_waits += load.cold
         end = self.env.now if self.readers is not None else load.finished
         load.wait += end - start
         self._blocked(start, active, end)
@@ -226,6 +228,7 @@ class MainThread:
             yield self.env.timeout(self.readers.handoff_s)
         yield from self.gil.take_back()  # the wait let go of it (sim.gil)
         load.waited = True
+        self.cold_waits += load.cold
         load.wait += self.env.now - start
         self._blocked(start, active)
 
@@ -425,7 +428,7 @@ class MainThread:
         is blocked time in the lookahead loop, and graph building in the synchronous one, where
         the stall probe saw it land (build grew by half to two thirds of the main thread's
         run-queue wait)."""
-        idle, blocked = self.blocked_idle, self.blocked
+        idle, blocked, cold = self.blocked_idle, self.blocked, self.cold_waits
         if self.policy.staged_layer(layer):
             executed = yield from self._staged_layer(step, row, layer)
         else:
@@ -435,6 +438,8 @@ class MainThread:
         stall = self.blocked_idle - idle
         # and the busy part: the compute thread's next work runs late after it too
         busy_wait = self.stall_wake.busy_compute_wait(self.blocked - blocked - stall)
+        if self.lookahead and self.cold_waits > cold:  # a cold stall: fitted in decode
+            busy_wait += self.sc.cold_fill_compute_ms / 1e3
         if stall > 0 or busy_wait > 0:
             self.compute.wake_after(self.stall_wake.compute_wait(stall) + busy_wait)
             wake = self.stall_wake.main_wait(stall)

@@ -140,6 +140,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "lora": (lambda v: True, ""),
     "budget_evict_ms": (_nonneg, "must be >= 0"),
     "read_hold_ms": (_nonneg, "must be >= 0"),
+    "cold_fill_compute_ms": (_nonneg, "must be >= 0"),
     "staged_headroom": (lambda v: v >= -1, "must be >= 0 (-1 = K)"),
     "runtime_gib": (_nonneg, "must be >= 0"),
     "overlap": (_fraction, "must be in [0, 1]"),

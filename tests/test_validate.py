@@ -798,3 +798,36 @@ def test_noise_summary_by_hand():
     assert s["floor"]["p90_range_pct"] == [0.0, 100.0]
     text = " ".join(_noise_markdown({"median_pct": 2.0, "p90_pct": 3.0, "n": 2}, {}, s))
     assert "4000 bootstrap draws" in text and "lower bound" in text
+
+
+def test_cold_fill_fit_by_hand(tmp_path):
+    """cold_fill_compute_ms.in_decode = old + (measured - simulated eval per step) / measured
+    fills per step that waited on a cold load (7.0 - 6.0 over 2.5: +0.4 ms), from the lookahead
+    loop's cold calibration configuration; a second pass adds to the first; warm, throttled,
+    synchronous-loop and held-out configurations change nothing."""
+    from validation.calibration import current_note, fit_cold_fill
+
+    sc = tmp_path / "s.toml"
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n')
+    hot = {"config": {"name": "hot-pc50-unthrottled", "path": "hot", "page_cache": "1/2",
+                      "storage": "unthrottled", "role": "calibration"},
+           "settings": ["path=hot", "lookahead=true"],
+           "measured": {"eval_ms_per_step": 7.0, "cold_fills_per_step": 2.5},
+           "simulated": {"eval_ms_per_step": 6.0, "cold_fills_per_step": 2.0}}
+    warm = {**hot, "config": {**hot["config"], "page_cache": "all"},
+            "measured": {"eval_ms_per_step": 9.0, "cold_fills_per_step": 0.0}}
+    sync = {**hot, "config": {**hot["config"], "path": "on-demand"},
+            "settings": ["path=exact", "lookahead=false"]}
+    held = {**hot, "config": {**hot["config"], "page_cache": "1/4", "role": "held-out"},
+            "measured": {"eval_ms_per_step": 20.0, "cold_fills_per_step": 2.0}}
+    throttled = {**hot, "config": {**hot["config"], "storage": "15mbps"},
+                 "measured": {"eval_ms_per_step": 20.0, "cold_fills_per_step": 2.0}}
+    others = [warm, sync, held, throttled]
+    got = fit_cold_fill([hot, *others], sc)
+    assert got == {"cold_fill_compute_ms.in_decode": {"before": 0.0,
+                                                      "after": pytest.approx(0.4)}}
+    assert current_note(sc, "cold_fill_compute_ms.in_decode") == pytest.approx(0.4, abs=1e-4)
+    closer = {**hot, "simulated": {"eval_ms_per_step": 6.75}}  # 0.25 / 2.5 more
+    fit_cold_fill([closer], sc)
+    assert current_note(sc, "cold_fill_compute_ms.in_decode") == pytest.approx(0.5, abs=1e-4)
+    assert fit_cold_fill(others, sc) == {}
