@@ -230,8 +230,9 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
         fitted = sc.notes.get(key)  # fitted inside decode by ssdmoe validate
         if fitted is not None:
             sets.append(f"{setting}={fitted}")
-    cold_fill = sc.notes.get("cold_fill_compute_ms.in_decode")
-    if cold_fill is not None and looked_ahead(engine):
+    cold_fill = sc.notes.get("cold_fill_compute_ms."
+                             + ("in_decode" if looked_ahead(engine) else "sync"))
+    if cold_fill is not None:
         sets.append(f"cold_fill_compute_ms={cold_fill}")
     direct = sc.notes.get("cold_overhead_ms.o_direct")
     if o_direct and direct is not None:

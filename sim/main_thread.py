@@ -438,7 +438,7 @@ class MainThread:
         stall = self.blocked_idle - idle
         # and the busy part: the compute thread's next work runs late after it too
         busy_wait = self.stall_wake.busy_compute_wait(self.blocked - blocked - stall)
-        if self.lookahead and self.cold_waits > cold:  # a cold stall: fitted in decode
+        if self.cold_waits > cold:  # a cold stall: fitted in decode, per loop
             busy_wait += self.sc.cold_fill_compute_ms / 1e3
         if stall > 0 or busy_wait > 0:
             self.compute.wake_after(self.stall_wake.compute_wait(stall) + busy_wait)

@@ -192,9 +192,9 @@ class Scenario:
     stager_dup_views: bool = False  # stager keeps bundle and stacked views (paper: ~0.45 GiB @K=8)
     staged_headroom: int = -1  # staged slots per layer = K + this; -1 = K (EngineConfig's
     # default: room to stage the next call's set while the last call's is in use)
-    cold_fill_compute_ms: float = 0.0  # lookahead loop: the compute thread's next work runs this
-    # much later after a fill that waited on a cold load (fitted inside decode by ssdmoe
-    # validate, note cold_fill_compute_ms.in_decode; 0 = nothing beyond sim.stall_wake's curves)
+    cold_fill_compute_ms: float = 0.0  # the compute thread's next work runs this much later after
+    # a fill that waited on a cold load (fitted inside decode by ssdmoe validate per decode loop,
+    # notes cold_fill_compute_ms.in_decode and .sync; 0 = nothing beyond sim.stall_wake's curves)
     budget_evict_ms: float = 0.0  # CPU per bundle the engine's page-cache budget drops (fadvise
     # DONTNEED on its ranges, engine.store), on the reading thread after its read: only where the
     # page cache is the engine's emulated budget (sim compare); 0 for a real OS page cache

@@ -804,7 +804,8 @@ def test_cold_fill_fit_by_hand(tmp_path):
     """cold_fill_compute_ms.in_decode = old + (measured - simulated eval per step) / measured
     fills per step that waited on a cold load (7.0 - 6.0 over 2.5: +0.4 ms), from the lookahead
     loop's cold calibration configuration; a second pass adds to the first; warm, throttled,
-    synchronous-loop and held-out configurations change nothing."""
+    synchronous-loop and held-out configurations change nothing; the synchronous loop's note
+    (.sync) comes from its own configuration alone."""
     from validation.calibration import current_note, fit_cold_fill
 
     sc = tmp_path / "s.toml"
@@ -830,4 +831,8 @@ def test_cold_fill_fit_by_hand(tmp_path):
     closer = {**hot, "simulated": {"eval_ms_per_step": 6.75}}  # 0.25 / 2.5 more
     fit_cold_fill([closer], sc)
     assert current_note(sc, "cold_fill_compute_ms.in_decode") == pytest.approx(0.5, abs=1e-4)
-    assert fit_cold_fill(others, sc) == {}
+    assert fit_cold_fill([warm, held, throttled], sc) == {}
+    # the synchronous loop's own note, from its own configuration only
+    got = fit_cold_fill([hot, *others], sc, lookahead=False)
+    assert got == {"cold_fill_compute_ms.sync": {"before": 0.0, "after": pytest.approx(0.4)}}
+    assert current_note(sc, "cold_fill_compute_ms.in_decode") == pytest.approx(0.5, abs=1e-4)

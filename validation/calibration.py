@@ -67,7 +67,8 @@ decode they are larger, which is what the held-out configurations then test.
                               next work this much later after a fill that waited on a cold
                               load, beyond sim.stall_wake's curves: old + median((measured -
                               simulated eval per step) / measured such fills per step) over its
-                              cold calibration configuration (hot, 1/2 page cache). Calibrate's
+                              cold calibration configuration (hot, 1/2 page cache); .sync the
+                              same for the synchronous loop (on-demand, 1/2). Calibrate's
                               busy-stall probe stands for the same cost and moved 0.005-0.15 ms
                               per fill over four runs; the 07:10 run's held-out cold
                               configurations evaluated 0.9-1.6 ms a step over their warm ones
@@ -255,30 +256,35 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
     out.update(fit_latency(machine_wide, scenario, hw.ssd_latency_ms, sc.model.bundle_reads))
     out.update(fit_handoff(machine_wide, scenario, hw.handoff_ms))
     out.update(fit_reader_wake(machine_wide, scenario, hw.reader_wake_ms))
-    out.update(fit_cold_fill(machine_wide, scenario))
+    out.update(fit_cold_fill(machine_wide, scenario, lookahead=True))
+    out.update(fit_cold_fill(machine_wide, scenario, lookahead=False))
     return out
 
 
-def fit_cold_fill(results: list[dict[str, Any]],
-                  scenario: Path) -> dict[str, dict[str, float]]:
-    """cold_fill_compute_ms.in_decode from the calibration configurations of the lookahead loop
-    that read cold (a page-cache budget, unthrottled; the layer lead's is left out by the
-    caller): old + median((measured - simulated eval per step) / measured fills per step that
-    waited on a cold load). Calibrate's busy-stall probe stands for it, and moved 0.005-0.15 ms
-    per fill over four runs; this is what such a fill cost inside the run being predicted."""
+def fit_cold_fill(results: list[dict[str, Any]], scenario: Path,
+                  lookahead: bool = True) -> dict[str, dict[str, float]]:
+    """cold_fill_compute_ms.in_decode (the lookahead loop; .sync the synchronous one) from the
+    calibration configurations of that loop that read cold (a page-cache budget, unthrottled;
+    the layer lead's is left out by the caller): old + median((measured - simulated eval per
+    step) / measured fills per step that waited on a cold load). Calibrate's stall probes stand
+    for it (the busy-stall curve moved 0.005-0.15 ms per fill over four runs, the synchronous
+    curve at a ~1.2 ms stall 0.00-0.19); this is what such a fill cost inside the run being
+    predicted."""
     cold = [r for r in results if r["config"].get("role", "calibration") == "calibration"
-            and looks_ahead(r) and r["config"]["page_cache"] != "all"
+            and looks_ahead(r) == lookahead and r["config"]["page_cache"] != "all"
             and r["config"].get("storage") == "unthrottled"]
     deltas = [(r["measured"]["eval_ms_per_step"] - r["simulated"]["eval_ms_per_step"])
               / r["measured"]["cold_fills_per_step"] for r in cold
               if (r["measured"].get("cold_fills_per_step") or 0) > 0
               and r["simulated"].get("eval_ms_per_step") is not None]
-    old = current_note(scenario, "cold_fill_compute_ms.in_decode") or 0.0
+    key = "cold_fill_compute_ms." + ("in_decode" if lookahead else "sync")
+    old = current_note(scenario, key) or 0.0
+    loop = "lookahead" if lookahead else "synchronous"
     return _shift(
-        scenario, "cold_fill_compute_ms.in_decode", old, deltas,
+        scenario, key, old, deltas,
         "fitted by ssdmoe validate: the compute thread's next work after a fill that waited on "
         "a cold load, from eval ms over such fills per step in {n} calibration "
-        f"configuration(s) of the lookahead loop (before this fit: {old:.4f} ms)")
+        f"configuration(s) of the {loop} loop (before this fit: {old:.4f} ms)")
 
 
 def looks_ahead(result: dict[str, Any]) -> bool:
