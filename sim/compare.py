@@ -226,14 +226,12 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
         fitted_keys.append(("head_build_ms.in_decode", "head_build_ms"))
     if not o_direct:
         fitted_keys.append(("cold_overhead_ms.in_decode", "cold_overhead_ms"))
+    fitted_keys.append((f"cold_fill_compute_ms.{'in_decode' if looked_ahead(engine) else 'sync'}",
+                        "cold_fill_compute_ms"))
     for key, setting in fitted_keys:
         fitted = sc.notes.get(key)  # fitted inside decode by ssdmoe validate
         if fitted is not None:
             sets.append(f"{setting}={fitted}")
-    cold_fill = sc.notes.get("cold_fill_compute_ms."
-                             + ("in_decode" if looked_ahead(engine) else "sync"))
-    if cold_fill is not None:
-        sets.append(f"cold_fill_compute_ms={cold_fill}")
     direct = sc.notes.get("cold_overhead_ms.o_direct")
     if o_direct and direct is not None:
         sets.append(f"cold_overhead_ms={direct}")

@@ -113,8 +113,10 @@ class Cores(ProcessorSharing):
         return min(1.0, self.capacity / n)
 
     def rates(self) -> dict[int, float]:
+        if self.reader_weight == 1.0:  # plain sharing: no thread's name to look at
+            return super().rates()
         readers = [k for k, job in self.jobs.items() if job[2].startswith(READER_THREAD)]
-        if self.reader_weight == 1.0 or not readers or len(readers) == len(self.jobs):
+        if not readers or len(readers) == len(self.jobs):
             return super().rates()  # every job in service weighs the same
         weights = dict.fromkeys(self.jobs, 1.0) | dict.fromkeys(readers, self.reader_weight)
         return weighted_shares(weights, self.capacity)
