@@ -27,9 +27,10 @@ simulator's compute and graph-building figures for this machine come from measur
                    reader's start (queue put, the idle reader's wake-up and claim) is
                    `reader_wake_ms`, from there to the main thread's return from `wait` (event
                    set, main-thread wake-up) `handoff_ms` (medians)
-  GIL hand-over    a thread asleep on the GIL while the main thread runs Python: from the
-                   main thread's release (it enters a blocking call) to the waiter running
-                   Python again, `gil_handoff_ms` (median: a wait for a core is sim.cpu's)
+  GIL hand-over    a thread asleep on the GIL after a cold page read (as a reader thread)
+                   while the main thread runs Python: from the main thread's release (it
+                   enters a blocking call) to the waiter running Python again,
+                   `gil_handoff_ms` (median: a wake-up across cores)
   queue ahead      the resident step again, each router's ids brought to the host as the
                    engine's fill points do: the walk up to the router handed over with
                    mx.async_eval, then waited for. async_eval returns only once few tasks are
@@ -49,6 +50,7 @@ fits and writes the profiles.
 from __future__ import annotations
 
 import bisect
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -245,18 +247,39 @@ def handoff_times(reps: int = 2000, warmup: int = 50,
 
 
 def gil_handoff_times(reps: int = 300, busy_ms: tuple[float, ...] = (0.5, 1.0),
-                      nap_ms: float = 0.1) -> list[float]:
+                      nap_ms: float = 0.1, read_from: Path | None = None) -> list[float]:
     """Release-to-run ms of a thread that waits on the GIL: the main thread holds it `busy_ms`
-    (pure Python) while a second thread's short sleep ends, so that thread sleeps on the lock;
-    then the main thread stamps the time and enters time.sleep (which lets the GIL go), and the
-    waiter's first stamp after that is its hand-over. `nap_ms` (plus the kernel's timer slack)
-    is well under `busy_ms`, so the waiter is always on the lock by the release."""
+    (pure Python) while a second thread's blocking call returns, so that thread sleeps on the
+    lock; then the main thread stamps the time and enters time.sleep (which lets the GIL go),
+    and the waiter's first stamp after that is its hand-over.
+
+    The waiter's blocking call is what a reader thread's is: a read of a page of `read_from`
+    (an expert file) dropped from the page cache first, so it waits on the device. It then
+    sleeps on the lock on its own core, and the hand-over is a wake-up across cores: 0.031-0.046
+    ms median here (2026-12-04, four arms of a scratch probe), against 0.010 for a waiter
+    woken from a timer nap, which the kernel had put on the main thread's core (0.010 pinned
+    there, 0.040-0.045 pinned to the other). Without `read_from`, or where pages cannot be
+    dropped, the waiter naps `nap_ms` (well under `busy_ms`, so it is on the lock by the
+    release)."""
+    from engine import platform
+    from engine.platform import PAGE
+
     stamps: list[int] = []
     done = False
+    fd = os.open(read_from, os.O_RDONLY) if read_from is not None \
+        and platform.current().can_drop_pages else -1
+    pages = max(os.fstat(fd).st_size // PAGE - 1, 1) if fd >= 0 else 0
 
     def waiter() -> None:
+        i = 0
         while not done:
-            time.sleep(nap_ms / 1e3)
+            if fd >= 0:  # a cold page, as a reader's pread waits on the device
+                off = (i * 7919 % pages) * PAGE
+                i += 1
+                platform.current().drop_pages(fd, off, PAGE)
+                os.pread(fd, PAGE, off)
+            else:
+                time.sleep(nap_ms / 1e3)
             stamps.append(time.perf_counter_ns())
 
     thread = threading.Thread(target=waiter, daemon=True)
@@ -268,10 +291,12 @@ def gil_handoff_times(reps: int = 300, busy_ms: tuple[float, ...] = (0.5, 1.0),
             while time.perf_counter_ns() < end:  # Python, holding the GIL
                 pass
             releases.append(time.perf_counter_ns())
-            time.sleep(0.002)  # lets the GIL go; the waiter runs, then naps again
+            time.sleep(0.002)  # lets the GIL go; the waiter runs, then blocks again
     finally:
         done = True
         thread.join()
+        if fd >= 0:
+            os.close(fd)
     out = []
     for rel in releases:
         j = bisect.bisect_right(stamps, rel)
@@ -501,7 +526,9 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     concurrent = concurrent_read_ms(converted)
     exact_extra = exact_extra_ms(converted)
     wake, handoff = handoff_times(handoff_reps)
-    gil_handoff = gil_handoff_times(max(handoff_reps // 4, 20))
+    first_layer = manifest.layers[manifest.moe_layers[0]]
+    gil_handoff = gil_handoff_times(max(handoff_reps // 4, 20),
+                                    read_from=converted / first_layer.file)
     times = {name: r.times for name, r in runners.items()}
     times["exact"] = warm_exact
     resident, synced, zero, exact = (times[n] for n in ("resident", "resident_synced", "zero",

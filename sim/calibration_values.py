@@ -295,8 +295,9 @@ def compute_values(c: ComputeResult, active_params: float | None = None
     if c.gil_handoff_ms == c.gil_handoff_ms:  # not nan
         out["gil_handoff_ms"] = (round(max(c.gil_handoff_ms, 0.0), 4), (
             f"median over {c.gil_handoff_reps} hand-overs of the GIL "
-            "(calibration.compute_probes.gil_handoff_times): a thread asleep on it runs this "
-            "long after the main thread, done with 0.5 or 1 ms of Python, lets it go; 90th "
+            "(calibration.compute_probes.gil_handoff_times): a thread asleep on it after a "
+            "cold page read, as a reader thread, runs this long after the main thread, done "
+            "with 0.5 or 1 ms of Python, lets it go (a wake-up across cores); 90th "
             f"percentile {c.gil_handoff_p90_ms:.4f} ms. The sim holds the lock this long on "
             "every contended take (sim.gil)"))
     if c.cold_read_cpu_ms == c.cold_read_cpu_ms:  # not nan

@@ -196,8 +196,7 @@ class MainThread:
         path: engine.store's load row ends before the drops), so there they are that work."""
         start, active = self.env.now, self.cores.active_s()
         yield from self.fetcher.perform(load, MAIN_THREAD)
-        load.waited = True
-        self.cold_waits += load.cold
+        self._waited_on(load)
         end = self.env.now if self.readers is not None else load.finished
         load.wait += end - start
         self._blocked(start, active, end)
@@ -227,10 +226,14 @@ class MainThread:
         if self.readers is not None:
             yield self.env.timeout(self.readers.handoff_s)
         yield from self.gil.take_back()  # the wait let go of it (sim.gil)
-        load.waited = True
-        self.cold_waits += load.cold
+        self._waited_on(load)
         load.wait += self.env.now - start
         self._blocked(start, active)
+
+    def _waited_on(self, load: Load) -> None:
+        """The main thread waited on `load` (or read it itself): a cold one is a cold stall."""
+        load.waited = True
+        self.cold_waits += load.cold
 
     def cache_hit(self, key: int) -> Generator:
         """An app-cache hit: free unless memory is oversubscribed and its pages were swapped

@@ -218,8 +218,6 @@ def test_a_readers_python_bookkeeping_waits_for_the_main_threads_build():
     assert seen["build_end"] == pytest.approx(0.001)
     assert load.finished == pytest.approx(0.001 + 0.0001)  # lock at 1 ms, then 0.1 ms of Python
     assert gil.waited_s == pytest.approx(0.001 - 0.0002, abs=1e-8)
-    off = Gil(simpy.Environment(), False)
-    assert off.lock is None
 
 
 def _warm_read_beside_main(hw_io: dict, main_at: float, main_python: float,
@@ -299,42 +297,85 @@ def test_a_busy_held_read_takes_cpu_but_not_the_gil():
     assert ends["main"] == pytest.approx(0.002)
 
 
-def test_a_thread_that_slept_on_the_gil_runs_a_hand_over_after_the_release():
-    """GIL hand-over (sim.gil, gil_handoff_ms = 0.05): main holds the lock 0 -> 1 ms; a thread
-    asking at 0.2 ms sleeps on it and runs its 0.1 ms of Python from 1.05 (release + hand-over)
-    to 1.15, the lock nobody's in between. Main, asking again at 1.0, slept on it too: it runs
-    its 0.2 ms from 1.2 (1.15 + its own hand-over) to 1.4. A take nobody contends costs no
-    hand-over: a lone thread's 0.1 ms ends at 0.1."""
+def _main_and_reader(main_steps: list[tuple[str, float]], reader_at: float,
+                     reader_python: float, handoff_s: float = 0.00005,
+                     interval_s: float = 0.005) -> tuple[dict[str, float], float]:
+    """Main runs `main_steps` ("python" or "sleep", seconds) from 0; a reader asks for the GIL at
+    `reader_at` for `reader_python` of Python. Returns the end times (ms) and the GIL waits."""
     from sim.gil import Gil
 
     env = simpy.Environment()
     cores = Cores(env, 0)
-    gil = Gil(env, True, handoff_s=0.00005)
+    gil = Gil(env, True, handoff_s=handoff_s, interval_s=interval_s)
     ends = {}
 
     def main():
-        yield from gil.run(cores, 0.001, "main")
-        yield from gil.run(cores, 0.0002, "main")  # asks at 1.0: the lock is promised away
-        ends["main"] = env.now
+        for kind, seconds in main_steps:
+            if kind == "python":
+                yield from gil.run(cores, seconds, "main")
+            else:  # a blocking call that lets go of the lock, then takes it back
+                yield env.timeout(seconds)
+                yield from gil.take_back()
+        ends["main"] = env.now * 1e3
 
     def reader():
-        yield env.timeout(0.0002)
-        yield from gil.run(cores, 0.0001, "reader0")
-        ends["reader"] = env.now
+        yield env.timeout(reader_at)
+        yield from gil.run(cores, reader_python, "reader0")
+        ends["reader"] = env.now * 1e3
 
     env.process(main())
     env.process(reader())
     env.run()
-    assert ends["reader"] == pytest.approx(0.00115)
-    assert ends["main"] == pytest.approx(0.0014)
-    # waits: the reader 0.2 -> 1.05 ms, main 1.0 -> 1.15 plus its own hand-over to 1.2
-    assert gil.waited_s == pytest.approx(0.00085 + 0.0002)
+    return ends, gil.waited_s * 1e3
+
+
+def test_a_thread_that_slept_on_the_gil_runs_a_hand_over_after_a_release_that_lasts():
+    """GIL hand-over (sim.gil, gil_handoff_ms = 0.05). Main holds the lock 0 -> 1 ms; a reader
+    asking at 0.2 sleeps on it.
+    - Main goes on to 0.2 ms more Python at once: the release at 1.0 wakes the reader, but main
+      takes the free lock first and keeps it to 1.2 (CPython's GIL is no queue); the reader,
+      awake at 1.05 to a taken lock, sleeps again; main's release at 1.2 wakes it at 1.25, and
+      its 0.1 ms ends at 1.35.
+    - Main sleeps 0.1 ms instead (longer than the wake-up): the reader has the lock at 1.05
+      and its Python ends at 1.15; main, back at 1.1 to a taken lock, sleeps on it and runs
+      on at 1.2 (the release plus its own wake-up).
+    - Main sleeps 0.02 ms (shorter than the wake-up): main is back at 1.02 and takes the free
+      lock; the reader waits on to main's end.
+    The old first-come queue gave the reader the lock at 1.0 in every case (1.15 in the first:
+    this fails with it). A take nobody contends costs no hand-over: a lone thread's 0.1 ms
+    ends at 0.1."""
+    from sim.gil import Gil
+
+    ends, waited = _main_and_reader([("python", 0.001), ("python", 0.0002)], 0.0002, 0.0001)
+    assert ends == pytest.approx({"main": 1.2, "reader": 1.35})
+    assert waited == pytest.approx(1.25 - 0.2)
+    ends, waited = _main_and_reader([("python", 0.001), ("sleep", 0.0001),
+                                     ("python", 0.0002)], 0.0002, 0.0001)
+    assert ends == pytest.approx({"reader": 1.15, "main": 1.4})
+    assert waited == pytest.approx((1.05 - 0.2) + (1.2 - 1.1))
+    ends, _ = _main_and_reader([("python", 0.001), ("sleep", 0.00002), ("python", 0.0002)],
+                               0.0002, 0.0001)
+    assert ends == pytest.approx({"main": 1.22, "reader": 1.37})
 
     lone_env = simpy.Environment()
     lone = Gil(lone_env, True, handoff_s=0.00005)
     lone_env.process(lone.run(Cores(lone_env, 0), 0.0001, "reader0"))
     lone_env.run()
     assert lone_env.now == pytest.approx(0.0001) and lone.waited_s == 0.0
+
+
+def test_a_waiter_past_the_switch_interval_gets_the_gil_at_the_next_release():
+    """CPython's switch interval (sim.gil, 5 ms here 1 ms): main runs 0.3 ms Python segments
+    back to back from 0, keeping the lock at every release; a reader asking at 0.1 waits. Its
+    wait passes 1 ms at 1.1, so the release at 1.2 is forced: the lock is the reader's, at
+    1.25 after its wake-up, for 0.1 ms to 1.35, and main, asking at 1.2, waits for it and for
+    its own wake-up: its last segments run 1.4 - 1.7 and 1.7 - 2.0. Without the interval the
+    reader waits for main's end (1.8 -> 1.85 -> 1.95)."""
+    steps = [("python", 0.0003)] * 6
+    ends, _ = _main_and_reader(steps, 0.0001, 0.0001, interval_s=0.001)
+    assert ends == pytest.approx({"reader": 1.35, "main": 2.0})
+    ends, _ = _main_and_reader(steps, 0.0001, 0.0001, interval_s=1.0)
+    assert ends == pytest.approx({"main": 1.8, "reader": 1.95})
 
 
 def test_a_thread_back_from_a_call_that_let_go_of_the_gil_takes_it_back():

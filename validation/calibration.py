@@ -270,9 +270,7 @@ def fit_cold_fill(results: list[dict[str, Any]], scenario: Path,
     for it (the busy-stall curve moved 0.005-0.15 ms per fill over four runs, the synchronous
     curve at a ~1.2 ms stall 0.00-0.19); this is what such a fill cost inside the run being
     predicted."""
-    cold = [r for r in results if r["config"].get("role", "calibration") == "calibration"
-            and looks_ahead(r) == lookahead and r["config"]["page_cache"] != "all"
-            and r["config"].get("storage") == "unthrottled"]
+    cold = [r for r in _reads_cold(results) if looks_ahead(r) == lookahead]
     deltas = [(r["measured"]["eval_ms_per_step"] - r["simulated"]["eval_ms_per_step"])
               / r["measured"]["cold_fills_per_step"] for r in cold
               if (r["measured"].get("cold_fills_per_step") or 0) > 0
@@ -299,9 +297,7 @@ def fit_handoff(results: list[dict[str, Any]], scenario: Path,
     (a path with readers under a page-cache budget, unthrottled): the main thread's blocked
     time per fill past its loads' span, measured - simulated. Not the whole blocked time: that
     holds the reads too, and a fit to it turned their miss into a hand-off."""
-    readers = [r for r in results if r["config"].get("role", "calibration") == "calibration"
-               and r["config"]["page_cache"] != "all" and r["config"]["path"] != "on-demand"
-               and r["config"].get("storage") == "unthrottled"]
+    readers = [r for r in _reads_cold(results) if r["config"]["path"] != "on-demand"]
     deltas = _differences(readers, "blocked_past_loads_ms")
     return _shift(
         scenario, "handoff_ms.in_decode",
@@ -327,12 +323,18 @@ def fit_reader_wake(results: list[dict[str, Any]], scenario: Path,
         f"{isolated:.4f} ms)")
 
 
+def _reads_cold(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The calibration configurations that read cold at the device's own speed: a page-cache
+    budget, unthrottled."""
+    return [r for r in results if r["config"].get("role", "calibration") == "calibration"
+            and r["config"]["page_cache"] != "all"
+            and r["config"].get("storage") == "unthrottled"]
+
+
 def _reads_cold_on_main(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The calibration configurations that read cold on the main thread only: on-demand under
     a page-cache budget, unthrottled."""
-    return [r for r in results if r["config"]["page_cache"] != "all"
-            and r["config"]["path"] == "on-demand"
-            and r["config"].get("storage") == "unthrottled"]
+    return [r for r in _reads_cold(results) if r["config"]["path"] == "on-demand"]
 
 
 def fit_latency(results: list[dict[str, Any]], scenario: Path, isolated: float,
