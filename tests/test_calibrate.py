@@ -329,3 +329,44 @@ def test_the_idle_probes_curves_round_trip_through_the_profile(tmp_path):
     lookahead.util = sync.util = 0.625
     assert lookahead.factor() == pytest.approx(1.15)
     assert sync.factor() == pytest.approx(1.075)
+
+
+def test_the_gil_hand_over_probe_waits_in_a_cold_read_as_a_reader_does(tmp_path, monkeypatch):
+    """calibration.compute_probes.gil_handoff_times: given an expert file, its waiter blocks in
+    reads of that file's pages, each dropped from the page cache first (a reader's wait on the
+    device), not in a timer nap; one hand-over per release, none negative."""
+    import calibration.compute_probes as probes
+    from engine import platform
+
+    if not platform.current().can_drop_pages:
+        pytest.skip("needs dropping pages (posix_fadvise)")
+    path = tmp_path / "layer.safetensors"
+    path.write_bytes(bytes(64 * 4096))
+    reads, drops, naps = [], [], []
+    real_pread, real_sleep = probes.os.pread, probes.time.sleep
+    real_drop = platform.current().drop_pages
+
+    def pread(fd: int, n: int, off: int) -> bytes:
+        reads.append(off)
+        return real_pread(fd, n, off)
+
+    def drop_pages(fd: int, off: int = 0, n: int = 0) -> None:
+        drops.append(off)
+        real_drop(fd, off, n)
+
+    def sleep(seconds: float) -> None:
+        if seconds < 0.001:  # the waiter's nap (the main thread sleeps 2 ms)
+            naps.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(probes.os, "pread", pread)
+    monkeypatch.setattr(platform.current(), "drop_pages", drop_pages)
+    monkeypatch.setattr(probes.time, "sleep", sleep)
+    times = probes.gil_handoff_times(5, read_from=path)
+    assert len(times) == 10 and min(times) >= 0.0
+    assert reads and reads == drops  # every read was of a page dropped just before
+    assert all(off % 4096 == 0 and off < 64 * 4096 for off in reads)
+    assert naps == []  # the waiter never napped
+    reads.clear()
+    probes.gil_handoff_times(5)  # no file: it naps
+    assert reads == [] and naps

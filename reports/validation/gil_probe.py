@@ -9,8 +9,10 @@ Measured: one reader thread reads cold bundles of models/tiny-trained-stream thr
 engine's store (ExpertStore.read_bundle, pages dropped first) while the main thread alternates
 `busy` ms of pure Python (or of MLX graph building) with `idle` ms of sleep (the GIL free);
 arms rotated over rounds.
-Simulated: the pattern as it was realized (the main thread's median busy and idle spells,
-measured: a sleep lasts longer than asked) on this machine's profile
+Simulated: the pattern as it was realized (the main thread's median busy spell beside the
+reader, and its median sleep alone, before the reader starts: a sleep lasts longer than asked,
+and beside the reader it also waits for the GIL back, which the simulation models) on this
+machine's profile
 (scenarios/hardware/this-machine.toml): one reader, the main thread holding the GIL for `busy`
 ms then sleeping `idle` ms, the GIL taken per slice and (the old model) once per load. Per
 arm the median read, measured and simulated.
@@ -54,10 +56,25 @@ def _spin(ms: float, graph: bool = False) -> None:
         pass
 
 
+def _spells(arm: tuple[float, float], graph: bool, n: int) -> tuple[list[float], list[float]]:
+    """`n` of the arm's busy / asleep cycles on the main thread: their realized spells (ms)."""
+    busy, idle = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        _spin(arm[0], graph)
+        t1 = time.perf_counter()
+        time.sleep(arm[1] / 1e3)
+        busy.append((t1 - t0) * 1e3)
+        idle.append((time.perf_counter() - t1) * 1e3)
+    return busy, idle
+
+
 def measure(arm: tuple[float, float] | None, reads: int, seed: int,
-            graph: bool = False) -> tuple[list[float], list[float], list[float]]:
+            graph: bool = False) -> tuple[list[float], list[float], list[float], list[float]]:
     """One arm: the cold read times (ms), and the main thread's realized busy and idle spells
-    (ms: a sleep of 0.05 ms lasts longer on this VM, and the simulation is given what was)."""
+    beside the reader and its idle spells alone (ms: a sleep of 0.05 ms lasts longer on this
+    VM, and beside the reader it ends only once the main thread has the GIL back, a wait the
+    simulation models itself: it is given the sleep as it lasts alone)."""
     import numpy as np
 
     from calibration.compute_probes import _one_row_views
@@ -69,6 +86,7 @@ def measure(arm: tuple[float, float] | None, reads: int, seed: int,
     times: list[float] = []
     busy: list[float] = []
     idle: list[float] = []
+    alone = _spells(arm, graph, 200)[1] if arm is not None else []
     with ExpertStore(manifest) as store:
         store.drop_until_cold()
         views = _one_row_views(store, manifest.moe_layers)
@@ -90,14 +108,11 @@ def measure(arm: tuple[float, float] | None, reads: int, seed: int,
             if arm is None:
                 time.sleep(0.001)
             else:
-                t0 = time.perf_counter()
-                _spin(arm[0], graph)
-                t1 = time.perf_counter()
-                time.sleep(arm[1] / 1e3)
-                busy.append((t1 - t0) * 1e3)
-                idle.append((time.perf_counter() - t1) * 1e3)
+                b, i = _spells(arm, graph, 1)
+                busy += b
+                idle += i
         t.join()
-    return times, busy, idle
+    return times, busy, idle, alone
 
 
 def simulate(arm: tuple[float, float] | None, reads: int, per_slice: bool) -> float:
@@ -147,22 +162,26 @@ def simulate(arm: tuple[float, float] | None, reads: int, per_slice: bool) -> fl
 def run(rounds: int, reads: int) -> dict:
     names = list(ARMS)
     measured: dict[str, list[float]] = {n: [] for n in names}
-    spells: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in names}
+    spells: dict[str, tuple[list[float], list[float], list[float]]] = {
+        n: ([], [], []) for n in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            times, busy, idle = measure(ARMS[name], reads, seed=r, graph=name.startswith("mx"))
+            times, busy, idle, alone = measure(ARMS[name], reads, seed=r,
+                                               graph=name.startswith("mx"))
             measured[name].append(statistics.median(times))
-            spells[name][0].extend(busy)
-            spells[name][1].extend(idle)
+            for into, got in zip(spells[name], (busy, idle, alone), strict=True):
+                into.extend(got)
     rows = []
     for name in names:
-        busy, idle = spells[name]
+        busy, idle, alone = spells[name]
         realized = (statistics.median(busy), statistics.median(idle)) if busy else None
+        replayed = (statistics.median(busy), statistics.median(alone)) if busy else None
         rows.append({"arm": name, "measured_ms": statistics.median(measured[name]),
                      "rounds_ms": measured[name],
                      "main_busy_idle_ms": list(realized) if realized else None,
-                     "simulated_per_slice_ms": simulate(realized, reads, True),
-                     "simulated_per_load_ms": simulate(realized, reads, False)})
+                     "main_idle_alone_ms": replayed[1] if replayed else None,
+                     "simulated_per_slice_ms": simulate(replayed, reads, True),
+                     "simulated_per_load_ms": simulate(replayed, reads, False)})
     return {"command": " ".join(["uv run python reports/validation/gil_probe.py", *sys.argv[1:]]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": str(MODEL),
             "rounds": rounds, "reads_per_arm": reads, "arms": rows}
@@ -179,11 +198,13 @@ def main() -> None:
     if not (MODEL / "manifest.json").is_file():
         sys.exit(f"gil_probe: {MODEL}: no converted model (bash scripts/demo.sh builds it)")
     doc = run(args.rounds, args.reads)
-    print(f"{'arm':26s} {'realized busy/idle':>18s} {'measured':>9s} {'sim/slice':>10s} "
+    print(f"{'arm':26s} {'busy/idle (alone)':>24s} {'measured':>9s} {'sim/slice':>10s} "
           f"{'sim/load':>9s}  (median cold read, ms)")
     for r in doc["arms"]:
         spell = "/".join(f"{v:.3f}" for v in r["main_busy_idle_ms"] or []) or "-"
-        print(f"{r['arm']:26s} {spell:>18s} {r['measured_ms']:9.3f} "
+        if r["main_idle_alone_ms"] is not None:
+            spell += f" ({r['main_idle_alone_ms']:.3f})"
+        print(f"{r['arm']:26s} {spell:>24s} {r['measured_ms']:9.3f} "
               f"{r['simulated_per_slice_ms']:10.3f} {r['simulated_per_load_ms']:9.3f}")
     (HERE / "gil_probe.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {HERE / 'gil_probe.json'}")
