@@ -298,8 +298,8 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             "(calibration.compute_probes.gil_handoff_times): a thread asleep on it after a "
             "cold page read, as a reader thread, runs this long after the main thread, done "
             "with 0.5 or 1 ms of Python, lets it go (a wake-up across cores); 90th "
-            f"percentile {c.gil_handoff_p90_ms:.4f} ms. The sim holds the lock this long on "
-            "every contended take (sim.gil)"))
+            f"percentile {c.gil_handoff_p90_ms:.4f} ms. The sim wakes a waiter this long after "
+            "a release; it takes the lock if still free (sim.gil)"))
     if c.cold_read_cpu_ms == c.cold_read_cpu_ms:  # not nan
         out["cold_read_cpu_ms"] = (round(max(c.cold_read_cpu_ms, 0.0), 4), (
             f"median thread CPU time of {c.cold_read_reps} cold bundle reads through the "

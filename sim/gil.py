@@ -83,7 +83,7 @@ class Gil:
         asked = self.env.now
         granted = self.env.event()
         self.waiters.append((thread, granted, asked))
-        yield granted  # the lock is ours (set by _grant)
+        yield granted  # the lock is ours (set by _wake)
         self.waited_s += self.env.now - asked
 
     def _release(self) -> None:
