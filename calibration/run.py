@@ -47,6 +47,7 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
     engine's compute on `model_dir` (default: models/tiny-trained-stream, else tiny-random);
     return hardware and model profile values with how each was measured."""
     from calibration.compute_probes import measure_compute
+    from calibration.core_wait_probe import core_wait_how, measure_core_wait
     from calibration.idle_probe import ARMS, measure_idle_slowdown
     from calibration.machine import facts
     from calibration.sched_probe import BURST_MS, PERIOD_MS, measure_reader_weight
@@ -97,6 +98,10 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
                 f"({weight.alone_rate:.4f} without the spinners, {weight.bursts} bursts); "
                 "weighted sharing gives a burst w / (w + 1), so w = r / (1 - r), at most 1000; "
                 "plain sharing would give 1/2")
+        wait = measure_core_wait(model_dir, scratch)
+        if wait is not None:
+            compute.core_wait_ms = wait.wait_ms
+            compute.core_wait_how = core_wait_how(wait)
         idle = measure_idle_slowdown(model_dir)
         for loop, found in (idle or {}).items():
             prefix = "sync_" if loop == "sync" else ""

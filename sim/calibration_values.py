@@ -138,6 +138,8 @@ class ComputeResult:
     busy_stall_how: str = ""
     reader_cpu_weight: float = float("nan")  # calibration.sched_probe (nan: not measured)
     reader_weight_how: str = ""
+    core_wait_ms: float = float("nan")  # calibration.core_wait_probe (nan: not measured)
+    core_wait_how: str = ""
     idle_util_points: list[float] = field(default_factory=list)  # calibration.idle_probe's
     idle_slowdown: list[float] = field(default_factory=list)  # curve, lookahead loop
     sync_idle_util_points: list[float] = field(default_factory=list)  # ... and synchronous
@@ -359,6 +361,10 @@ def compute_values(c: ComputeResult, active_params: float | None = None
         out["reader_cpu_weight"] = (round(c.reader_cpu_weight, 1), (
             f"calibration.sched_probe ({c.reader_weight_how}): a reader thread's weight on the "
             "shared cores against the other threads' 1 (sim.cpu)"))
+    if c.core_wait_ms == c.core_wait_ms:  # not nan
+        out["core_wait_ms"] = (round(max(c.core_wait_ms, 0.0), 4), (
+            f"calibration.core_wait_probe ({c.core_wait_how}): a thread back from the device "
+            "that finds every core busy waits this long for one (sim.cpu.Cores.woken)"))
     for prefix, loop in PROBE_LOOPS:
         points = getattr(c, f"{prefix}idle_util_points")
         if not points:

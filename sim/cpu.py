@@ -14,6 +14,13 @@ whole core). With weights the cores are shared in proportion to them, no job fas
 core (`weighted_shares`); a reader's read work then takes a core from graph building and a CPU
 backend's compute thread rather than a fair share of one.
 
+A thread back from the device (a pread's completion) that finds every core running a job waits
+`core_wait_ms` (hardware) for one before its next work: `woken()`. Sharing alone would give it
+a share at once; the kernel runs it ahead only of threads that used more than their share, and
+a decoding engine's main and compute threads sleep and wake thousands of times a second
+themselves, so it waits in the run queue until one of them blocks (calibration.core_wait_probe
+measures the wait beside a decoding engine: ~0.06 ms on this project's 2-core VM).
+
 A job is `yield cores.work(seconds, thread)` (sim.sharing: one event per job whatever the
 contention). After the process has idled, a job's seconds grow by the measured slowdown at the
 kernel's utilization average then (sim.idle_slowdown), fixed at the job's start.
@@ -63,17 +70,20 @@ def weighted_shares(weights: Mapping[int, float], capacity: float) -> dict[int, 
 class Cores(ProcessorSharing):
     def __init__(self, env: simpy.Environment, cores: float, background: float = 0.0,
                  threads: int | None = None, idle: IdleSlowdown | None = None,
-                 reader_weight: float = 1.0) -> None:
+                 reader_weight: float = 1.0, core_wait_ms: float = 0.0) -> None:
         """`threads`: the most threads that can ever ask for CPU at once (None: unknown). When
         the cores left by the background load hold them all, nobody can wait for a core and
         every job is a plain timeout (the shortcut the module doc describes). `idle`: work
         runs slower after the process idled (sim.idle_slowdown). `reader_weight`: a reader
-        thread's weight against every other thread's 1."""
+        thread's weight against every other thread's 1. `core_wait_ms`: a waking thread's wait
+        for a core when every core is busy (`woken`)."""
         if cores < 0 or background < 0:
             raise ValueError("cores and background load must be >= 0")
         if reader_weight <= 0:
             raise ValueError("a reader thread's weight must be > 0")
         self.reader_weight = reader_weight
+        self.core_wait_s = core_wait_ms / 1e3
+        self.core_waits = 0  # wakes that found every core busy
         super().__init__(env)
         capacity = max(cores - background, 0.05)
         # 0 cores: not modelled (every job runs at full speed)
@@ -104,6 +114,14 @@ class Cores(ProcessorSharing):
         self._active_at = now
         if self.idle is not None:
             self.idle.advance(now, busy)
+
+    def woken(self) -> simpy.Event | None:
+        """A thread back from the device: a timeout for its wait for a core when every core
+        runs a job, else None (it runs at once)."""
+        if self.core_wait_s <= 0 or self.unbounded or len(self.jobs) < self.capacity:
+            return None
+        self.core_waits += 1
+        return self.env.timeout(self.core_wait_s)
 
     def rate(self, n: int | None = None) -> float:
         """CPU seconds per second each of n runnable jobs gets."""

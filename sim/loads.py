@@ -15,7 +15,9 @@ Where a load's bytes are decides its cost, on the thread doing it (main or a rea
                 measured) less the load's copy, fault and per-read work, on the shared cores
                 while its requests are in flight (the kernel's work submitting and completing
                 them). It does not lengthen a read the cores have room for; it competes with
-                graph building and compute where a read runs beside them (a lead's prefetches)
+                graph building and compute where a read runs beside them (a lead's prefetches);
+                back from each device request the thread waits for a core if every one is
+                busy (sim.cpu.Cores.woken: one wake per pread, as the engine's)
 With the engine's emulated page-cache budget, each bundle a fill pushes out costs the reading
 thread `budget_evict_ms` of CPU after the read (the store drops its pages), before the load is
 done: a thread waiting on it waits through the drops, as on a ticket in engine.readers.
@@ -155,6 +157,7 @@ class Fetcher:
             evicted = 0
             if cold_bytes:
                 yield from self._device_read(cold_bytes, requests, thread, beside)
+                yield from self._woken()
                 evicted = self._fill(load)
             if not cold_bytes and self.gil.enabled and self.slices_take_the_gil:
                 # a warm pread returns before a waiting thread is awake: the whole load,
@@ -200,12 +203,20 @@ class Fetcher:
             last = i == syscalls - 1
             yield from self._device_read(cold_bytes - share * i if last else share, 1, thread,
                                          beside / syscalls)
+            yield from self._woken()
             if last:
                 evicted = self._fill(load)
             if kernel > 0:
                 yield self.cores.work(kernel / syscalls, thread)
             yield from self.gil.run(self.cores, python, thread)
         return evicted
+
+    def _woken(self) -> Generator:
+        """Back from the device, the reading thread waits for a core if every one is busy
+        (sim.cpu.Cores.woken)."""
+        wait = self.cores.woken()
+        if wait is not None:
+            yield wait
 
     def _device_read(self, nbytes: int, requests: int, thread: str = "",
                      beside: float = 0.0) -> Generator:

@@ -77,6 +77,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "cpu_cores": (_nonneg, "must be >= 0 (0 = not modelled)"),
     "background_cores": (_nonneg, "must be >= 0"),
     "reader_cpu_weight": (lambda v: v >= 1, "must be >= 1 (1 = plain processor sharing)"),
+    "core_wait_ms": (_nonneg, "must be >= 0 (0 = a waking thread never waits for a core)"),
     "page_cache_floor_gib": (_nonneg, "must be >= 0"),
     "queue_ahead_ms": (_nonneg, "must be >= 0 (inf = the host never waits)"),
     "refused_warm_ms": (_nonneg, "must be >= 0"),

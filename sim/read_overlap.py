@@ -45,6 +45,8 @@ def simulated_read_ms(hw: Hardware, speedup: list[float], threads: int, bundle_b
     a median jumps from read to read as the curve moves where the mean moves smoothly."""
     env = simpy.Environment()
     device = SharedDevice(env, hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9, speedup)
+    # no core wait (hardware core_wait_ms): the curve is fitted to reads on n threads alone,
+    # and carries what they cost each other, their wait for cores included
     cores = Cores(env, hw.cpu_cores, hw.background_cores, threads)
     page_cache = PageCache(1 << 62, bundle_bytes, EXPERTS)
     fetcher = Fetcher(env, hw, device, page_cache, cores, EXPERTS, bundle_bytes,

@@ -108,7 +108,8 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
     reader_threads = 0 if sc.path == "exact" else sc.readers
     threads = 1 + reader_threads + (1 if hw.compute_on_cpu else 0)  # main, readers, compute
     cores = Cores(env, hw.cpu_cores, hw.background_cores, threads,
-                  IdleSlowdown.for_loop(hw, sc.lookahead), hw.reader_cpu_weight)
+                  IdleSlowdown.for_loop(hw, sc.lookahead), hw.reader_cpu_weight,
+                  hw.core_wait_ms)
     queue_ahead_s = hw.queue_ahead_ms / 1e3 if math.isfinite(hw.queue_ahead_ms) else None
     compute = ComputeStream(env, cores if hw.compute_on_cpu else None, hw.lazy_compute,
                             hw.sync_overhead_ms / 1e3, queue_ahead_s=queue_ahead_s)

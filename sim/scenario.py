@@ -79,6 +79,8 @@ class Hardware:
     reader_cpu_weight: float = 1.0  # a reader thread's weight on the shared cores against the
     # other threads' 1 (sim.cpu): the kernel serves a thread waking for a short burst first
     # (calibration.sched_probe); 1 = plain processor sharing
+    core_wait_ms: float = 0.0  # a thread back from the device that finds every core busy waits
+    # this long for one (calibration.core_wait_probe; sim.cpu); 0 = never
     page_cache_floor_gib: float = 0.0  # file pages the kernel keeps before it pages out the
     # engine's own memory (sim.swap); below it an oversubscribed engine faults
     queue_speedup: list[float] = field(default_factory=list)  # device request rate with n
@@ -257,8 +259,8 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "handoff_ms", "gil_handoff_ms", "cold_read_cpu_ms", "reader_wake_ms",
                      "throttle_read_mbps", "throttle_read_iops", "throttle_burst_s",
                      "throttle_kind", "compute_factor", "cpu_cores", "compute_on_cpu",
-                     "background_cores", "reader_cpu_weight", "page_cache_floor_gib",
-                     "queue_ahead_ms", "queue_speedup",
+                     "background_cores", "reader_cpu_weight", "core_wait_ms",
+                     "page_cache_floor_gib", "queue_ahead_ms", "queue_speedup",
                      "refused_warm_ms", "stall_points_ms", "stall_wake_main_ms",
                      "stall_wake_compute_ms", "busy_stall_points_ms", "busy_stall_compute_ms",
                      "sync_stall_points_ms", "sync_stall_wake_main_ms",

@@ -50,6 +50,28 @@ def compute(**over) -> ComputeResult:
     return ComputeResult(**values)
 
 
+def assert_profile_round_trip(tmp_path, key: str, value: float, how: dict[str, str],
+                              bad: float, message: str) -> None:
+    """A measured hardware figure (`key`, with the ComputeResult fields `how`) reaches the
+    profile with its source, loads back, is left out when not measured, and a value out of
+    its range (`bad`) is one clear line matching `message`."""
+    from contract.errors import BadInput
+    from sim.calibration_values import hardware_toml, write_hardware
+
+    values = hardware_values(storage(), compute(**{key: value}, **how), MACHINE,
+                             active_params=1e6)
+    assert values[key][0] == value
+    assert all(text in values[key][1] for text in how.values())
+    path = write_hardware(tmp_path / "cal.toml",
+                          hardware_toml(values, "cal", "now", "ssdmoe calibrate"))
+    assert getattr(load_hardware(str(path)), key) == value
+    assert key not in hardware_values(storage(), compute(), MACHINE, active_params=1e6)
+    broken = tmp_path / "bad.toml"
+    broken.write_text(path.read_text().replace(f"{key} = {value}", f"{key} = {bad}"))
+    with pytest.raises(BadInput, match=message):
+        load_hardware(str(broken))
+
+
 def test_linear_fit_is_exact_on_a_line():
     a, b = linear_fit([1, 2, 4, 8], [0.1 + 0.2 * x for x in (1, 2, 4, 8)])
     assert a == pytest.approx(0.1) and b == pytest.approx(0.2)

@@ -9,7 +9,6 @@ from sim_helpers import hardware, model, scenario, uniform_routing
 from sim_helpers import routing_input as to_input
 
 from calibration import sched_probe
-from contract.errors import BadInput
 from sim.cpu import weighted_shares
 from sim.replay import run_scenario
 
@@ -43,25 +42,12 @@ def test_the_probe_takes_the_median_beside_spinners_and_checks_the_floor(monkeyp
     assert sched_probe.measure_reader_weight(cores=2, rounds=1) is None
 
 
-def test_reader_weight_round_trips_the_profile_and_slows_compute_beside_readers(tmp_path):
-    from sim.calibration_values import hardware_toml, hardware_values, write_hardware
-    from sim.profiles import load_hardware
-    from tests.test_calibrate import MACHINE, compute, storage
+def test_reader_weight_round_trips_the_profile(tmp_path):
+    from tests.test_calibrate import assert_profile_round_trip
 
-    c = compute(reader_cpu_weight=447.0, reader_weight_how="2 processes every 1.5 ms")
-    values = hardware_values(storage(), c, MACHINE, active_params=1e6)
-    assert values["reader_cpu_weight"][0] == 447.0
-    assert "2 processes every 1.5 ms" in values["reader_cpu_weight"][1]
-    path = write_hardware(tmp_path / "cal.toml",
-                          hardware_toml(values, "cal", "now", "ssdmoe calibrate"))
-    assert load_hardware(str(path)).reader_cpu_weight == 447.0
-    assert "reader_cpu_weight" not in hardware_values(storage(), compute(), MACHINE,
-                                                      active_params=1e6)
-    bad = tmp_path / "bad.toml"
-    bad.write_text(path.read_text().replace("reader_cpu_weight = 447.0",
-                                            "reader_cpu_weight = 0.5"))
-    with pytest.raises(BadInput, match="reader_cpu_weight.*must be >= 1"):
-        load_hardware(str(bad))
+    assert_profile_round_trip(tmp_path, "reader_cpu_weight", 447.0,
+                              {"reader_weight_how": "2 processes every 1.5 ms"}, 0.5,
+                              "reader_cpu_weight.*must be >= 1")
 
 
 def test_weighted_readers_are_served_first_in_a_whole_run():
