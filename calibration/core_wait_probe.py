@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibration.stall_probe import task_schedstat, thread_stats
+
 READS = 200  # per arm and round
 PREADS = 9  # a bundle of the tiny fixture is 9 tensor slices
 PREAD_BYTES = 8192
@@ -85,21 +87,9 @@ def core_wait_how(w: CoreWait) -> str:
             "waits (beside - alone) / that share")
 
 
-def _schedstat(path: str) -> tuple[float, float, int]:
-    """(CPU ms, run-queue wait ms, timeslices) of one task."""
-    with open(path) as f:
-        run, wait, slices = f.read().split()
-    return int(run) / 1e6, int(wait) / 1e6, int(slices)
-
-
 def _task_cpu_ms(pid: int) -> dict[str, float]:
-    out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            out[task.name] = _schedstat(str(task / "schedstat"))[0]
-        except (OSError, ValueError):
-            continue
-    return out
+    """Task id -> CPU ms so far, for `pid`'s threads."""
+    return {task: s["run_ms"] for task, s in thread_stats(pid).items()}
 
 
 def _scratch(path: Path) -> int:
@@ -126,10 +116,10 @@ def read_arm(fd: int, reads: int, seed: int) -> tuple[float, float]:
             # per-CPU LRU batches hold it)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             time.sleep(0.001)
-            _, wait0, slices0 = _schedstat(stat)
+            _, wait0, slices0 = task_schedstat(stat)
             for off in offsets:
                 os.pread(fd, PREAD_BYTES, off)
-            _, wait1, slices1 = _schedstat(stat)
+            _, wait1, slices1 = task_schedstat(stat)
             found.append((wait1 - wait0, slices1 - slices0))
 
     thread = threading.Thread(target=work)
@@ -199,4 +189,8 @@ def measure_core_wait(model_dir: Path, scratch_dir: Path, *, reads: int = READS,
 
 if __name__ == "__main__":
     model = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("models/tiny-trained-stream")
-    print(measure_core_wait(model, model.resolve().parent))
+    if not (model / "manifest.json").is_file():
+        sys.exit(f"core_wait_probe: {model}: no converted model (manifest.json missing)")
+    found = measure_core_wait(model, model.resolve().parent)
+    print(found if found is not None else "core_wait_probe: nothing measured (not Linux, more "
+          "cores than the decode's threads, or the decoding child stopped)")

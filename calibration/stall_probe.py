@@ -128,15 +128,22 @@ def child(delay_ms: float, stats_out: Path, capture_args: list[str],
     return main()
 
 
-def thread_stats() -> dict[str, dict[str, float]]:
-    """Task id -> CPU ms, run-queue wait ms and timeslices, for this process's threads."""
+def task_schedstat(path: str | Path) -> tuple[float, float, int]:
+    """One task's /proc schedstat: (CPU ms, run-queue wait ms, timeslices)."""
+    run, wait, slices = map(int, Path(path).read_text().split())
+    return run / 1e6, wait / 1e6, slices
+
+
+def thread_stats(pid: int | str = "self") -> dict[str, dict[str, float]]:
+    """Task id -> CPU ms, run-queue wait ms and timeslices, for a process's threads (this
+    one's by default)."""
     out = {}
-    for task in Path("/proc/self/task").iterdir():
+    for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            run, wait, slices = map(int, (task / "schedstat").read_text().split())
+            run, wait, slices = task_schedstat(task / "schedstat")
         except (OSError, ValueError):
             continue
-        out[task.name] = {"run_ms": run / 1e6, "runqueue_ms": wait / 1e6, "switches": slices}
+        out[task.name] = {"run_ms": run, "runqueue_ms": wait, "switches": slices}
     return out
 
 
