@@ -6,7 +6,9 @@ Where a load's bytes are decides its cost, on the thread doing it (main or a rea
     device      first the device read of the bundle's ranges rounded out to pages
                 (device_bundle_bytes; the edge pages shared with a neighbouring expert that
                 the page cache holds are not read again; without readahead one request per
-                range, bundle_reads; sim.storage or sim.shared_device: throttle, queueing,
+                range, bundle_reads, but for the slices in a page the expert's page group
+                shares while that page is cached: sim.page_cache; sim.storage or
+                sim.shared_device: throttle, queueing,
                 latency, bytes / bandwidth; no CPU while it is in flight), then the bundle
                 enters the page cache, then the copy, the per-read work and the fault work of
                 the cold pieces (cold pieces x cold_overhead: page faults, VM mapping)
@@ -43,6 +45,7 @@ from collections.abc import Generator
 
 import simpy
 
+from contract.thresholds import PAGE
 from sim.cpu import Cores
 from sim.gil import Gil
 from sim.page_cache import PageCache
@@ -132,33 +135,45 @@ class Fetcher:
             missing = self.pc.probe_layer(load.layer)
             requests, cold_bytes = load.pieces, missing * self.device_bytes
             cold_pieces = 1 if missing else 0
-            syscalls = load.pieces
+            syscalls, held = load.pieces, False
         else:
             syscalls = max(load.pieces, self.bundle_reads)  # one pread per tensor slice
-            if self.pc.probe(load.key):
+            held = self.pc.probe(load.key)
+            # slices whose page the expert's page group shares: cached or not as a group
+            shared = 0 if self.readahead else self.pc.shared_missing(load.key)
+            if held and not shared:
                 requests = cold_bytes = cold_pieces = 0
+            elif held:
+                # the bundle is held but a group partner's eviction dropped the shared pages:
+                # those slices alone read cold (engine.store classes the load cold)
+                requests, cold_bytes, cold_pieces = shared, shared * PAGE, load.pieces
             else:
-                # without readahead every range is its own device request
-                requests = 1 if self.readahead else syscalls
+                # without readahead every range is its own device request, but for the
+                # slices in a shared page that is cached
+                requests = 1 if self.readahead else \
+                    syscalls - (self.pc.shared_reads - shared)
                 cold_bytes = load.nbytes + self._edge_bytes(load)
                 cold_pieces = 1 if self.readahead else load.pieces
-        kernel = cold_pieces * self.cold_overhead  # faults and the copy: inside pread
-        if self.copy_bps:
-            kernel += load.nbytes / self.copy_bps
+        # the fault work of the requests that go to the device (all of them, measured)
+        cold_share = requests / syscalls if load.expert >= 0 and not self.readahead else 1.0
+        faults = cold_pieces * self.cold_overhead * cold_share
+        copy = load.nbytes / self.copy_bps if self.copy_bps else 0.0
+        kernel = faults + copy  # inside pread
         python = load.pieces * self.overhead
         # the measured CPU of a cold bundle read that the parts above leave out (module doc)
-        beside = max(self.cold_read_cpu * load.nbytes / self.bundle_bytes - kernel - python,
-                     0.0) if cold_bytes and load.expert >= 0 else 0.0
+        beside = max(self.cold_read_cpu * cold_share * load.nbytes / self.bundle_bytes - kernel
+                     - python, 0.0) if cold_bytes and load.expert >= 0 else 0.0
+        fill = cold_bytes > 0 and not held
         if (self.gil.enabled and self.slices_take_the_gil and cold_bytes and syscalls > 1
-                and requests == syscalls):
-            evicted = yield from self._by_syscall(load, thread, syscalls, cold_bytes, kernel,
-                                                  python, beside)
+                and (requests == syscalls or not self.readahead)):
+            evicted = yield from self._by_syscall(load, thread, syscalls, requests, cold_bytes,
+                                                  faults, copy, python, beside, fill)
         else:
             evicted = 0
             if cold_bytes:
                 yield from self._device_read(cold_bytes, requests, thread, beside)
                 yield from self._woken()
-                evicted = self._fill(load)
+                evicted = self._fill(load) if fill else 0
             if not cold_bytes and self.gil.enabled and self.slices_take_the_gil:
                 # a warm pread returns before a waiting thread is awake: the whole load,
                 # its copies too, holds the GIL (_by_syscall)
@@ -183,10 +198,12 @@ class Fetcher:
         thread could take the GIL (as a warm pread, see _by_syscall), so the drops hold it."""
         yield from self.gil.run(self.cores, evicted * self.evict_s, thread)
 
-    def _by_syscall(self, load: Load, thread: str, syscalls: int, cold_bytes: int,
-                    kernel: float, python: float, beside: float = 0.0) -> Generator:
-        """A cold load as the engine does it, one pread per tensor slice: each pread waits on
-        the device and lets go of the GIL meanwhile, long enough for a waiting thread to take
+    def _by_syscall(self, load: Load, thread: str, syscalls: int, requests: int,
+                    cold_bytes: int, faults: float, copy: float, python: float,
+                    beside: float = 0.0, fill: bool = True) -> Generator:
+        """A cold load as the engine does it, one pread per tensor slice: each pread that goes
+        to the device (`requests` of the `syscalls`; the others find their pages cached)
+        waits on it and lets go of the GIL meanwhile, long enough for a waiting thread to take
         it, so a read that lands while another thread runs Python waits for it once per slice,
         not once per load. The load's Python comes in syscalls + 1 equal parts: one before the
         first pread (engine.store._load finds the ranges, the views and the bundle's residency
@@ -194,20 +211,25 @@ class Fetcher:
         after each. (A warm pread returns in microseconds, before a waiting thread is even
         awake: a GIL hand-over, the hardware's gil_handoff_ms, is about 0.04 ms median here,
         so a warm load keeps the GIL, as a load always did in the sim.) Without a holder it
-        costs what the one-shot load does (tests/test_sim_mechanisms.py). Returns how many
-        bundles the page-cache fill pushed out."""
-        share, evicted = cold_bytes // syscalls, 0
+        costs what the one-shot load does (tests/test_sim_mechanisms.py). Each pread copies
+        its share of the bytes; the fault work is the device requests'. With `fill` the
+        bundle enters the page cache after its last request; returns how many bundles that
+        pushed out."""
+        requests = max(min(requests, syscalls), 1)
+        share, evicted = cold_bytes // requests, 0
         python /= syscalls + 1
         yield from self.gil.run(self.cores, python, thread)
         for i in range(syscalls):
-            last = i == syscalls - 1
-            yield from self._device_read(cold_bytes - share * i if last else share, 1, thread,
-                                         beside / syscalls)
-            yield from self._woken()
-            if last:
-                evicted = self._fill(load)
+            if i < requests:
+                last = i == requests - 1
+                yield from self._device_read(cold_bytes - share * i if last else share, 1,
+                                             thread, beside / requests)
+                yield from self._woken()
+                if last and fill:
+                    evicted = self._fill(load)
+            kernel = copy / syscalls + (faults / requests if i < requests else 0.0)
             if kernel > 0:
-                yield self.cores.work(kernel / syscalls, thread)
+                yield self.cores.work(kernel, thread)
             yield from self.gil.run(self.cores, python, thread)
         return evicted
 

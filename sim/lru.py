@@ -4,6 +4,7 @@ and the engine's bundle LRU. Keys are ints (layer * experts + expert) to keep lo
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 
@@ -18,6 +19,7 @@ class LRU:
         self.misses = 0
         self.evictions = 0
         self.peak_items = 0
+        self.on_evict: Callable[[int], None] | None = None  # told each key pushed out
 
     @property
     def capacity_bytes(self) -> int:
@@ -57,8 +59,10 @@ class LRU:
             return
         items[key] = value
         if len(items) > self.capacity:
-            items.popitem(last=False)
+            old, _ = items.popitem(last=False)
             self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(old)
         elif len(items) > self.peak_items:
             self.peak_items = len(items)
 

@@ -96,6 +96,19 @@ def paged_bundle_bytes(manifest: dict[str, Any]) -> float:
     return total / experts if experts else 0.0
 
 
+def shared_page_slices(manifest: dict[str, Any]) -> tuple[int, int]:
+    """(slices, group) over the first MoE layer: a bundle's tensor slices smaller than a page
+    that share their page with the same slice of `group` - 1 other experts (page-aligned
+    tensors whose stride divides the page; expert e's group is e // group). With several such
+    strides, the smallest group: a page is taken as cached only when one of those experts
+    read it. (0, 1) when no slice shares a page this way (a larger slice's edge pages are
+    device_bundle_bytes' concern)."""
+    groups = [PAGE // int(t["stride"]) for t in manifest["layers"][0]["tensors"].values()
+              if int(t["stride"]) < PAGE and PAGE % int(t["stride"]) == 0
+              and int(t["offset"]) % PAGE == 0]
+    return (len(groups), min(groups)) if groups else (0, 1)
+
+
 def unembed_bytes(path: Path, tied: bool) -> int:
     """Bytes of the output projection as held on CPU: lm_head (with its scales and biases when
     quantized), or the token embedding when the two are tied."""
@@ -129,6 +142,7 @@ def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | Non
     layers = int(cfg.get("num_hidden_layers") or len(m["layers"]))
     moe = len(m["layers"])
     reads = len(m["layers"][0]["tensors"])
+    shared, group = shared_page_slices(m)
     resident_path = model_dir / RESIDENT
     if not resident_path.is_file():
         raise BadInput(f"{resident_path}: missing")
@@ -173,6 +187,11 @@ def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | Non
         "whole_layer_reads": (reads, f"{src}: {reads} tensors in the first MoE layer file"),
         "bundle_reads": (reads, f"{src}: a bundle is {reads} tensor slices, each its own pread "
                          "(engine.store: no readahead)"),
+        **({"shared_page_reads": (shared, (
+            f"{src}: {shared} of the {reads} slices are smaller than a {PAGE}-byte page and "
+            f"share it with {group - 1} other expert(s)' (sim.page_cache)")),
+            "page_group": (group, f"{src}: {PAGE}-byte page / the largest such slice stride")}
+           if shared else {}),
     }
 
 

@@ -31,7 +31,7 @@ from sim.throttle import THROTTLE_KINDS
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
 OPTIONAL = {"description", "whole_layer_reads", "bundle_reads", "unembed_bytes",
-            "device_bundle_bytes",
+            "device_bundle_bytes", "shared_page_reads", "page_group",
             "lora_bytes", "lora_build_ms", "fill_ms_per_layer",
             "routing_k", "routing_reuse", "routing_skew", "routing_recall",
             "routing_recall_window",
@@ -116,6 +116,8 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
                       "must start at 1.0 (one read in flight) and stay > 0 (empty: not measured)"),
     "unembed_bytes": (_nonneg, "must be >= 0"),
     "device_bundle_bytes": (_nonneg, "must be >= 0 (0 = bundle_bytes)"),
+    "shared_page_reads": (_nonneg, "must be >= 0 (0 = no slice shares a page)"),
+    "page_group": (_positive, "must be >= 1 (1 = no page shared between experts)"),
     "routing_k": (lambda v: all(k >= 1 for k in v) and v == sorted(set(v)),
                   "must list distinct K >= 1 in ascending order"),
     "routing_reuse": (lambda v: all(0 <= x <= 1 for x in v), "must be in [0, 1]"),
@@ -291,6 +293,9 @@ def check_model(where: str, m: ModelProfile) -> None:
     if m.unembed_bytes > m.resident_bytes:
         raise BadInput(f"{where}: unembed_bytes: {m.unembed_bytes} is more than resident_bytes "
                        f"({m.resident_bytes}), of which it is a part")
+    if m.shared_page_reads > m.bundle_reads:
+        raise BadInput(f"{where}: shared_page_reads: {m.shared_page_reads} is more than "
+                       f"bundle_reads ({m.bundle_reads}), of which they are a part")
     if not 1 <= m.k <= m.experts:
         raise BadInput(f"{where}: k: {m.k} must be in 1..experts ({m.experts})")
     no_heads = (m.consumer_first, m.consumer_last) == (-1, -1)

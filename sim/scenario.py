@@ -135,6 +135,10 @@ class ModelProfile:
     # range (the streaming layout reads a bundle's tensor slices one pread each)
     device_bundle_bytes: int = 0  # bytes a cold bundle read moves from the device: its ranges
     # rounded out to whole pages, as the kernel reads them (0: bundle_bytes)
+    shared_page_reads: int = 0  # of bundle_reads, the slices smaller than a page that share it
+    # with the same slice of the other experts of their page group: no device request while
+    # that page is cached (sim.page_cache)
+    page_group: int = 1  # experts a shared page holds (expert e's group: e // page_group)
     # routing statistics fitted to traces (sim.routing_fit, `sim profile-model --trace`), one
     # entry per K the model was captured at; synthetic routing at another K interpolates
     # linearly between them (the nearest outside), when a scenario says routing_stats = "model"
