@@ -92,7 +92,7 @@ def _task_cpu_ms(pid: int) -> dict[str, float]:
     return {task: s["run_ms"] for task, s in thread_stats(pid).items()}
 
 
-def _scratch(path: Path) -> int:
+def open_scratch(path: Path) -> int:
     with open(path, "wb") as f:
         f.write(os.urandom(SCRATCH_BYTES))
         f.flush()
@@ -144,7 +144,7 @@ def measure_core_wait(model_dir: Path, scratch_dir: Path, *, reads: int = READS,
     if cores is None:
         cores = len(os.sched_getaffinity(0))
     scratch = Path(scratch_dir) / "core_wait_probe.scratch"
-    fd = _scratch(scratch)
+    fd = open_scratch(scratch)
     beside: list[tuple[float, float]] = []
     alone: list[tuple[float, float]] = []
     shares: list[list[float]] = []

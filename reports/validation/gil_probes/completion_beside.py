@@ -13,7 +13,7 @@ spinners give the reader's own CPU alone, which is what calibrate's cold_read_cp
 
 Used for the README's "tried and not adopted" (2026-12-04): modelling the completion work as
 CPU on a busy core, on top of the isolated cold_read_cpu_ms the sim already charges, counts
-most of it twice.
+part of it twice: beside busy cores the reader's own CPU falls by about as much.
 
     uv run python reports/validation/gil_probes/completion_beside.py [PAIRS]   # 40: ~25 s
 """
