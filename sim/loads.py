@@ -122,6 +122,15 @@ class Fetcher:
         right = e == self.experts - 1 or not self.pc.holds(key + 1)
         return side * left + (extra - side) * right
 
+    def _cold_bytes(self, load: Load, shared: int) -> int:
+        """Bytes a cold bundle read moves from the device. With page sharing (sim.page_cache)
+        its own slices' pages, and the shared pages only where they are not cached (`shared`
+        of those slices missing); otherwise its bytes and the edge pages (_edge_bytes)."""
+        if not self.pc.shared_reads:
+            return load.nbytes + self._edge_bytes(load)
+        own = max(self.device_bytes - self.pc.shared_reads * PAGE, PAGE)
+        return own * load.nbytes // self.bundle_bytes + shared * PAGE
+
     def perform(self, load: Load, thread: str) -> Generator:
         """Run `load` now on `thread` (a SimPy sub-process: `yield from`)."""
         env = self.env
@@ -152,7 +161,7 @@ class Fetcher:
                 # slices in a shared page that is cached
                 requests = 1 if self.readahead else \
                     syscalls - (self.pc.shared_reads - shared)
-                cold_bytes = load.nbytes + self._edge_bytes(load)
+                cold_bytes = self._cold_bytes(load, shared)
                 cold_pieces = 1 if self.readahead else load.pieces
         # the fault work of the requests that go to the device (all of them, measured)
         cold_share = requests / syscalls if load.expert >= 0 and not self.readahead else 1.0

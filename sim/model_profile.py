@@ -102,11 +102,13 @@ def shared_page_slices(manifest: dict[str, Any]) -> tuple[int, int]:
     tensors whose stride divides the page; expert e's group is e // group). With several such
     strides, the smallest group: a page is taken as cached only when one of those experts
     read it. (0, 1) when no slice shares a page this way (a larger slice's edge pages are
-    device_bundle_bytes' concern)."""
+    device_bundle_bytes' concern), or when every slice is one."""
     groups = [PAGE // int(t["stride"]) for t in manifest["layers"][0]["tensors"].values()
               if int(t["stride"]) < PAGE and PAGE % int(t["stride"]) == 0
               and int(t["offset"]) % PAGE == 0]
-    return (len(groups), min(groups)) if groups else (0, 1)
+    slices = len(manifest["layers"][0]["tensors"])
+    # a bundle of shared slices alone is not modelled (sim.profiles.check_model)
+    return (len(groups), min(groups)) if groups and len(groups) < slices else (0, 1)
 
 
 def unembed_bytes(path: Path, tied: bool) -> int:

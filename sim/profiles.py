@@ -293,9 +293,10 @@ def check_model(where: str, m: ModelProfile) -> None:
     if m.unembed_bytes > m.resident_bytes:
         raise BadInput(f"{where}: unembed_bytes: {m.unembed_bytes} is more than resident_bytes "
                        f"({m.resident_bytes}), of which it is a part")
-    if m.shared_page_reads > m.bundle_reads:
-        raise BadInput(f"{where}: shared_page_reads: {m.shared_page_reads} is more than "
-                       f"bundle_reads ({m.bundle_reads}), of which they are a part")
+    if m.shared_page_reads and m.shared_page_reads >= m.bundle_reads:
+        raise BadInput(f"{where}: shared_page_reads: {m.shared_page_reads} must be less than "
+                       f"bundle_reads ({m.bundle_reads}), of which they are a part (a bundle "
+                       "of shared slices alone is not modelled)")
     if not 1 <= m.k <= m.experts:
         raise BadInput(f"{where}: k: {m.k} must be in 1..experts ({m.experts})")
     no_heads = (m.consumer_first, m.consumer_last) == (-1, -1)

@@ -64,7 +64,9 @@ def test_the_profile_counts_slices_that_share_an_aligned_page():
     # a slice that does not divide the page, or a tensor off a page boundary: not counted
     assert shared_page_slices(manifest((4096, 16384), (8192, 3000), (10240, 2048))) == (0, 1)
     # several small strides: the smallest group (a page cached only via its nearest experts)
-    assert shared_page_slices(manifest((0, 1024), (8192, 2048))) == (2, 2)
+    assert shared_page_slices(manifest((0, 16384), (1 << 20, 1024), (2 << 20, 2048))) == (2, 2)
+    # every slice shares a page: not modelled
+    assert shared_page_slices(manifest((0, 1024), (8192, 2048))) == (0, 1)
 
 
 def test_more_shared_slices_than_preads_is_one_line(tmp_path):
@@ -77,7 +79,7 @@ def test_more_shared_slices_than_preads_is_one_line(tmp_path):
         "consumer_first = -1", "consumer_last = -1", "heads = 0", "head_bytes = 0",
         "build_ms_per_layer = 0.1", "head_build_ms = 0.0", "bundle_reads = 3",
         "shared_page_reads = 4", "page_group = 2"]))
-    with pytest.raises(BadInput, match="shared_page_reads: 4 is more than bundle_reads"):
+    with pytest.raises(BadInput, match="shared_page_reads: 4 must be less than bundle_reads"):
         load_model(str(path))
 
 
@@ -97,20 +99,25 @@ def test_the_page_cache_keeps_a_groups_shared_page_until_one_of_it_is_pushed_out
     assert PageCache(3000, 1000, 6, shared_reads=6, page_group=4).shared_missing(4) == 0
 
 
-def _reads(shared_reads: int) -> list[tuple[int, float, bool]]:
+BUNDLE = 3 * 4096 + 6 * 2048  # three slices of a page, six of half a page
+PAGED = 9 * 4096  # its ranges rounded out to pages
+
+
+def _reads(shared_reads: int, latency_s: float = 0.0001, bandwidth: float = 1e12
+           ) -> list[tuple[int, float, bool]]:
     """Loads of experts 4, 5, 6, 7 then 5 again, through a page cache of three bundles: 9
-    preads a bundle, 6 of them in pages two experts share, 0.1 ms a request, no CPU. (expert,
-    wall ms, cold) each."""
+    preads a bundle, 6 of them in pages two experts share, no CPU. (expert, wall ms, cold)
+    each."""
     env = simpy.Environment()
     hw = hardware(load_overhead_ms=0.0, cold_overhead_ms=0.0, memcpy_gbps=0.0, readahead=False)
-    pc = PageCache(3 * 1000, 1000, 8, shared_reads=shared_reads, page_group=2)
-    f = Fetcher(env, hw, Device(0.0001, 1e12), pc, Cores(env, 0), 8, 1000,
+    pc = PageCache(3 * BUNDLE, BUNDLE, 8, shared_reads=shared_reads, page_group=2)
+    f = Fetcher(env, hw, Device(latency_s, bandwidth), pc, Cores(env, 0), 8, BUNDLE, PAGED,
                 gil=Gil(env, True), bundle_reads=9)
     out = []
 
     def run():
         for e in (4, 5, 6, 7, 5):
-            load = Load(0, 0, e, e, 1000, 1, "demand", env.now, env.event())
+            load = Load(0, 0, e, e, BUNDLE, 1, "demand", env.now, env.event())
             yield from f.perform(load, "main")
             out.append((e, round((load.finished - load.started) * 1e3, 4), load.cold))
 
@@ -130,3 +137,10 @@ def test_reads_skip_the_shared_pages_a_partner_cached_and_reread_them_once_dropp
     # without sharing: every cold bundle is nine requests, a held one warm
     assert _reads(0) == [(4, 0.9, True), (5, 0.9, True), (6, 0.9, True), (7, 0.9, True),
                          (5, 0.0, False)]
+
+
+def test_the_bytes_read_are_the_pages_missing():
+    # no latency, a page a millisecond: the whole paged bundle, then its own three pages, ...,
+    # then the six shared pages alone
+    assert _reads(6, 0.0, 4096e3) == [(4, 9.0, True), (5, 3.0, True), (6, 9.0, True),
+                                      (7, 3.0, True), (5, 6.0, True)]

@@ -13,7 +13,8 @@ spinners give the reader's own CPU alone, which is what calibrate's cold_read_cp
 
 Used for the README's "tried and not adopted" (2026-12-04): modelling the completion work as
 CPU on a busy core, on top of the isolated cold_read_cpu_ms the sim already charges, counts
-part of it twice: beside busy cores the reader's own CPU falls by about as much.
+part of it twice: beside busy cores the reader's own CPU fell by 0.08-0.12 ms a read while the
+completion work was 0.10-0.26 ms (three runs, 16:08-16:10 UTC: noisy).
 
     uv run python reports/validation/gil_probes/completion_beside.py [PAIRS]   # 40: ~25 s
 """
