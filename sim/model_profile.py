@@ -191,7 +191,7 @@ def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | Non
                          "(engine.store: no readahead)"),
         **({"shared_page_reads": (shared, (
             f"{src}: {shared} of the {reads} slices are smaller than a {PAGE}-byte page and "
-            f"share it with {group - 1} other expert(s)' (sim.page_cache)")),
+            f"share it with {group - 1} other expert(s) (sim.page_cache)")),
             "page_group": (group, f"{src}: {PAGE}-byte page / the largest such slice stride")}
            if shared else {}),
     }
