@@ -13,8 +13,8 @@ spinners give the reader's own CPU alone, which is what calibrate's cold_read_cp
 
 Used for the README's "tried and not adopted" (2026-12-04): modelling the completion work as
 CPU on a busy core, on top of the isolated cold_read_cpu_ms the sim already charges, counts
-part of it twice: beside busy cores the reader's own CPU fell by 0.08-0.12 ms a read while the
-completion work was 0.10-0.26 ms (three runs, 16:08-16:10 UTC: noisy).
+part of it twice: beside busy cores the reader's own CPU fell by 0.08-0.17 ms a read while the
+completion work was 0.05-0.26 ms (six runs, 16:16-16:20 and 18:11-18:12 UTC: noisy).
 
     uv run python reports/validation/gil_probes/completion_beside.py [PAIRS]   # 40: ~25 s
 """
@@ -131,7 +131,12 @@ def measure(scratch_dir: Path, pairs: int) -> dict[str, float] | None:
 
 
 if __name__ == "__main__":
-    found = measure(ROOT / "models", int(sys.argv[1]) if len(sys.argv) > 1 else PAIRS)
+    where = ROOT / "models"  # the scratch file goes beside the models, on the same disk
+    if not where.is_dir():
+        sys.exit(f"completion_beside: {where}: no such directory (make the models first)")
+    if len(sys.argv) > 1 and not (sys.argv[1].isdigit() and int(sys.argv[1]) >= 4):
+        sys.exit(f"completion_beside: PAIRS must be a whole number >= 4, not {sys.argv[1]!r}")
+    found = measure(where, int(sys.argv[1]) if len(sys.argv) > 1 else PAIRS)
     if found is None:
         sys.exit("completion_beside: Linux only (page drops, affinity)")
     f = found
