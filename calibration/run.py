@@ -111,6 +111,11 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
             compute.idle_how = (
                 "sleeps of " + ", ".join(f"{s:g} ms every {n} steps" for s, n in ARMS if n)
                 + f" vs none, page cache warm, {found.rounds} rounds rotated")
+    if (model_dir / "manifest.json").is_file():
+        from calibration.queue_depth import measure as measure_queue_depth
+
+        measure_queue_depth(model_dir, scratch, rounds=1 if quick else 3,
+                            depths=(1, 2) if quick else (1, 2, 3, 4, 6, 8))
     build_how = (f"measured {when}: graph building of one decode step / {compute.layers} layers, "
                  f"experts resident behind the engine's kernel (no reads, no syncs), 10th "
                  f"percentile of the steps; the engine's paths add main-thread work per layer ("

@@ -33,6 +33,10 @@ LEADS = ("none", "token", "layer")
 DTYPES = ("auto", "float32", "source")
 PHASES = ("prefill", "decode")
 HOT_FRACTION = 0.25  # default hot LRU budget: this fraction of all expert bytes
+# Reads in flight (reader threads): the default is the model directory's calibrated queue
+# depth (engine.queue_depth, written by `ssdmoe calibrate --model DIR`), else this.
+DEFAULT_READERS = 2
+MAX_READERS = 64  # more threads than any device queue worth filling from one process
 
 PRESETS: dict[str, dict] = {
     "on-demand": {"prefill": "exact", "decode": "exact"},
@@ -49,7 +53,8 @@ class EngineConfig:
     layers: dict[int, dict[str, str]] = field(default_factory=dict)  # {layer: {phase: path}}
     hot_bytes: int | None = None  # hot LRU budget in bytes; None: HOT_FRACTION of the experts
     staged_headroom: int | None = None  # staged slots = K + headroom; None: K (double buffer)
-    readers: int = 2  # reader threads
+    readers: int | None = None  # reads in flight (reader threads); None: engine.queue_depth
+    readers_source: str = ""  # where the reader count came from (set when it is resolved)
     help_reads: bool = True  # main thread does a needed read no reader has started yet
     o_direct: bool = False
     page_cache_budget: int | None = None  # bytes of expert pages kept in the page cache
@@ -78,8 +83,10 @@ class EngineConfig:
             bad = set(d) - set(PHASES)
             if bad:
                 raise BadInput(f"engine config: layer {i}: unknown phase {sorted(bad)[0]!r}")
-        if self.readers < 1:
-            raise BadInput(f"engine config: readers must be >= 1, got {self.readers}")
+        if self.readers is not None and not (
+                isinstance(self.readers, int) and 1 <= self.readers <= MAX_READERS):
+            raise BadInput(f"engine config: readers (--readers, reads in flight) must be an "
+                           f"integer from 1 to {MAX_READERS}, got {self.readers!r}")
         if self.prerouter is False:  # run.json files written before the prerouter existed
             self.prerouter = None
         if self.prerouter is not None:

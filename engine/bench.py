@@ -70,6 +70,17 @@ STREAMING = {"on-demand": "on-demand", "hot": "hot", "staged": "staged",
              "staged-oracle": "staged", "staged-layer": "staged", "staged-prerouter": "staged",
              "staged-prerouter-lora": "staged"}
 PROMPTS = Path(__file__).resolve().parents[1] / "traces" / "prompts" / "default.jsonl"
+BEFORE = "@before"  # suffix of an arm run on BenchSpec.before (the same model converted otherwise)
+
+
+def base_arm(arm: str) -> str:
+    return arm.removesuffix(BEFORE)
+
+
+def all_arms(spec: BenchSpec) -> list[str]:
+    """The arms a run times: the given ones, then with `before` each streaming one again on it."""
+    extra = [a + BEFORE for a in spec.arms if a in STREAMING] if spec.before else []
+    return list(spec.arms) + extra
 
 
 @dataclass
@@ -88,6 +99,10 @@ class BenchSpec:
     seed: int = DECODE_SEED
     read_mbps: float | None = None  # block-I/O read throttle of each arm's worker
     read_iops: int | None = None
+    readers: int | None = None  # reads in flight (None: the model's queue_depth.json)
+    # the same model converted otherwise (e.g. `convert --layout stacked`): every streaming
+    # arm also runs on it, as ARM@before, in the same rounds, and is paired with ARM
+    before: str | None = None
 
 
 # ---------------------------------------------------------------- helpers (no MLX)
@@ -192,6 +207,11 @@ def summarize_arm(runs: list[dict]) -> dict:
     def per_round(r: dict) -> dict:
         ps = r["prompts"]
         steps = sum(p["decode_steps"] for p in ps)
+        loads = sum(p.get("decode_loads", 0) for p in ps)
+        cold = sum(p.get("decode_cold_loads", 0) for p in ps)
+        syscalls = [p.get("decode_read_syscalls", -1) for p in ps]
+        device = [p.get("decode_device_reads", -1) for p in ps]
+        cold_ms = [t for p in ps for t in p.get("cold_load_ms", [])]
         dec_s = sum(p["decode_s"] for p in ps)
         return {
             "decode_tok_s": steps / dec_s if dec_s > 0 else 0.0,
@@ -206,6 +226,13 @@ def summarize_arm(runs: list[dict]) -> dict:
             "peak_mlx_bytes": r["peak_mlx_bytes"], "peak_rss_bytes": r["peak_rss_bytes"],
             "cache_hits": r["stats"].get("cache_hits", 0),
             "cache_misses": r["stats"].get("cache_misses", 0),
+            # the kernel's counts over decode: read system calls per load (every thread of
+            # the process), the device's completed reads per cold load (every process's)
+            "read_syscalls_per_load": sum(syscalls) / loads
+            if loads and min(syscalls, default=-1) >= 0 else float("nan"),
+            "device_reads_per_cold_load": sum(device) / cold
+            if cold and min(device, default=-1) >= 0 else float("nan"),
+            "cold_load_ms": statistics.median(cold_ms) if cold_ms else float("nan"),
         }
     rows = [per_round(r) for r in runs]
     out = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
@@ -215,6 +242,17 @@ def summarize_arm(runs: list[dict]) -> dict:
         out["lora_load_s"] = statistics.median(r["lora_load_s"] for r in runs)
         out["lora_bytes"] = runs[0]["lora_bytes"]
     return out
+
+
+def add_before_ratios(summary: dict[str, dict]) -> None:
+    """ARM over ARM@before, paired within rounds (both ran in the same round), then the
+    median: what the conversion changed, with the machine's drift cancelled."""
+    for arm, s in summary.items():
+        b = summary.get(arm + BEFORE)
+        if b is not None:
+            s["over_before_paired"] = statistics.median(
+                x / y for x, y in zip(s["decode_tok_s_rounds"], b["decode_tok_s_rounds"],
+                                      strict=True))
 
 
 def add_bounds(summary: dict[str, dict], bandwidth: float) -> None:
@@ -245,23 +283,30 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
     bandwidth = disk_bandwidth(files)
     if spec.read_mbps is not None:  # the throttle is the device the arms see
         bandwidth = min(bandwidth, spec.read_mbps * 1e6)
-    runs: dict[str, list[dict]] = {a: [] for a in spec.arms}
+    if spec.readers is None:  # one count for every arm, ARM@before too: the model's default
+        from engine.manifest import read_manifest
+        from engine.queue_depth import default_readers
+
+        spec.readers = default_readers(model, read_manifest(model).bundle_bytes)[0]
+    arms = all_arms(spec)
+    runs: dict[str, list[dict]] = {a: [] for a in arms}
     order_log = []
     tokens: dict[str, list] = {}
     with tempfile.TemporaryDirectory(prefix="ssdmoe-bench-") as tmp:
         for r in range(spec.rounds):
-            order = spec.arms[r % len(spec.arms):] + spec.arms[:r % len(spec.arms)]
+            order = arms[r % len(arms):] + arms[:r % len(arms)]
             order_log.append(order)
             for arm in order:
                 if progress:
                     progress(f"round {r + 1}/{spec.rounds}: {arm}")
-                if arm in STREAMING and spec.page_cache_budget is None:
-                    warm_files(files)
+                if base_arm(arm) in STREAMING and spec.page_cache_budget is None:
+                    warm_files(expert_files(Path(spec.before)) if arm.endswith(BEFORE)
+                               else files)
                 result = _spawn(arm, spec, Path(tmp))
                 runs[arm].append(result)
                 tokens.setdefault(arm, [p["tokens"] for p in result["prompts"]])
     # the predicted-routing arms run the base model with other routing: other tokens
-    same = {a: t for a, t in tokens.items() if a not in PREDICTED}
+    same = {a: t for a, t in tokens.items() if base_arm(a) not in PREDICTED}
     ref = next(iter(same.values()), None)
     agreement = {}
     for arm in PREDICTED:
@@ -273,7 +318,9 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
 
     return resummarize({
         "model": str(model), "manifest_sha256": sha256_file(model / MANIFEST_FILE),
-        "arms": spec.arms, "rounds": spec.rounds,
+        "arms": arms, "rounds": spec.rounds, "before": spec.before,
+        "before_manifest_sha256": sha256_file(Path(spec.before) / MANIFEST_FILE)
+        if spec.before else None, "readers": spec.readers,
         "max_tokens": spec.max_tokens, "prompts": spec.prompts,
         "page_cache_budget": spec.page_cache_budget, "expert_bytes": expert_bytes(model),
         "disk_bandwidth_bytes_s": bandwidth, "order": order_log,
@@ -292,6 +339,7 @@ def resummarize(result: dict) -> dict:
     """(Re)compute `summary` from the raw per-round `runs` of a result."""
     result["summary"] = {a: summarize_arm(result["runs"][a]) for a in result["arms"]}
     add_bounds(result["summary"], result["disk_bandwidth_bytes_s"])
+    add_before_ratios(result["summary"])
     result["lora_cost"] = lora_cost(result["summary"])
     return result
 
@@ -313,8 +361,10 @@ def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
 
     spec_file, out_file = tmp / f"{arm}.spec.json", tmp / f"{arm}.out.json"
     out_file.unlink(missing_ok=True)
+    model = spec.before if arm.endswith(BEFORE) else spec.model
     spec_file.write_text(json.dumps({
-        "arm": arm, "model": spec.model, "prompts": spec.prompts, "max_tokens": spec.max_tokens,
+        "arm": base_arm(arm), "model": model, "prompts": spec.prompts,
+        "max_tokens": spec.max_tokens, "readers": spec.readers,
         "page_cache_budget": spec.page_cache_budget, "warmup_tokens": spec.warmup_tokens,
         "temp": spec.temp, "seed": spec.seed, "read_mbps": spec.read_mbps,
         "read_iops": spec.read_iops,
@@ -355,13 +405,23 @@ def table_rows(result: dict) -> list[list[str]]:
             f"{s['peak_mlx_bytes'] / 2**20:.0f}", f"{s['peak_rss_bytes'] / 2**20:.0f}",
             "-" if "bound_tok_s" not in s else f"{s['bound_tok_s']:.1f}",
             "-" if "of_bound" not in s else f"{s['of_bound']:.2f}",
+            _num(s.get("read_syscalls_per_load"), ".2f"),
+            _num(s.get("device_reads_per_cold_load"), ".2f"),
+            _num(s.get("cold_load_ms"), ".3f"),
+            _num(s.get("over_before_paired"), ".2f", "x"),
         ])
     return rows
 
 
 HEADERS = ["arm", "decode tok/s", "prefill tok/s", "vs resident", "paired", "blocked ms/step",
            "CPU ms/step", "loads/step", "cold MiB/step", "MLX peak MiB", "RSS peak MiB",
-           "bound tok/s", "of bound"]
+           "bound tok/s", "of bound", "read calls/load", "device reads/cold load",
+           "cold load ms", "vs @before"]
+
+
+def _num(v, fmt: str, unit: str = "") -> str:
+    """A figure for the table: '-' where absent or unknown (nan)."""
+    return "-" if v is None or v != v else f"{v:{fmt}}{unit}"
 
 
 def markdown_table(result: dict) -> str:

@@ -25,6 +25,29 @@ def _rss_peak() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def read_syscalls() -> int:
+    """Read-class system calls this process has made, every thread's (the kernel's count,
+    /proc/self/io syscr); -1 where the kernel does not say."""
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("syscr:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def device_reads(path: str) -> int:
+    """Reads completed by the block device holding `path` (/sys/dev/block/MAJ:MIN/stat, the
+    first field), every process's: -1 where unknown. A partition counts its own."""
+    try:
+        dev = os.stat(path).st_dev
+        stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat").read_text()
+        return int(stat.split()[0])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
 def _reset_rss_peak() -> None:
     try:
         Path("/proc/self/clear_refs").write_text("5")
@@ -105,28 +128,37 @@ def run_arm(spec: dict) -> dict:
                                           prerouter=spec.get("prerouter")
                                           if arm.startswith("staged-prerouter") else None,
                                           lora=spec.get("lora")
-                                          if arm == "staged-prerouter-lora" else None)
+                                          if arm == "staged-prerouter-lora" else None,
+                                          readers=spec.get("readers"))
         engine = load_streaming(model_dir, config=config, on_load=loads.append)
         model, tok, store, rt = engine.model, engine.tokenizer, engine.store, engine.runtime
     load_s = time.perf_counter() - t_load
 
+    expert_file = str(store.manifest.path(store.manifest.layers[store.manifest.moe_layers[0]]
+                                          .file)) if store is not None else ""
+
     def engine_run(prompt: str, tokens: int, on_step_start=None) -> dict:
-        cpu = []
+        cpu, io = [], []
 
         def on_start(step: int, phase: str, n_tokens: int) -> None:
             if phase == "decode" and not cpu:
                 cpu.append(time.process_time())
+                io.extend((read_syscalls(), device_reads(expert_file)))
             if on_step_start is not None:
                 on_step_start(step, phase, n_tokens)
 
         r = generate(model, tok, prompt, tokens, temp=spec.get("temp", 0.0),
                      seed=spec.get("seed", 0), stop_at_eos=False, runtime=rt,
                      on_step_start=on_start)
+        ended = (read_syscalls(), device_reads(expert_file))
         steps = [s for s in r.steps if s["phase"] == "decode"]
         return {"prompt_tokens": r.prompt_tokens, "prefill_s": r.prefill_s,
                 "decode_s": r.decode_s, "decode_cpu_s": time.process_time() - cpu[0],
                 "decode_steps": len(steps), "tokens": r.tokens,
-                "decode_step_ids": [s["step"] for s in steps]}
+                "decode_step_ids": [s["step"] for s in steps],
+                # the kernel's counts over decode (-1: not known here)
+                "decode_read_syscalls": ended[0] - io[0] if min(io[0], ended[0]) >= 0 else -1,
+                "decode_device_reads": ended[1] - io[1] if min(io[1], ended[1]) >= 0 else -1}
 
     def run(prompt: str, tokens: int, replay=None) -> dict:
         if arm == "resident":
@@ -168,6 +200,9 @@ def run_arm(spec: dict) -> dict:
         r["decode_loads"] = len(rows)
         r["decode_blocked_ns"] = sum(x["wait_ns"] for x in rows)
         r["decode_cold_bytes"] = sum(x["bytes"] for x in rows if x["cold"])
+        r["decode_cold_loads"] = sum(1 for x in rows if x["cold"])
+        r["cold_load_ms"] = [(x["finished_ns"] - x["started_ns"]) / 1e6 for x in rows
+                             if x["cold"]]
         r["decode_bytes"] = sum(x["bytes"] for x in rows)
         results.append(r)
     stats = rt.stats.delta(rt.stats.snapshot(), before) if rt else {}

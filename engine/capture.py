@@ -81,6 +81,7 @@ def load_engine(
     lead: str = "none",
     top_k: int | None = None,
     lora: str | Path | None = None,
+    readers: int | None = None,
 ):
     """-> the Engine (engine.engine) for `preset`
     (contract.engine_config.PRESETS) with the page-cache budget given in MiB or as a fraction of the
@@ -97,6 +98,7 @@ def load_engine(
         lead = "token"
     config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget,
                                       lookahead=lookahead, lead_kind=lead, top_k=top_k,
+                                      readers=readers,
                                       prerouter=None if prerouter is None else str(prerouter),
                                       lora=None if lora is None else str(lora))
     return load_streaming(model_dir, verify=verify, config=config)

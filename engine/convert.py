@@ -9,8 +9,10 @@ Decisions:
 - Streaming: the source is opened with `mx.load` (lazy: a tensor is read when evaluated), one
   shard or many (`model-0000x-of-0000y.safetensors` with its index, checked against the
   shards), each output tensor is evaluated, written and dropped in turn, and safetensors
-  headers are computed up front from the lazy shapes, so peak memory is about one stacked
-  expert tensor, never the model.
+  headers are computed up front from the lazy shapes, so peak memory is about one layer's
+  experts (the bundled layout interleaves a layer's tensors), never the model.
+- The layer files are bundled (one contiguous, aligned range per expert: one vectored read
+  loads it) unless `layout="stacked"` asks for the version-1 layout (engine.manifest).
 - Each written safetensors file has its data section starting at a 4096-byte boundary (the
   header is padded with spaces, which the format allows), for O_DIRECT whole-tensor reads.
 """
@@ -24,11 +26,14 @@ from importlib import import_module
 from pathlib import Path
 
 from contract.errors import BadInput, read_json_object
+from contract.thresholds import ALIGN
 from engine import expert_quant
 from engine.archs import ARCHS, arch_for
+from engine.layer_file import stacked_experts
 from engine.manifest import (
     CONFIG_FILE,
     EXPERTS_DIR,
+    LAYOUTS,
     MANIFEST_FILE,
     RESIDENT_FILE,
     FileEntry,
@@ -182,11 +187,12 @@ def _copy_side_files(src: Path, dst: Path) -> list[str]:
 
 def convert(src: Path, dst: Path, bits: int | None = None, group_size: int | None = None,
             requantize: bool = False, float32: bool | None = None,
-            progress: Progress | None = None) -> Manifest:
+            progress: Progress | None = None, layout: str = "bundled") -> Manifest:
     """Convert the mlx-lm MoE checkpoint directory `src` into the streaming layout at `dst`.
     `bits` / `group_size`: of a float checkpoint's experts (default 4 / 64), or of a quantized
     one's with `requantize`. `float32`: write float scales and biases as float32 (None: when
-    MLX runs on its CPU backend, engine.device)."""
+    MLX runs on its CPU backend, engine.device). `layout`: "bundled" (one contiguous range
+    per expert) or "stacked" (the version-1 layout, one tensor per name: engine.manifest)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -194,6 +200,8 @@ def convert(src: Path, dst: Path, bits: int | None = None, group_size: int | Non
 
     src, dst = Path(src), Path(dst)
     say = progress or (lambda _msg: None)
+    if layout not in LAYOUTS:
+        raise BadInput(f"convert: layout {layout!r} unknown (one of: {', '.join(LAYOUTS)})")
     if not src.is_dir():
         raise BadInput(f"{src}: not a directory")
     cfg_path = src / CONFIG_FILE
@@ -249,13 +257,28 @@ def convert(src: Path, dst: Path, bits: int | None = None, group_size: int | Non
         tensors = expert_quant.layer_tensors(weights, layers[i], switch_glu_of(model, mt, i),
                                              quant)
         scales_dtype = dtype_name(tensors["gate_proj.scales"].dtype)
-        specs = [(k, tuple(v.shape), dtype_name(v.dtype)) for k, v in tensors.items()]
-        files[rel], offsets = write_safetensors(
-            dst / rel, specs, lambda k, t=tensors, f=shard: _evaluated(t.pop(k), f, k))
-        entry = {k: TensorEntry(offsets[k], nbytes_of(shape[1:], dt), list(shape), dt)
-                 for k, shape, dt in specs}
+        stacked = {k: (tuple(v.shape), dtype_name(v.dtype)) for k, v in tensors.items()}
+        if layout == "stacked":
+            specs = [(k, shape, dt) for k, (shape, dt) in stacked.items()]
+            files[rel], offsets = write_safetensors(
+                dst / rel, specs, lambda k, t=tensors, f=shard: _evaluated(t.pop(k), f, k))
+            entry = {k: TensorEntry(offsets[k], nbytes_of(shape[1:], dt), list(shape), dt,
+                                    nbytes_of(shape[1:], dt))
+                     for k, (shape, dt) in stacked.items()}
+        else:
+            for k in list(tensors):  # the layer's experts in memory at once: a file per layer
+                tensors[k] = _evaluated(tensors[k], shard, k)
+            specs = bundled_specs(stacked)
+            files[rel], offsets = write_safetensors(
+                dst / rel, specs, lambda k, t=tensors: _bundle_slice(t, k))
+            stride = offsets[f"experts.1.{next(iter(stacked))}"] - \
+                offsets[f"experts.0.{next(iter(stacked))}"] if num_experts > 1 else 0
+            entry = {k: TensorEntry(offsets[f"experts.0.{k}"], stride, list(shape), dt,
+                                    nbytes_of(shape[1:], dt))
+                     for k, (shape, dt) in stacked.items()}
         entries[i] = LayerEntry(i, ARCHS[mt].moe_attr, rel, entry,
-                                sum(t.stride for t in entry.values()))
+                                sum(t.nbytes for t in entry.values()))
+        del tensors
     mx.clear_cache()
 
     # Config, tokenizer, manifest.
@@ -267,10 +290,38 @@ def convert(src: Path, dst: Path, bits: int | None = None, group_size: int | Non
         model_type=mt, config=out_cfg,
         quantization=expert_quant.manifest_entry(quant, scales_dtype), num_experts=num_experts,
         top_k=int(cfg["num_experts_per_tok"]), layers=entries,
-        files=files, resident_quantization=src_q, source=str(src), root=dst,
+        files=files, resident_quantization=src_q, source=str(src), layout=layout, root=dst,
     )
     write_manifest(manifest, dst)
     return manifest
+
+
+def bundled_specs(stacked: dict[str, tuple[tuple[int, ...], str]]
+                  ) -> list[tuple[str, tuple[int, ...], str]]:
+    """A bundled layer file's tensors in file order: per expert its slices (`experts.{e}.{name}`,
+    the stacked tensor's shape without E), then `experts.{e}.pad` (uint8) up to the next ALIGN
+    boundary when the bundle is not a multiple of it. The data section starts aligned
+    (engine.safetensors_io), so every bundle does."""
+    experts = next(iter(stacked.values()))[0][0]
+    bundle = sum(nbytes_of(shape[1:], dt) for shape, dt in stacked.values())
+    pad = -bundle % ALIGN
+    specs = []
+    for e in range(experts):
+        specs += [(f"experts.{e}.{k}", shape[1:], dt) for k, (shape, dt) in stacked.items()]
+        if pad:
+            specs.append((f"experts.{e}.pad", (pad,), "uint8"))
+    return specs
+
+
+def _bundle_slice(stacked: dict, name: str):
+    """The array a bundled spec names: expert e's slice of a stacked tensor, or zero padding."""
+    import mlx.core as mx
+
+    _, e, key = name.split(".", 2)
+    if key == "pad":
+        pad = -sum(v[0].nbytes for v in stacked.values()) % ALIGN
+        return mx.zeros((pad,), mx.uint8)
+    return stacked[key][int(e)]
 
 
 def _file_entry(path: Path) -> FileEntry:
@@ -309,7 +360,7 @@ def export_mlx(converted: Path, out_dir: Path) -> Path:
     for k, v in mx.load(str(m.path(RESIDENT_FILE))).items():
         weights[k] = v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v
     for i, entry in m.layers.items():
-        for name, v in mx.load(str(m.path(entry.file))).items():
+        for name, v in stacked_experts(m, i).items():
             weights[f"model.layers.{i}.{entry.module}.{ARCHS[m.model_type].experts_attr}."
                     f"{name}"] = v
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})

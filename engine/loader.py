@@ -17,6 +17,7 @@ from engine.archs import ARCHS, routing_spec
 from engine.convert import build_skeleton, moe_layers, quantize_like_source, switch_glu_of
 from engine.device import upcasts
 from engine.engine import Engine
+from engine.layer_file import stacked_experts
 from engine.manifest import (
     CONFIG_FILE,
     PROJECTIONS,
@@ -230,7 +231,6 @@ def load_resident(converted_dir: Path, *, verify: bool | None = None,
     """-> (model, tokenizer): plain mlx-lm model with all experts in memory, quantized exactly
     as stored (QuantizedSwitchLinear), same resident numbers as `load_streaming` (routing at
     `top_k` experts per token when given), with the adapter `lora` applied when given."""
-    import mlx.core as mx
     import mlx.nn as nn
 
     manifest = routed_at(open_manifest(converted_dir, verify), top_k)
@@ -242,9 +242,7 @@ def load_resident(converted_dir: Path, *, verify: bool | None = None,
                 class_predicate=lambda p, m: (p + ".").startswith(prefixes)
                 and hasattr(m, "to_quantized"))
     for i, prefix in layers.items():
-        path = manifest.path(manifest.layers[i].file)
-        read_safetensors_header(path)
-        for name, v in mx.load(str(path)).items():
+        for name, v in stacked_experts(manifest, i).items():
             weights[f"{prefix}.{name}"] = v
     _load_weights(model, weights, manifest)
     if lora is not None:

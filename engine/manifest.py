@@ -5,16 +5,24 @@ A converted directory holds:
   manifest.json              this file's content (written last: its presence means complete)
   config.json                the model config (mlx-lm format, without `quantization`)
   resident.safetensors       every parameter except the routed experts, mlx-lm names
-  experts/layer_XXX.safetensors  per MoE layer, stacked tensors [E, ...] per projection
+  experts/layer_XXX.safetensors  per MoE layer, the routed experts' tensors: per projection
                              {gate,up,down}_proj: weight and scales always, biases in affine
                              mode (mxfp4/mxfp8/nvfp4 have none), bias where the architecture's
                              experts have one (gpt_oss); in the checkpoint's own quantization
                              unless converted with --requantize
   tokenizer files            copied from the source
 
-Expert e's slice of tensor t lives at bytes [offset + e * stride, offset + (e + 1) * stride) of
-the layer file (offsets are absolute file offsets, header included). A "bundle" is one expert's
-slices of every tensor of its layer: `bundle_bytes` = the sum of the strides.
+A "bundle" is one expert's slices of every tensor of its layer. Two layouts of a layer file:
+- "bundled" (version 2, what `convert` writes): E bundles in expert order, each its slices back
+  to back (tensors `experts.{e}.{name}`), each bundle starting on an ALIGN boundary (a
+  `experts.{e}.pad` uint8 tensor fills the gap where a bundle is not a multiple of it): one
+  expert is one contiguous range, read with one vectored read. Still a plain safetensors file.
+- "stacked" (version 1): one tensor [E, ...] per name, so a bundle is as many ranges as tensors,
+  far apart. Still read (a re-convert is not forced), and written by `convert --layout stacked`
+  so that benchmarks can compare the two read patterns in one run.
+Expert e's slice of tensor t lives at bytes [offset + e * stride, offset + e * stride + nbytes)
+(absolute file offsets, header included; stacked: stride == nbytes).
+`bundle_bytes` = the sum of the slices' nbytes.
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ from pathlib import Path
 from contract.errors import BadInput, read_json_object
 
 FORMAT = "ssdmoe-streaming"
-VERSION = 1
+VERSION = 2
+LAYOUTS = ("bundled", "stacked")
+LAYOUT_OF_VERSION = {1: "stacked", 2: "bundled"}  # a v2 manifest names its layout
 MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.json"
 RESIDENT_FILE = "resident.safetensors"
@@ -54,9 +64,10 @@ AUTO_HASH_LIMIT = 256 * 1024 * 1024
 @dataclass(frozen=True)
 class TensorEntry:
     offset: int  # absolute byte offset of expert 0's slice in the layer file
-    stride: int  # bytes per expert (one contiguous range)
+    stride: int  # bytes from one expert's slice to the next's
     shape: list[int]  # full stacked shape [E, ...]
     dtype: str  # dtype name: "uint32", "float32", "bfloat16", "float16", "uint8"
+    nbytes: int  # bytes of one expert's slice (== stride in the stacked layout)
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,11 @@ class LayerEntry:
     def expert_range(self, name: str, expert: int) -> tuple[int, int]:
         """(offset, length) of `expert`'s slice of tensor `name`."""
         t = self.tensors[name]
-        return t.offset + expert * t.stride, t.stride
+        return t.offset + expert * t.stride, t.nbytes
+
+    @property
+    def experts(self) -> int:
+        return next(iter(self.tensors.values())).shape[0]
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,7 @@ class Manifest:
     source: str = ""
     format: str = FORMAT
     version: int = VERSION
+    layout: str = "bundled"  # LAYOUTS
     root: Path = field(default=Path("."), compare=False)
 
     @property
@@ -141,7 +157,8 @@ def write_manifest(manifest: Manifest, root: Path) -> Path:
 def _parse(d: dict, root: Path) -> Manifest:
     layers = {}
     for e in d["layers"]:
-        tensors = {n: TensorEntry(**t) for n, t in e["tensors"].items()}
+        tensors = {n: TensorEntry(**{"nbytes": t["stride"], **t})  # v1: the slice is the stride
+                   for n, t in e["tensors"].items()}
         missing = {f"{p}.{q}" for p in PROJECTIONS for q in ("weight", "scales")} - set(tensors)
         if d["quantization"].get("mode", "affine") == "affine":
             missing |= {f"{p}.biases" for p in PROJECTIONS} - set(tensors)
@@ -156,7 +173,8 @@ def _parse(d: dict, root: Path) -> Manifest:
         num_experts=int(d["num_experts"]), top_k=int(d["top_k"]), layers=layers,
         files={k: FileEntry(**v) for k, v in d["files"].items()},
         resident_quantization=d.get("resident_quantization"), source=d.get("source", ""),
-        format=d["format"], version=int(d["version"]), root=root,
+        format=d["format"], version=int(d["version"]),
+        layout=d.get("layout", LAYOUT_OF_VERSION[int(d["version"])]), root=root,
     )
 
 
@@ -169,8 +187,13 @@ def read_manifest(root: Path) -> Manifest:
     d = read_json_object(path, "missing (not a converted model, or conversion did not finish)")
     if d.get("format") != FORMAT:
         raise BadInput(f"{path}: not an {FORMAT} manifest")
-    if d.get("version") != VERSION:
-        raise BadInput(f"{path}: format version {d.get('version')}, this engine reads {VERSION}")
+    if d.get("version") not in LAYOUT_OF_VERSION:
+        raise BadInput(f"{path}: layout version {d.get('version')!r} unknown (this engine reads "
+                       f"{', '.join(map(str, LAYOUT_OF_VERSION))}): re-convert the checkpoint "
+                       "with ssdmoe convert")
+    if d.get("layout", LAYOUT_OF_VERSION[d["version"]]) not in LAYOUTS:
+        raise BadInput(f"{path}: layout {d.get('layout')!r} unknown (one of: "
+                       f"{', '.join(LAYOUTS)}): re-convert the checkpoint with ssdmoe convert")
     try:
         return _parse(d, root)
     except (KeyError, TypeError, ValueError) as err:

@@ -27,9 +27,7 @@ class PageCacheBudget:
         """`bundle` (layer, expert) was just read from `fd` at `ranges`: it becomes the most
         recently read, and the least recent ones are dropped until the rest fits (a bundle
         above the whole budget is dropped too)."""
-        page = self.page
-        pages = [(off - off % page, -(-(off + ln) // page) * page - (off - off % page))
-                 for off, ln in ranges]
+        pages = page_extents(ranges, self.page)
         nbytes = sum(ln for _, ln in pages)
         drop = []
         with self._lock:
@@ -42,7 +40,7 @@ class PageCacheBudget:
                 drop.append(self._evict())
             if self.used_bytes > self.limit:  # one bundle above the whole budget
                 drop.append(self._evict())
-        for dfd, dpages in drop:  # outside the lock: a syscall per range
+        for dfd, dpages in drop:  # outside the lock: a syscall per extent
             for off, ln in dpages:
                 self._drop_pages(dfd, off, ln)
 
@@ -56,3 +54,17 @@ class PageCacheBudget:
         _, (fd, pages, nbytes) = self._bundles.popitem(last=False)
         self.used_bytes -= nbytes
         return fd, pages
+
+
+def page_extents(ranges: list[tuple[int, int]], page: int) -> list[tuple[int, int]]:
+    """The whole pages `ranges` touch, as (offset, length) extents: each range rounded out to
+    pages, overlapping or adjacent ones merged (a bundled layout's slices share pages with each
+    other, never with another expert's: one extent a bundle)."""
+    out: list[list[int]] = []
+    for off, ln in sorted(ranges):
+        start, end = off - off % page, -(-(off + ln) // page) * page
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b - a) for a, b in out]

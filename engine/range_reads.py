@@ -1,7 +1,9 @@
-"""One byte range of a file read into a writable buffer, three ways: buffered (`pread`), first
-without waiting (`RWF_NOWAIT`: only what the page cache holds), and uncached (O_DIRECT through
-a page-aligned bounce buffer, then one copy: MLX buffers are not page aligned). Plain functions
-over file descriptors; the store (engine.store) chooses which and names the file in errors."""
+"""One contiguous byte range of a file read into writable buffers (a run of engine.read_plan:
+the buffers take its bytes in order), with one vectored read, three ways: buffered (`preadv`),
+first without waiting (`RWF_NOWAIT`: only what the page cache holds), and uncached (O_DIRECT
+through a page-aligned bounce buffer, then one copy per buffer: MLX buffers are not page
+aligned). Plain functions over file descriptors; the store (engine.store) chooses which and
+names the file in errors."""
 
 from __future__ import annotations
 
@@ -9,9 +11,8 @@ import errno
 import mmap
 import os
 
-import numpy as np
-
 from contract.thresholds import ALIGN  # O_DIRECT alignment of offset, length, buffer
+from engine.read_plan import tail
 
 
 class RangeReadError(Exception):
@@ -22,15 +23,13 @@ class DirectRefused(Exception):
     """The filesystem refused an O_DIRECT read (EINVAL on its first read): read buffered."""
 
 
-def read_buffered(fd: int, off: int, length: int, view: np.ndarray, size: int,
+def read_buffered(fd: int, off: int, length: int, views: list, size: int,
                   done: int = 0) -> None:
-    """Read `length` bytes at `off` into `view`, the first `done` of them already there."""
-    buf = None  # the whole view goes to preadv as is; a byte view only to finish a short read
+    """Read `length` bytes at `off` into `views` (in order; their sizes sum to `length`), the
+    first `done` of them already there: one `preadv`, more only after a short read."""
     while done < length:
-        if done and buf is None:
-            buf = memoryview(view).cast("B")
         try:
-            n = os.preadv(fd, [buf[done:] if done else view], off + done)
+            n = os.preadv(fd, tail(views, done) if done else views, off + done)
         except OSError as err:
             raise RangeReadError(err.strerror or str(err)) from None
         if n == 0:
@@ -39,12 +38,12 @@ def read_buffered(fd: int, off: int, length: int, view: np.ndarray, size: int,
         done += n
 
 
-def read_nowait(fd: int, off: int, length: int, view: np.ndarray, flag: int) -> int:
+def read_nowait(fd: int, off: int, views: list, flag: int) -> int:
     """Read what the page cache holds of the range without waiting for the device (`flag`:
     RWF_NOWAIT; Linux 6.18 still starts the refused pages' reads: engine.store). Returns the
-    bytes read: `length` when all of it was cached."""
+    bytes read: the range's length when all of it was cached."""
     try:
-        return os.preadv(fd, [view], off, flag)
+        return os.preadv(fd, views, off, flag)
     except OSError as err:
         if err.errno != errno.EAGAIN:
             raise RangeReadError(err.strerror or str(err)) from None
@@ -58,10 +57,11 @@ def bounce_buffer(held: mmap.mmap | None, n: int) -> mmap.mmap:
     return held
 
 
-def read_direct(dfd: int, off: int, length: int, view: np.ndarray, size: int,
+def read_direct(dfd: int, off: int, length: int, views: list, size: int,
                 bounce: mmap.mmap) -> None:
     """Read the range through O_DIRECT into `bounce` (>= the range rounded out to ALIGN),
-    then copy it into `view`. Raises DirectRefused when the filesystem refuses O_DIRECT."""
+    then copy it into `views` in order. Raises DirectRefused when the filesystem refuses
+    O_DIRECT."""
     a0 = off - off % ALIGN
     a1 = -(-(off + length) // ALIGN) * ALIGN
     mv = memoryview(bounce)
@@ -78,7 +78,11 @@ def read_direct(dfd: int, off: int, length: int, view: np.ndarray, size: int,
                 raise RangeReadError(f"short read at byte {a0 + done} (file has {size} "
                                      "bytes; truncated?)")
             done += n
-        memoryview(view).cast("B")[:] = mv[off - a0: off - a0 + length]
+        pos = off - a0
+        for view in views:
+            dest = memoryview(view).cast("B")
+            dest[:] = mv[pos: pos + dest.nbytes]
+            pos += dest.nbytes
     finally:
         mv.release()
 

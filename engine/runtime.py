@@ -20,6 +20,7 @@ from engine.paths.staged import StagedPath
 from engine.paths.stats import PathStats
 from engine.paths.whole_layer import WholeLayerLoader, WholeLayerPath
 from engine.prerouter import PrerouteLink
+from engine.queue_depth import default_readers
 from engine.readers import ReaderPool
 from engine.step_clock import StepClock
 from engine.store import ExpertStore
@@ -87,6 +88,10 @@ class Runtime:
 def build_runtime(config: EngineConfig, store: ExpertStore) -> Runtime:
     m = store.manifest
     config.validate(m)
+    if config.readers is None:
+        config.readers, config.readers_source = default_readers(m.root, m.bundle_bytes)
+    elif not config.readers_source:
+        config.readers_source = "given"
     stats = PathStats()
     clock = StepClock()
     rt = Runtime(config, store, stats, ReaderPool(store, config.readers, stats, config.help_reads,

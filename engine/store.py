@@ -4,16 +4,18 @@ writable NumPy views (`np.asarray(mx_array)` is a zero-copy writable view of MLX
 
 - Every OS-specific call goes through engine.platform (Linux; macOS: F_RDAHEAD, F_NOCACHE, no
   RWF_NOWAIT, no per-file page dropping). Below, Linux's names.
-- Buffered reads (`pread`, readahead off via POSIX_FADV_RANDOM so a read caches only its own
-  pages) or O_DIRECT reads (page-aligned bounce buffer, then one copy; MLX buffers are not
-  page aligned). If the filesystem refuses O_DIRECT the store falls back to buffered reads and
-  says why (`direct_fallback`, plus a warning).
+- A load is one vectored read (`preadv`) per contiguous run of its ranges (engine.read_plan):
+  a bundle of the bundled layout is one run, so one system call and, cold, one device request,
+  its iovecs the destination rows. Buffered reads (readahead off via POSIX_FADV_RANDOM so a read
+  caches only its own pages) or O_DIRECT reads (page-aligned bounce buffer, then one copy per
+  buffer; MLX buffers are not page aligned). If the filesystem refuses O_DIRECT the store
+  falls back to buffered reads and says why (`direct_fallback`, plus a warning).
 - Each load is classed cold (some byte had to come from the disk) or warm (every byte was in the
   page cache). `residency_method` says how:
-  - "rwf_nowait" (buffered reads on Linux, where the flag starts no I/O): each range is
+  - "rwf_nowait" (buffered reads on Linux, where the flag starts no I/O): each run is
     first read with `preadv(..., RWF_NOWAIT)`, which copies only what is already cached. A
-    full read is warm and is the read itself (one syscall per range); EAGAIN or a short read
-    makes the load cold and the rest of that range (and the later ranges) is read blocking.
+    full read is warm and is the read itself (one syscall per run); EAGAIN or a short read
+    makes the load cold and the rest of that run (and the later runs) is read blocking.
     RWF_NOWAIT may also refuse for reasons other than residency (a page locked for a moment),
     so it can only over-count cold loads, never under-count them.
   - "mincore" (O_DIRECT, platforms without os.RWF_NOWAIT, filesystems that refuse it, or set by
@@ -63,6 +65,7 @@ from engine.range_reads import (
     read_direct,
     read_nowait,
 )
+from engine.read_plan import IOV_MAX, Run, plan
 from traces.schema import DEMAND, WHOLE_LAYER, WHOLE_LAYER_EXPERT
 
 LoadCallback = Callable[[dict], None]
@@ -112,6 +115,7 @@ class ExpertStore:
         self._files: dict[int, _File] = {}
         self.nowait_starts_io: bool | None = None  # None: not probed (_nowait_starts_no_io)
         self._ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}  # bundle_ranges cache
+        self.iov_max = IOV_MAX  # iovecs per vectored read (the kernel's limit)
         for layer, entry in manifest.layers.items():
             self._files[layer] = self._open(str(manifest.path(entry.file)))
         # "rwf_nowait" | "mincore" (see the module docstring); set to "mincore" to force it.
@@ -257,8 +261,15 @@ class ExpertStore:
         return ranges
 
     def layer_ranges(self, layer: int) -> list[tuple[int, int]]:
-        return [(t.offset, t.stride * t.shape[0])
-                for t in self.manifest.layers[layer].tensors.values()]
+        """The byte ranges a whole-layer read covers: one per tensor (stacked), or the span of
+        every bundle with the padding between them (bundled)."""
+        entry = self.manifest.layers[layer]
+        if self.manifest.layout == "stacked":
+            return [(t.offset, t.nbytes * t.shape[0]) for t in entry.tensors.values()]
+        starts = [t.offset for t in entry.tensors.values()]
+        ends = [t.offset + (t.shape[0] - 1) * t.stride + t.nbytes
+                for t in entry.tensors.values()]
+        return [(min(starts), max(ends) - min(starts))]
 
     # ------------------------------------------------------------ residency
 
@@ -336,12 +347,13 @@ class ExpertStore:
         step: int = -1,
     ) -> dict:
         """Read expert `expert` of `layer` into `into` (tensor name -> writable C-contiguous
-        array of exactly that expert's slice size). Returns the load row (also sent to
-        `on_load` when `emit`). `known_cold`: a `read_bundle_if_warm` found it not cached
-        (the kernel may have started reading it since), so the row says cold."""
+        array of exactly that expert's slice size): one vectored read per contiguous run of its
+        slices (one in the bundled layout). Returns the load row (also sent to `on_load` when
+        `emit`). `known_cold`: a `read_bundle_if_warm` found it not cached (the kernel may
+        have started reading it since), so the row says cold."""
         ranges = self._bundle_ranges(layer, expert)
-        views = self._views(layer, into)
-        return self._load(layer, expert, ranges, views, source, thread, issued_ns, waited, emit,
+        runs = self._runs(layer, expert, ranges, self._views(layer, into))
+        return self._load(layer, expert, ranges, runs, source, thread, issued_ns, waited, emit,
                           cold=True if known_cold else None, step=step)
 
     def read_bundle_if_warm(self, layer: int, expert: int, into: Mapping[str, np.ndarray], *,
@@ -355,13 +367,9 @@ class ExpertStore:
         ranges = self._bundle_ranges(layer, expert)
         if self.residency_method == "rwf_nowait":
             started = time.perf_counter_ns()
-            views = self._views(layer, into)
-            for (off, length), view in zip(ranges, views, strict=True):
-                if view.nbytes != length:
-                    raise ValueError(f"layer {layer} expert {expert}: buffer of {view.nbytes} "
-                                     f"bytes for a {length}-byte range")
-                if not self._read_nowait(self._files[layer], off, length, view, layer, expert,
-                                         finish=False):
+            f = self._files[layer]
+            for run in self._runs(layer, expert, ranges, self._views(layer, into)):
+                if not self._read_nowait(f, run, layer, expert, finish=False):
                     return None
             return self._row(layer, expert, ranges, started, issued_ns, source, thread,
                              step=step)
@@ -371,12 +379,26 @@ class ExpertStore:
             return None  # not known to be warm
         if r < t:
             return None
-        return self._load(layer, expert, ranges, self._views(layer, into), source, thread,
-                          issued_ns, False, False, cold=False, step=step)
+        runs = self._runs(layer, expert, ranges, self._views(layer, into))
+        return self._load(layer, expert, ranges, runs, source, thread, issued_ns, False, False,
+                          cold=False, step=step)
 
     def _views(self, layer: int, into: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """`into`'s buffers in the layer file's tensor order (the order of its ranges)."""
         return [into[n] for n in self.manifest.layers[layer].tensors]
+
+    def _runs(self, layer: int, expert: int, ranges: list[tuple[int, int]],
+              views: list[np.ndarray]) -> list[Run]:
+        """The vectored reads of `ranges` into `views` (engine.read_plan), each buffer checked
+        against its range first."""
+        for (_, length), view in zip(ranges, views, strict=True):
+            flags = view.flags
+            if view.nbytes != length or not flags.c_contiguous or not flags.writeable:
+                who = "whole layer" if expert == WHOLE_LAYER_EXPERT else f"expert {expert}"
+                raise ValueError(f"layer {layer} {who}: buffer of {view.nbytes} bytes "
+                                 f"(contiguous={flags.c_contiguous}) for a {length}-byte range")
+        return plan([(off, view) for (off, _), view in zip(ranges, views, strict=True)],
+                    iov_max=self.iov_max)
 
     def read_layer(
         self,
@@ -390,41 +412,49 @@ class ExpertStore:
         emit: bool = True,
         step: int = -1,
     ) -> dict:
-        """Read a layer's stacked tensors whole (one read each) into `into` (name -> [E, ...])."""
-        views = self._views(layer, into)
-        return self._load(layer, WHOLE_LAYER_EXPERT, self.layer_ranges(layer), views, source,
+        """Read a layer's experts whole into `into` (name -> [E, ...]): in the bundled layout
+        every expert's slices scatter into the stacks, as few vectored reads as IOV_MAX allows;
+        in the stacked layout one read per tensor."""
+        entry = self.manifest.layers[layer]
+        if self.manifest.layout == "stacked":
+            segments = [(t.offset, t.nbytes * t.shape[0], into[n])
+                        for n, t in entry.tensors.items()]
+        else:
+            segments = sorted(((t.offset + e * t.stride, t.nbytes, into[n][e])
+                               for n, t in entry.tensors.items() for e in range(t.shape[0])),
+                              key=lambda s: s[0])
+        ranges = [(off, length) for off, length, _ in segments]
+        runs = self._runs(layer, WHOLE_LAYER_EXPERT, ranges, [v for _, _, v in segments])
+        return self._load(layer, WHOLE_LAYER_EXPERT, self.layer_ranges(layer), runs, source,
                           thread, issued_ns, waited, emit, step=step)
 
     def emit(self, row: dict) -> None:
         if self.on_load is not None:
             self.on_load(row)
 
-    def _load(self, layer, expert, ranges, views, source, thread, issued_ns, waited, emit,
-              cold: bool | None = None, step: int = -1):
-        """`cold`: already known (checked by the caller), else found out here."""
+    def _load(self, layer, expert, ranges, runs: list[Run], source, thread, issued_ns, waited,
+              emit, cold: bool | None = None, step: int = -1):
+        """`ranges`: what the load covers (residency, budget, the row); `runs`: its reads.
+        `cold`: already known (checked by the caller), else found out here."""
         f = self._files[layer]
         started = time.perf_counter_ns()
         issued = started if issued_ns is None else issued_ns
         nowait = not self.direct and self.residency_method == "rwf_nowait"
         if cold is None and nowait:
-            cold = False  # until a range is not wholly in the page cache
+            cold = False  # until a run is not wholly in the page cache
         elif cold is None:
             try:
                 r, t = self._resident_pages(f, ranges)
                 cold = r < t
             except ResidencyUnknown:
                 cold = True  # unknown counts cold: like RWF_NOWAIT, over-count, never under
-        for (off, length), view in zip(ranges, views, strict=True):
-            flags = view.flags
-            if view.nbytes != length or not flags.c_contiguous or not flags.writeable:
-                raise ValueError(f"layer {layer} expert {expert}: buffer of {view.nbytes} bytes "
-                                 f"(contiguous={flags.c_contiguous}) for a {length}-byte range")
+        for run in runs:
             if self.direct and f.dfd >= 0:
-                self._read_direct(f, off, length, view, layer, expert)
+                self._read_direct(f, run, layer, expert)
             elif nowait and not cold:
-                cold = not self._read_nowait(f, off, length, view, layer, expert)
+                cold = not self._read_nowait(f, run, layer, expert)
             else:
-                self._read_buffered(f, off, length, view, layer, expert)
+                self._read_buffered(f, run, layer, expert)
         row = self._row(layer, expert, ranges, started, issued, source, thread, cold, waited,
                         step)
         if emit:
@@ -450,35 +480,33 @@ class ExpertStore:
         who = "whole layer" if expert == WHOLE_LAYER_EXPERT else f"expert {expert}"
         return ExpertReadError(f"{f.path}: read of layer {layer} {who} failed: {what}")
 
-    def _read_nowait(self, f: _File, off: int, length: int, view: np.ndarray, layer,
-                     expert, finish: bool = True) -> bool:
-        """Read a range, first with RWF_NOWAIT. True when the page cache held all of it (one
+    def _read_nowait(self, f: _File, run: Run, layer, expert, finish: bool = True) -> bool:
+        """Read a run, first with RWF_NOWAIT. True when the page cache held all of it (one
         syscall); otherwise (`finish`) the rest is read blocking and the load is cold."""
         try:
-            n = read_nowait(f.fd, off, length, view, self._nowait)
+            n = read_nowait(f.fd, run.offset, run.buffers, self._nowait)
         except RangeReadError as err:
             raise self._fail(f, layer, expert, str(err)) from None
-        if n == length:
+        if n == run.length:
             return True
         if finish:
-            self._read_buffered(f, off, length, view, layer, expert, n)
+            self._read_buffered(f, run, layer, expert, n)
         return False
 
-    def _read_buffered(self, f: _File, off: int, length: int, view: np.ndarray, layer, expert,
-                       done: int = 0) -> None:
+    def _read_buffered(self, f: _File, run: Run, layer, expert, done: int = 0) -> None:
         try:
-            read_buffered(f.fd, off, length, view, f.size, done)
+            read_buffered(f.fd, run.offset, run.length, run.buffers, f.size, done)
         except RangeReadError as err:
             raise self._fail(f, layer, expert, str(err)) from None
 
-    def _read_direct(self, f: _File, off: int, length: int, view: np.ndarray, layer,
-                     expert) -> None:
+    def _read_direct(self, f: _File, run: Run, layer, expert) -> None:
         local = self._local  # one bounce buffer per thread
-        local.bounce = bounce_buffer(getattr(local, "bounce", None), aligned_span(off, length))
+        local.bounce = bounce_buffer(getattr(local, "bounce", None),
+                                     aligned_span(run.offset, run.length))
         try:
-            read_direct(f.dfd, off, length, view, f.size, local.bounce)
+            read_direct(f.dfd, run.offset, run.length, run.buffers, f.size, local.bounce)
         except DirectRefused as err:
             self._no_direct(f"O_DIRECT read of {f.path} failed: {err}")
-            self._read_buffered(f, off, length, view, layer, expert)
+            self._read_buffered(f, run, layer, expert)
         except RangeReadError as err:
             raise self._fail(f, layer, expert, str(err)) from None

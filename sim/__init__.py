@@ -55,9 +55,10 @@ names, thresholds) and traces/ (the schema, load sources):
   engine/generate.py (decode loop, lookahead)      main_thread.py, compute_stream.py
   engine/fill_points.py (deferred routing syncs)   main_thread.py (fills)
   engine/readers.py (reader threads, help_reads)   readers.py, gil.py
-  engine/store.py (reads, cold/warm, budget)       loads.py, page_cache.py, storage.py,
-                                                   shared_device.py, throttle.py
-                                                   (engine/throttle.py)
+  engine/store.py (reads, cold/warm, budget),      loads.py (bundle_reads: 1 bundled, one
+    engine/read_plan.py (vectored reads),            per slice stacked), page_cache.py,
+    engine/manifest.py (layout)                      storage.py, shared_device.py, throttle.py
+                                                   (engine/throttle.py), model_profile.py
   engine/paths/exact.py                            policies.py Exact (path "exact")
   engine/paths/hot.py                              policies.py Hot (path "hot"), lru.py
   engine/paths/staged.py, slot_table.py            policies.py Staged (path "staged"),

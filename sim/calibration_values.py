@@ -16,8 +16,8 @@ fdatasync + POSIX_FADV_DONTNEED before every cold batch):
   direct_seq   O_DIRECT sequential 4 MiB reads of the whole file: the device's transfer rate
   queue(n)     n threads each doing O_DIRECT random 1 MiB reads: aggregate throughput
 
-How the sim's load model (sim.loads) is fitted, per bundle load of `ranges` byte ranges (the
-streaming layout reads a bundle as 9 ranges, one per tensor):
+How the sim's load model (sim.loads) is fitted, per bundle load of `ranges` reads (the bundled
+layout reads a bundle as one range, the stacked one as 9, one per tensor):
   warm(s) = a_w + s / memcpy                      -> memcpy_gbps; load_overhead = ranges x a_w
   cold(s) = a_c + s / cold_rate                   -> ssd_bandwidth_gbps from 1/cold_rate - 1/memcpy
   ssd_latency_ms = direct_4k; cold_overhead = ranges x (a_c - a_w) - latency (the other

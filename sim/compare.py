@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contract.engine_config import HOT_FRACTION, SYNC_AT_BUILD, EngineConfig
+from contract.engine_config import DEFAULT_READERS, HOT_FRACTION, SYNC_AT_BUILD, EngineConfig
 from contract.errors import BadInput
 from sim.scenario import GIB, Scenario
 from traces.reader import Trace
@@ -184,7 +184,7 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
         path = next(iter(in_use))
     elif len(in_use) > 1:
         notes.append(f"decode paths differ per layer ({', '.join(in_use)}); simulated as {path}")
-    readers = cfg.readers
+    readers = cfg.readers if cfg.readers is not None else DEFAULT_READERS
     sets = [f"k={k}"]
     staged = [f"staged_headroom={staged_headroom(cfg, k)}", f"readers={readers}", "lru_bytes=0"]
     if cfg.lead_kind == "layer":

@@ -25,9 +25,12 @@ thread `budget_evict_ms` of CPU after the read (the store drops its pages), befo
 done: a thread waiting on it waits through the drops, as on a ticket in engine.readers.
 The per-read work is Python and holds the GIL (sim.gil) when the scenario models it; copy and
 fault work happen inside the read (a warm load's preads return before a waiting thread is awake,
-so with the GIL modelled its copies run inside its hold of the lock). The engine reads a bundle
-one pread per tensor slice and each pread takes the GIL back, so with the GIL modelled a cold
-load runs slice by slice (`_by_syscall`).
+so with the GIL modelled its copies run inside its hold of the lock). In the bundled layout the
+engine reads a bundle with one vectored read (bundle_reads 1: one device request of the
+bundle's pages, one wake, one GIL hand-back). In the stacked (version-1) layout it reads one
+pread per tensor slice and each takes the GIL back, so with the GIL modelled a cold load runs
+slice by slice (`_by_syscall`), and slices under a page share it (sim.page_cache): those
+mechanisms stay for traces of that layout and do nothing at bundle_reads 1.
 `read_hold_ms` (Scenario) holds every expert read that long first, as calibration.stall_probe's
 sleep does: no CPU, the GIL let go (its replays, reports/validation/stall_probe.py); with
 `read_hold_busy` the hold is that much CPU on the reading thread, the GIL let go, as the probe's

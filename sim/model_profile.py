@@ -83,16 +83,37 @@ def resident_figures(path: Path, bits: int | None) -> tuple[int, int, int]:
 
 
 
+def layout_of(manifest: dict[str, Any]) -> str:
+    """"bundled" (one contiguous range per expert) or "stacked" (a range per tensor): the
+    manifest's own word, else what its version means (engine.manifest: 1 stacked, 2 bundled;
+    none, a hand-made manifest of the first kind: stacked)."""
+    if manifest.get("layout"):
+        return str(manifest["layout"])
+    return "bundled" if int(manifest.get("version") or 1) >= 2 else "stacked"
+
+
+def _slices(manifest: dict[str, Any]) -> list[tuple[int, int, int, int]]:
+    """(offset, stride, nbytes, experts) of each tensor of the first MoE layer."""
+    return [(int(t["offset"]), int(t["stride"]), int(t.get("nbytes", t["stride"])),
+             int(t["shape"][0])) for t in manifest["layers"][0]["tensors"].values()]
+
+
+def _pages(start: int, length: int) -> int:
+    return -(-(start + length) // PAGE) - start // PAGE
+
+
 def paged_bundle_bytes(manifest: dict[str, Any]) -> float:
     """Mean bytes of one bundle's ranges rounded out to whole pages (what the kernel reads, and
-    what the engine's page-cache budget charges: engine.store), over the first MoE layer."""
-    layer = manifest["layers"][0]
-    total, experts = 0, 0
-    for t in layer["tensors"].values():
-        experts = int(t["shape"][0])
-        for e in range(experts):
-            start = int(t["offset"]) + e * int(t["stride"])
-            total += (-(-(start + int(t["stride"])) // PAGE) - start // PAGE) * PAGE
+    what the engine's page-cache budget charges: engine.store), over the first MoE layer. In
+    the bundled layout the ranges are one: the bundle's span."""
+    slices = _slices(manifest)
+    experts = slices[0][3] if slices else 0
+    total = 0
+    for e in range(experts):
+        ranges = sorted((off + e * stride, nbytes) for off, stride, nbytes, _ in slices)
+        if layout_of(manifest) == "bundled":
+            ranges = [(ranges[0][0], ranges[-1][0] + ranges[-1][1] - ranges[0][0])]
+        total += sum(_pages(start, n) for start, n in ranges) * PAGE
     return total / experts if experts else 0.0
 
 
@@ -102,13 +123,31 @@ def shared_page_slices(manifest: dict[str, Any]) -> tuple[int, int]:
     tensors whose stride divides the page; expert e's group is e // group). With several such
     strides, the smallest group: a page is taken as cached only when one of those experts
     read it. (0, 1) when no slice shares a page this way (a larger slice's edge pages are
-    device_bundle_bytes' concern), or when every slice is one."""
-    groups = [PAGE // int(t["stride"]) for t in manifest["layers"][0]["tensors"].values()
-              if int(t["stride"]) < PAGE and PAGE % int(t["stride"]) == 0
-              and int(t["offset"]) % PAGE == 0]
+    device_bundle_bytes' concern), or when every slice is one. The bundled layout starts
+    every bundle on a page: no page is shared."""
+    if layout_of(manifest) == "bundled":
+        return 0, 1
+    strides = [(int(t["offset"]), int(t["stride"]))
+               for t in manifest["layers"][0]["tensors"].values()]
+    groups = [PAGE // stride for off, stride in strides
+              if stride < PAGE and PAGE % stride == 0 and off % PAGE == 0]
     slices = len(manifest["layers"][0]["tensors"])
     # a bundle of shared slices alone is not modelled (sim.profiles.check_model)
     return (len(groups), min(groups)) if groups and len(groups) < slices else (0, 1)
+
+
+def reads_per_load(manifest: dict[str, Any], iov_max: int = 1024) -> tuple[int, int]:
+    """(reads of one bundle, reads of a whole layer) the engine's store makes
+    (engine.read_plan): bundled, one vectored read per bundle and ceil(iovecs / IOV_MAX) per
+    layer; stacked, one per tensor either way."""
+    tensors = len(manifest["layers"][0]["tensors"])
+    if layout_of(manifest) != "bundled":
+        return tensors, tensors
+    experts = _slices(manifest)[0][3]
+    padded = int(manifest["bundle_bytes"]) % PAGE != 0
+    per_bundle = tensors + (1 if padded else 0)
+    return 1, max(1, -(-(experts * per_bundle) // iov_max)) if iov_max > per_bundle \
+        else experts
 
 
 def unembed_bytes(path: Path, tied: bool) -> int:
@@ -144,6 +183,8 @@ def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | Non
     layers = int(cfg.get("num_hidden_layers") or len(m["layers"]))
     moe = len(m["layers"])
     reads = len(m["layers"][0]["tensors"])
+    layout = layout_of(m)
+    bundle_reads, layer_reads = reads_per_load(m)
     shared, group = shared_page_slices(m)
     resident_path = model_dir / RESIDENT
     if not resident_path.is_file():
@@ -174,8 +215,9 @@ def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | Non
             f"resident params {res_params}{'' if tied else f' - embedding {embed}'} + {moe} "
             f"MoE layers x K={k} x {per_expert} params per expert")),
         "device_bundle_bytes": (int(round(paged_bundle_bytes(m))), (
-            f"{src}: the {reads} ranges of a bundle rounded out to {PAGE}-byte pages, mean over "
-            "the first MoE layer: what a cold read moves from the device")),
+            f"{src}: a bundle's {'one range' if layout == 'bundled' else f'{reads} ranges'} "
+            f"rounded out to {PAGE}-byte pages, mean over the first MoE layer: what a cold read "
+            "moves from the device")),
         "unembed_bytes": (unembed_bytes(resident_path, tied), (
             f"{resident_path.name}: {'the tied token embedding' if tied else 'lm_head'} as held "
             "on CPU (read once per step, after the last layer)")),
@@ -186,9 +228,15 @@ def profile_from_manifest(model_dir: str | Path, build_ms_per_layer: float | Non
                                          for phase in ("distill", "sft"))
                              if (d / LORA_FILE).is_file()), None)),
         "build_ms_per_layer": (round(float(build_ms_per_layer), 4), build_how or "given"),
-        "whole_layer_reads": (reads, f"{src}: {reads} tensors in the first MoE layer file"),
-        "bundle_reads": (reads, f"{src}: a bundle is {reads} tensor slices, each its own pread "
-                         "(engine.store: no readahead)"),
+        "whole_layer_reads": (layer_reads, (
+            f"{src}: {layout} layout: a whole layer is {layer_reads} vectored read(s) "
+            "(engine.read_plan; IOV_MAX 1024)" if layout == "bundled" else
+            f"{src}: stacked layout: {reads} tensors in the first MoE layer file, one read each")),
+        "bundle_reads": (bundle_reads, (
+            f"{src}: bundled layout: a bundle is one contiguous range of {reads} slices, one "
+            "vectored read (engine.store, engine.read_plan)" if layout == "bundled" else
+            f"{src}: stacked layout: a bundle is {reads} tensor slices, each its own pread "
+            "(engine.store: no readahead)")),
         **({"shared_page_reads": (shared, (
             f"{src}: {shared} of the {reads} slices are smaller than a {PAGE}-byte page and "
             f"share it with {group - 1} other expert(s) (sim.page_cache)")),

@@ -12,7 +12,16 @@ from typing import Annotated
 import typer
 
 from contract.errors import BadInput
-from ssdmoe_cli.options import LoraDir, NoLora, ReadIops, ReadMbps, Seed, Temp, served_lora
+from ssdmoe_cli.options import (
+    LoraDir,
+    NoLora,
+    Readers,
+    ReadIops,
+    ReadMbps,
+    Seed,
+    Temp,
+    served_lora,
+)
 from traces.regime import DECODE_SEED, DECODE_TEMP
 
 
@@ -47,6 +56,11 @@ def bench(
     seed: Seed = DECODE_SEED,
     read_mbps: ReadMbps = None,
     read_iops: ReadIops = None,
+    before: Annotated[Path | None, typer.Option(
+        "--before", help="The same model converted otherwise (e.g. ssdmoe convert --layout "
+        "stacked): each streaming arm also runs on it as ARM@before, rotated and paired in the "
+        "same rounds.")] = None,
+    readers: Readers = None,
     from_json: Annotated[Path | None, typer.Option(
         "--from-json", help="Re-render the table and chart of an earlier result JSON "
         "(summary recomputed from its raw rounds); runs nothing.")] = None,
@@ -92,6 +106,17 @@ def bench(
     throttle = ThrottleSpec.parse(read_mbps, read_iops)
     check_available(throttle)
     manifest = open_manifest(model, verify=False)
+    if before is not None:
+        other = open_manifest(before, verify=False)
+        same = (other.model_type, other.num_experts, other.bundle_bytes, other.config) == \
+            (manifest.model_type, manifest.num_experts, manifest.bundle_bytes, manifest.config)
+        if not same:
+            raise BadInput(f"--before {before}: not the same model as {model} (model type, "
+                           "experts, bundle bytes and config must match)")
+    if readers is not None:
+        from contract.engine_config import EngineConfig
+
+        EngineConfig(readers=readers)  # a bad count is named here, not in a worker
     adapter = None
     if any(a.startswith("staged-prerouter") for a in arm_list):
         from engine.prerouter import META, Prerouter
@@ -123,7 +148,8 @@ def bench(
                      max_tokens=max_tokens, rounds=rounds, page_cache_budget=budget,
                      prerouter=None if prerouter is None else str(prerouter), lora=adapter,
                      temp=temp, seed=seed, read_mbps=throttle.read_mbps,
-                     read_iops=throttle.read_iops)
+                     read_iops=throttle.read_iops, readers=readers,
+                     before=None if before is None else str(before))
     name = Path(model).name + ("" if budget is None else f"-budget{round(100 * budget / total)}")
     name += "" if throttle.read_mbps is None else f"-{throttle.read_mbps:g}mbps"
     json_path = json_out or Path("reports/bench") / f"{name}.json"

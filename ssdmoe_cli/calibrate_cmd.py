@@ -19,8 +19,8 @@ def register(app: typer.Typer) -> None:
 
 
 def calibrate(
-    out: Annotated[Path, typer.Option(
-        "--out", help="Hardware profile to write (scenarios/hardware/NAME.toml).")],
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Hardware profile to write (scenarios/hardware/NAME.toml).")] = None,
     model: Annotated[Path | None, typer.Option(
         "--model", help="Converted model to time (default models/tiny-trained-stream, else "
         "tiny-random built in a temp dir).")] = None,
@@ -36,6 +36,10 @@ def calibrate(
         "--json", help="Raw measurements (default reports/calibration/<NAME>.json).")] = None,
     quick: Annotated[bool, typer.Option(
         "--quick", help="Few repetitions (seconds, for tests; noisy).")] = False,
+    queue_depth_only: Annotated[bool, typer.Option(
+        "--queue-depth-only", help="Only measure the device's throughput against reads in "
+        "flight with --model's bundle size, and write MODEL/queue_depth.json (the engine's "
+        "default --readers); seconds.")] = False,
 ) -> None:
     """Measure storage (cold/warm reads by size, queue depth, O_DIRECT bandwidth) on a scratch
     file and the engine's kernel, graph-building and non-MoE compute times; write the profile
@@ -46,6 +50,18 @@ def calibrate(
         raise BadInput("calibrate: its storage probes (calibration/storage_probes.py) need "
                        "posix_fadvise and O_DIRECT, which this platform lacks (macOS: not "
                        "ported yet)")
+    if queue_depth_only:
+        if model is None:
+            raise BadInput("--queue-depth-only: needs --model DIR (its bundle size is the read "
+                           "size, and its queue_depth.json is written)")
+        if not (model / "manifest.json").is_file():
+            raise BadInput(f"{model}: not a converted model (no manifest.json; ssdmoe convert)")
+        from calibration.queue_depth import measure, summary
+
+        typer.echo(summary(measure(model, scratch)))
+        return
+    if out is None:
+        raise BadInput("calibrate: --out PATH.toml is required (the hardware profile to write)")
     if out.suffix != ".toml":
         raise BadInput(f"--out {out}: expected a .toml path (scenarios/hardware/NAME.toml)")
     if scenario_out is not None and model_out is None:

@@ -14,7 +14,16 @@ from typing import Annotated
 import typer
 
 from contract.errors import BadInput
-from ssdmoe_cli.options import LoraDir, NoLora, ReadIops, ReadMbps, Seed, Temp, served_lora
+from ssdmoe_cli.options import (
+    LoraDir,
+    NoLora,
+    Readers,
+    ReadIops,
+    ReadMbps,
+    Seed,
+    Temp,
+    served_lora,
+)
 from traces.regime import DECODE_SEED, DECODE_TEMP
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "traces" / "prompts" / "default.jsonl"
@@ -88,6 +97,7 @@ def capture(
         "--overhead", help="Measure tracing overhead (recorder on vs off) instead of "
         "capturing; writes JSON under reports/trace-overhead/.")] = False,
     rounds: Annotated[int, typer.Option("--rounds", help="--overhead: measured rounds.")] = 5,
+    readers: Readers = None,
     report: Annotated[Path | None, typer.Option(
         "--report", help="--overhead: JSON output path "
         "(default reports/trace-overhead/<model>.json).")] = None,
@@ -127,7 +137,7 @@ def capture(
     engine = load_engine(
         model, preset=preset, o_direct=o_direct, page_cache_mb=page_cache_mb,
         page_cache_fraction=page_cache_fraction, verify=verify, lookahead=lookahead,
-        prerouter=prerouter, lead=lead, top_k=top_k,
+        prerouter=prerouter, lead=lead, top_k=top_k, readers=readers,
         lora=served_lora(model, lora, no_lora, prerouter, top_k))
     if out is not None and not overhead:
         try:

@@ -12,7 +12,7 @@ import typer
 
 from contract.errors import BadInput
 from ssdmoe_cli.atomic_dir import build_into
-from ssdmoe_cli.options import LoraDir, NoLora, served_lora
+from ssdmoe_cli.options import LoraDir, NoLora, Readers, served_lora
 
 
 def register(app: typer.Typer) -> None:
@@ -37,10 +37,15 @@ def convert(
         "--dtype", help="Float scales and biases: auto (float32 when MLX runs on the CPU, else "
         "the checkpoint's), float32, or source.")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace an existing conversion.")] = False,
+    layout: Annotated[str, typer.Option(
+        "--layout", help="Expert layer files: bundled (each expert one contiguous range, read "
+        "with one vectored read) or stacked (the version-1 layout, one tensor per name: an "
+        "expert is as many reads as tensors; for before/after benchmarks).")] = "bundled",
 ) -> None:
     """Convert an mlx-lm MoE checkpoint (one file, or shards with their index) to the streaming
-    layout: resident part + per-layer stacked expert files + manifest.json. Quantized experts
-    keep the checkpoint's own quantization (affine, mxfp4, ...) unless --requantize."""
+    layout: resident part + per-layer expert files (one contiguous range per expert) +
+    manifest.json. Quantized experts keep the checkpoint's own quantization (affine, mxfp4,
+    ...) unless --requantize."""
     from engine.convert import convert as run_convert
     from engine.device import upcasts
     from engine.manifest import MANIFEST_FILE
@@ -59,7 +64,7 @@ def convert(
     float32 = upcasts(dtype)
     manifest = build_into(dst, dst.with_name(dst.name + ".partial"), lambda tmp: run_convert(
         src, tmp, bits=bits, group_size=group_size, requantize=requantize, float32=float32,
-        progress=lambda msg: typer.echo(msg, err=True)))
+        progress=lambda msg: typer.echo(msg, err=True), layout=layout))
     total = sum(e.size for e in manifest.files.values())
     q = manifest.quantization
     how = "requantized" if q["requantized"] else "as the checkpoint has them" \
@@ -67,7 +72,8 @@ def convert(
     typer.echo(f"converted {src} -> {dst}: {manifest.model_type}, {len(manifest.layers)} MoE "
                f"layers x {manifest.num_experts} experts ({q['mode']} {q['bits']}-bit group "
                f"{q['group_size']}, {how}; {q['scales_dtype']} scales), "
-               f"{manifest.bundle_bytes} bytes/bundle, {total / 2**20:.1f} MiB")
+               f"{manifest.bundle_bytes} bytes/bundle ({manifest.layout} layout), "
+               f"{total / 2**20:.1f} MiB")
 
 
 def generate(
@@ -101,6 +107,7 @@ def generate(
         "(with hot/staged decode; exact decode never looks ahead).")] = True,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace an existing trace in the --trace directory.")] = False,
+    readers: Readers = None,
 ) -> None:
     """Generate text from a converted model, streaming experts from disk (--preset picks the
     execution paths; every preset gives the same tokens)."""
@@ -119,7 +126,7 @@ def generate(
         trace = prepare_out_dir(trace, force, "--trace")
     budget = None if page_cache_mb is None else int(page_cache_mb * 2**20)
     config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget,
-                                      lookahead=lookahead, top_k=top_k,
+                                      lookahead=lookahead, top_k=top_k, readers=readers,
                                       prerouter=None if prerouter is None else str(prerouter),
                                       lora=served_lora(model, lora, no_lora, prerouter, top_k))
     engine = load_streaming(model, verify=verify, config=config)

@@ -21,6 +21,9 @@ LoraDir = Annotated[Path | None, typer.Option(
     "projections. Default: with --prerouter, MODEL/lora/k{K}-distill (else k{K}-sft) when "
     "trained for those heads.")]
 NoLora = Annotated[bool, typer.Option("--no-lora", help="Serve without any adapter.")]
+Readers = Annotated[int | None, typer.Option(
+    "--readers", help="Reads in flight (reader threads), 1-64. Default: the model directory's "
+    "queue_depth.json (ssdmoe calibrate --queue-depth-only --model DIR), else 2.")]
 
 
 def served_lora(model: Path, lora: Path | None, no_lora: bool, prerouter: Path | None,

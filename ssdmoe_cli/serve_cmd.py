@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from contract.errors import BadInput
-from ssdmoe_cli.options import LoraDir, NoLora, served_lora
+from ssdmoe_cli.options import LoraDir, NoLora, Readers, served_lora
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
 
 def load_served(model: Path, preset: str, prerouter: Path | None, no_prerouter: bool,
                 lora: Path | None, no_lora: bool, top_k: int | None, trace: Path | None = None,
-                force: bool = False, on_load=None):
+                force: bool = False, on_load=None, readers: int | None = None):
     """-> the Engine as `serve` and `chat` run it."""
     from contract.engine_config import EngineConfig
     from engine.loader import load_streaming
@@ -48,7 +48,8 @@ def load_served(model: Path, preset: str, prerouter: Path | None, no_prerouter: 
 
         trace = prepare_out_dir(trace, force, "--trace")
     config = EngineConfig.from_preset(
-        preset, top_k=top_k, prerouter=None if prerouter is None else str(prerouter),
+        preset, top_k=top_k, readers=readers,
+        prerouter=None if prerouter is None else str(prerouter),
         lora=served_lora(model, lora, no_lora, prerouter, top_k))
     return load_streaming(model, config=config, on_load=on_load)
 
@@ -78,6 +79,7 @@ def serve(
     name: Annotated[str | None, typer.Option(
         "--model-id", help="Model name clients ask for (default: MODEL's directory name).")]
         = None,
+    readers: Readers = None,
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models,
     /health; streaming as Server-Sent Events), one request at a time in FIFO order."""
@@ -97,7 +99,7 @@ def serve(
     from server.worker import Worker
 
     engine = load_served(model, preset, prerouter, no_prerouter, lora, no_lora, top_k, trace,
-                         force)
+                         force, readers=readers)
     config = engine.config
     rec = None if trace is None else start_recorder(trace, engine)
     m = engine.manifest
@@ -148,6 +150,7 @@ def chat(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per reply.")] = 128,
     temp: Annotated[float, typer.Option("--temp", help="Sampling temperature.")] = 0.8,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    readers: Readers = None,
 ) -> None:
     """Chat in the terminal through the chat template; replies stream as they come.
     /reset starts over, /stats shows the last reply's engine figures, /quit leaves."""
@@ -157,7 +160,7 @@ def chat(
 
     loads: list[dict] = []
     engine = load_served(model, preset, prerouter, no_prerouter, lora, no_lora, top_k,
-                         on_load=loads.append)
+                         on_load=loads.append, readers=readers)
     config = engine.config
     session = ChatSession(engine, loads, max_tokens=max_tokens, temp=temp, seed=seed)
     out = sys.stdout

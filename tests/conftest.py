@@ -1,7 +1,8 @@
 """Shared, session-scoped model fixtures (built once per test run, in seconds).
 
 - tiny_random_dir:        mlx-lm dir of the `tiny-random` fixture (qwen3_moe, 4 x 32 experts)
-- tiny_random_converted:  its streaming conversion (int4 g64)
+- tiny_random_converted:  its streaming conversion (int4 g64, bundled layout)
+- tiny_random_stacked:    the same in the version-1 stacked layout
 - tiny_grouped_converted: the `tiny-grouped` fixture (bailing_moe sigmoid-group), converted
 - arch_model(arch):       (source dir, converted dir) of `small_config(arch)` for each supported
                           architecture, built on first use
@@ -36,6 +37,16 @@ def tiny_random_converted(tiny_random_dir, tmp_path_factory) -> Path:
 
     dst = tmp_path_factory.mktemp("tiny-random-converted") / "model"
     convert(tiny_random_dir, dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def tiny_random_stacked(tiny_random_dir, tmp_path_factory) -> Path:
+    """tiny-random in the version-1 (stacked) layout: a bundle is one range per tensor."""
+    from engine.convert import convert
+
+    dst = tmp_path_factory.mktemp("tiny-random-stacked") / "model"
+    convert(tiny_random_dir, dst, layout="stacked")
     return dst
 
 

@@ -90,9 +90,12 @@ _NP_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U32": np
 
 def read_tensors(path) -> dict[str, np.ndarray]:
     """Every tensor of a safetensors file from its bytes (bfloat16 as its uint16 bit patterns,
-    which `_float` decodes), with nothing but json and NumPy."""
+    which `_float` decodes), with nothing but json and NumPy; a bundled layer file's per-expert
+    slices stacked back (layer_reference.stack_experts)."""
     import json
     import struct
+
+    from layer_reference import stack_experts
 
     raw = open(path, "rb").read()
     (n,) = struct.unpack("<Q", raw[:8])
@@ -104,4 +107,4 @@ def read_tensors(path) -> dict[str, np.ndarray]:
         lo, hi = t["data_offsets"]
         out[name] = np.frombuffer(raw[8 + n + lo:8 + n + hi],
                                   dtype=_NP_DTYPES[t["dtype"]]).reshape(t["shape"])
-    return out
+    return stack_experts(out)

@@ -278,11 +278,18 @@ def test_model_profile_from_a_manifest(tiny_random_converted, tmp_path):
     assert prof.build_ms_per_layer == 0.3 and prof.consumer_count == 0
 
 
-def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_path):
+def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_path,
+                                                     model_copy):
     from calibration.run import calibrate
+    from engine.queue_depth import FILE
 
-    cal = calibrate(tiny_random_converted, tmp_path, quick=True)
-    assert not list(tmp_path.glob(".ssdmoe-calibrate-*"))  # scratch file removed
+    model = model_copy(tiny_random_converted)  # calibrate writes its queue depth beside it
+    cal = calibrate(model, tmp_path, quick=True)
+    assert not list(tmp_path.glob(".ssdmoe-*"))  # scratch files removed
+    record = json.loads((model / FILE).read_text())
+    assert record["readers"] in (1, 2) and set(record["gbps_by_depth"]) == {"1", "2"}
+    assert record["read_bytes"] == json.loads((model / "manifest.json").read_text())[
+        "bundle_bytes"]
     c, st = cal.compute, cal.storage
     assert all(t > 0 for t in st.cold_ms + st.warm_ms)
     assert st.cold_ms[-1] > st.warm_ms[-1]  # a cold 8 MiB read is slower than a warm one

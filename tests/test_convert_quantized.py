@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from dequant_reference import read_tensors, swiglu_reference
+from layer_reference import stacked_reference
 from safetensors.numpy import load_file
 
 from contract.engine_config import EngineConfig
@@ -92,7 +93,7 @@ def test_quantized_checkpoint_keeps_its_quantization(arch, options, attr, mlx_lm
     assert m.quantization["group_size"] == options["q_group_size"]
     assert m.quantization["requantized"] is False
     layer = m.moe_layers[0]
-    stored = load_file(str(tmp_path / "stream" / m.layers[layer].file))
+    stored = stacked_reference(tmp_path / "stream" / m.layers[layer].file)
     source = _expert_source(src, layer, attr)
     assert set(stored) == set(source)
     for name, v in source.items():  # bytes as the checkpoint has them (f32 scales here)

@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from dequant_reference import swiglu_reference
-from safetensors.numpy import load_file
+from layer_reference import stacked_reference
 
 from engine.archs import ARCHS
 from engine.loader import load_resident, load_streaming, streaming_blocks
@@ -34,7 +34,7 @@ def test_math_contract(arch, tokens, arch_model):
             loads.clear()
             y = np.array(ExactPath(store, layer)(mx.array(x), mx.array(inds)), dtype=np.float64)
             q = m.quantization
-            ref = swiglu_reference(x, inds, load_file(str(dst / m.layers[layer].file)),
+            ref = swiglu_reference(x, inds, stacked_reference(dst / m.layers[layer].file),
                                    q["group_size"], q["bits"], q["mode"], ACTIVATION.get(arch,
                                                                                 "swiglu"))
             rel = np.linalg.norm(y - ref) / np.linalg.norm(ref)

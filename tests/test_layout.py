@@ -10,6 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from layer_reference import stacked_reference
 from safetensors.numpy import load_file
 
 from contract.errors import BadInput
@@ -71,15 +72,29 @@ def test_convert_each_arch(arch, arch_model):
     linear_bias = arch == "gpt_oss"  # its experts add a bias after each projection
 
     # Experts: expert e's slice of each tensor, read from its byte range, equals mx.quantize of
-    # the source float expert; tensors start 4096-aligned in the file's data section.
+    # the source float expert. The bundled layout: per expert its slices back to back in the
+    # manifest's order (one contiguous range), every bundle starting 4096-aligned, a pad
+    # tensor filling the gap to the next bundle when there is one.
     for layer, entry in m.layers.items():
         path = dst / entry.file
         data_start, header = read_safetensors_header(path)
         assert data_start % 4096 == 0
         want = list(expert_tensor_names(True, linear_bias))
-        assert [k for k in header if k != "__metadata__"] == want == list(entry.names)
+        assert list(entry.names) == want
         assert len(want) == (12 if linear_bias else 9)
-        assert entry.bundle_bytes == sum(t.stride for t in entry.tensors.values())
+        assert entry.bundle_bytes == sum(t.nbytes for t in entry.tensors.values())
+        pad = -entry.bundle_bytes % 4096
+        order = [k for k in header if k != "__metadata__"]
+        per_expert = want + (["pad"] if pad else [])
+        assert order == [f"experts.{e}.{n}" for e in range(m.num_experts) for n in per_expert]
+        for e in range(m.num_experts):
+            ranges = [entry.expert_range(n, e) for n in want]
+            assert ranges[0][0] % 4096 == 0, (layer, e)
+            for (o0, n0), (o1, _) in zip(ranges, ranges[1:], strict=False):
+                assert o0 + n0 == o1, (layer, e)  # back to back: one contiguous range
+            for n, (off, length) in zip(want, ranges, strict=True):
+                a, b = header[f"experts.{e}.{n}"]["data_offsets"]
+                assert (data_start + a, b - a) == (off, length)
         prefix = f"model.layers.{layer}{experts}"
         for proj in ("gate_proj", "up_proj", "down_proj"):
             w = source[f"{prefix}{proj}.weight"]
@@ -90,7 +105,7 @@ def test_convert_each_arch(arch, arch_model):
                     parts.append(("bias", source[f"{prefix}{proj}.bias"][e]))
                 for part, ref in parts:
                     t = entry.tensors[f"{proj}.{part}"]
-                    got = _expert_slice(path, t.offset + e * t.stride, t.stride, t.shape[1:],
+                    got = _expert_slice(path, t.offset + e * t.stride, t.nbytes, t.shape[1:],
                                         t.dtype)
                     assert np.array_equal(got, np.array(ref)), (layer, proj, part, e)
 
@@ -111,7 +126,7 @@ def test_quantized_source_is_copied_or_requantized(tiny_random_converted, tmp_pa
     assert g32.quantization["requantized"] is True and g32.quantization["group_size"] == 32
     layer = g32.moe_layers[0]
     src = load_file(str(exported / "model.safetensors"))
-    out = load_file(str(tmp_path / "g32" / g32.layers[layer].file))
+    out = stacked_reference(tmp_path / "g32" / g32.layers[layer].file)
     prefix = f"model.layers.{layer}.mlp.switch_mlp.up_proj"
     deq = mx.dequantize(mx.array(src[f"{prefix}.weight"]), mx.array(src[f"{prefix}.scales"]),
                         mx.array(src[f"{prefix}.biases"]), 64, 4)

@@ -1,7 +1,8 @@
-"""Tensor slices smaller than a page share it with their page group's other experts
-(sim.page_cache, ModelProfile.shared_page_reads / page_group): the kernel's page cache does
-this to the engine's reads (checked with mincore), the profile derives it from a manifest, and
-the sim's reads and cold classes follow a hand-worked sequence."""
+"""In the stacked (version-1) layout, tensor slices smaller than a page share it with their page
+group's other experts (sim.page_cache, ModelProfile.shared_page_reads / page_group): the
+kernel's page cache does this to the engine's reads (checked with mincore), the profile derives
+it from a manifest, and the sim's reads and cold classes follow a hand-worked sequence. The
+bundled layout starts every bundle on a page: no page is shared, which the kernel confirms."""
 
 from __future__ import annotations
 
@@ -30,23 +31,38 @@ def _pages(tensors: dict, expert: int) -> set[int]:
     return pages
 
 
-def test_a_partners_read_caches_the_small_slices_pages(tiny_random_converted):
+def _grown_by_expert_1(root) -> tuple[int, int, dict]:
+    """(resident bytes after reading expert 0 of the first MoE layer, bytes expert 1's read
+    then added, its row), the expert files' pages dropped first (mincore)."""
+    with ExpertStore(read_manifest(root)) as store:
+        store.drop_page_cache()
+        if store.page_cache_bytes() != 0:
+            pytest.skip("this filesystem keeps file pages resident (tmpfs?): fadvise cannot drop")
+        index = store.manifest.moe_layers[0]
+        bufs = {n: np.zeros(s, dtype=dt) for n, (s, dt) in store.expert_shapes(index).items()}
+        store.read_bundle(index, 0, bufs)
+        first = store.page_cache_bytes(index)
+        row = store.read_bundle(index, 1, bufs)
+        return first, store.page_cache_bytes(index) - first, row
+
+
+def test_bundled_experts_share_no_page(tiny_random_converted):
+    raw = read_manifest_json(tiny_random_converted)
+    assert shared_page_slices(raw) == (0, 1)
+    first, grown, row = _grown_by_expert_1(tiny_random_converted)
+    bundle_pages = -(-int(raw["bundle_bytes"]) // PAGE)
+    assert first == grown == bundle_pages * PAGE and row["cold"]
+
+
+def test_a_partners_read_caches_the_small_slices_pages(tiny_random_stacked):
+    tiny_random_converted = tiny_random_stacked
     raw = read_manifest_json(tiny_random_converted)
     layer = raw["layers"][0]
     shared, group = shared_page_slices(raw)
     # tiny-random: the scales and biases are a fraction of a page a slice
     strides = sorted({int(t["stride"]) for t in layer["tensors"].values()})
     assert (shared, group) == (6, PAGE // strides[0]) and strides[0] < PAGE
-    with ExpertStore(read_manifest(tiny_random_converted)) as store:
-        store.drop_page_cache()
-        if store.page_cache_bytes() != 0:
-            pytest.skip("this filesystem keeps file pages resident (tmpfs?): fadvise cannot drop")
-        index = layer["layer"]
-        bufs = {n: np.zeros(s, dtype=dt) for n, (s, dt) in store.expert_shapes(index).items()}
-        store.read_bundle(index, 0, bufs)
-        first = store.page_cache_bytes(index)
-        row = store.read_bundle(index, 1, bufs)
-        grown = store.page_cache_bytes(index) - first
+    first, grown, row = _grown_by_expert_1(tiny_random_converted)
     # expert 1 brings in only the pages expert 0's read did not: its weights', not the
     # scales' and biases' it shares
     assert first == len(_pages(layer["tensors"], 0)) * PAGE

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from dequant_reference import swiglu_reference
-from safetensors.numpy import load_file
+from layer_reference import stacked_reference
 
 from contract.engine_config import EngineConfig
 from engine.generate import generate
@@ -45,7 +45,7 @@ def test_paths_equal_exact_and_reference(fixture, request):
         stats = PathStats()
         readers = ReaderPool(store, 2, stats)
         layer = m.moe_layers[-1]
-        ref_tensors = load_file(str(root / m.layers[layer].file))
+        ref_tensors = stacked_reference(root / m.layers[layer].file)
         paths = _paths(store, layer, readers, stats)
         # single tokens (decode, several calls so slots and LRU rows get reused), then 40
         for tokens in (1, 1, 1, 1, 1, 40):

@@ -33,7 +33,8 @@ def test_presets_and_round_trip():
     ({"decode": "fast"}, "decode path 'fast' unknown"),
     ({"layers": {1: {"decode": "nope"}}}, "layer 1 decode path 'nope'"),
     ({"layers": {1: {"middle": "exact"}}}, "unknown phase 'middle'"),
-    ({"readers": 0}, "readers must be >= 1"),
+    ({"readers": 0}, "readers .* must be an integer from 1 to 64, got 0"),
+    ({"readers": 65}, "readers .* must be an integer from 1 to 64, got 65"),
 ])
 def test_bad_config(kwargs, match):
     with pytest.raises(BadInput, match=match):

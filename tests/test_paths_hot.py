@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from layer_reference import stacked_reference
 
 from contract.errors import BadInput
 from engine.manifest import read_manifest
@@ -47,7 +47,7 @@ def test_lru_counts_hand_worked(env, tiny_random_converted):
     assert len(rows) == 14 and all(r["thread"].startswith("reader-") for r in rows)
     # every resident row holds its expert's bytes
     for (layer, e), row in pool.lru.items():
-        ref = load_file(str(tiny_random_converted / store.manifest.layers[layer].file))
+        ref = stacked_reference(tiny_random_converted / store.manifest.layers[layer].file)
         for n, v in pool.views.items():
             assert np.array_equal(v[row], ref[n][e]), (layer, e, n)
 

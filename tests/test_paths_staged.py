@@ -7,7 +7,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from layer_reference import stacked_reference
 
 from contract.engine_config import EngineConfig
 from engine.generate import generate
@@ -62,7 +62,7 @@ def test_sticky_slots_and_table(env, tiny_random_converted):
     for e, s in path.resident().items():
         assert table[e] == s
     assert all(table[e] == path.sentinel for e in (1, 2))
-    ref = load_file(str(tiny_random_converted / store.manifest.layers[1].file))
+    ref = stacked_reference(tiny_random_converted / store.manifest.layers[1].file)
     for e, s in path.resident().items():
         for n, v in path.views.items():
             assert np.array_equal(v[s], ref[n][e])

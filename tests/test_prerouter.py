@@ -13,6 +13,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from layer_reference import stacked_reference
 from mlx.utils import tree_flatten
 
 from contract.engine_config import EngineConfig
@@ -401,7 +402,6 @@ def test_predicted_routing_and_expert_outputs_against_float64(tiny_random_conver
     staged path's expert outputs are the dequantized float64 SwiGLU of those experts
     (relative L2 < 1%)."""
     from dequant_reference import swiglu_reference
-    from safetensors.numpy import load_file
 
     heads = _heads(tiny_random_converted, tmp_path / "pre")
     pre = Prerouter.load(heads)
@@ -436,7 +436,7 @@ def test_predicted_routing_and_expert_outputs_against_float64(tiny_random_conver
             path.predicted = predicted
     generate(model, tok, PROMPT, 6, temp=1.0, seed=2, stop_at_eos=False, runtime=eng.runtime)
     eng.close()
-    experts = {n: load_file(str(tiny_random_converted / m.layers[n].file)) for n in m.moe_layers}
+    experts = {n: stacked_reference(tiny_random_converted / m.layers[n].file) for n in m.moe_layers}
     checked = 0
     for c in range(2, len(calls)):
         for n in pre.spec.owners:

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from layer_reference import stacked_reference
 
 from engine.manifest import read_manifest
 from engine.store import PAGE, ExpertReadError, ExpertStore
@@ -38,7 +38,7 @@ def _needs_real_page_cache(store: ExpertStore) -> None:
 def test_read_bundle_matches_file(store, tiny_random_converted):
     m = store.manifest
     for layer in (m.moe_layers[0], m.moe_layers[-1]):
-        ref = load_file(str(tiny_random_converted / m.layers[layer].file))
+        ref = stacked_reference(tiny_random_converted / m.layers[layer].file)
         for e in (0, 7, m.num_experts - 1):
             buf = _buffers(store, layer)
             row = store.read_bundle(layer, e, buf)
@@ -49,7 +49,7 @@ def test_read_bundle_matches_file(store, tiny_random_converted):
 
 def test_read_layer_matches_file(store, tiny_random_converted):
     layer = store.manifest.moe_layers[1]
-    ref = load_file(str(tiny_random_converted / store.manifest.layers[layer].file))
+    ref = stacked_reference(tiny_random_converted / store.manifest.layers[layer].file)
     into = {n: np.zeros_like(v) for n, v in ref.items()}
     row = store.read_layer(layer, into)
     assert row["expert"] == -1 and row["source"] == "whole_layer"
@@ -93,7 +93,7 @@ def test_cold_then_warm(store):
 
 def test_o_direct_reads_identical_bytes_and_bypass_cache(tiny_random_converted):
     m = read_manifest(tiny_random_converted)
-    ref = load_file(str(tiny_random_converted / m.layers[2].file))
+    ref = stacked_reference(tiny_random_converted / m.layers[2].file)
     with ExpertStore(m, o_direct=True) as s:
         if not s.direct:
             pytest.skip(f"O_DIRECT refused here: {s.direct_fallback}")
@@ -116,10 +116,12 @@ def test_o_direct_reads_identical_bytes_and_bypass_cache(tiny_random_converted):
 
 def test_page_cache_budget_is_real(tiny_random_converted):
     m = read_manifest(tiny_random_converted)
-    # Budget of 4 bundles counted in whole pages (ranges are rounded out to pages).
+    # Budget of 4 bundles counted in whole pages (a bundle's ranges rounded out to the pages
+    # they touch, each page once: one span in the bundled layout).
     probe = ExpertStore(m)
-    pages = sum(-(-(off + ln) // PAGE) - off // PAGE for off, ln in probe.bundle_ranges(0, 0))
+    ranges = probe.bundle_ranges(0, 0)
     probe.close()
+    pages = -(-(ranges[-1][0] + ranges[-1][1]) // PAGE) - ranges[0][0] // PAGE
     budget = 4 * pages * PAGE
     with ExpertStore(m, page_cache_budget=budget) as s:
         if s.page_cache_bytes() != 0:
@@ -179,7 +181,7 @@ def test_o_direct_refused_falls_back_clearly(tiny_random_converted, monkeypatch)
     assert not s.direct and "Invalid argument" in s.direct_fallback
     buf = _buffers(s, 0)
     s.read_bundle(0, 2, buf)
-    ref = load_file(str(tiny_random_converted / m.layers[0].file))
+    ref = stacked_reference(tiny_random_converted / m.layers[0].file)
     assert all(np.array_equal(buf[n], ref[n][2]) for n in buf)
     s.close()
 
@@ -204,7 +206,7 @@ def test_o_direct_read_refused_falls_back_to_buffered(tiny_random_converted, mon
     with pytest.warns(UserWarning, match="O_DIRECT unavailable"):
         s.read_bundle(1, 3, buf)
     assert not s.direct and "Invalid argument" in s.direct_fallback
-    ref = load_file(str(tiny_random_converted / m.layers[1].file))
+    ref = stacked_reference(tiny_random_converted / m.layers[1].file)
     assert all(np.array_equal(buf[n], ref[n][3]) for n in buf)
     s.close()
 

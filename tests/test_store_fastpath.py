@@ -1,7 +1,7 @@
 """ExpertStore's cold/warm classification under both residency methods ("rwf_nowait": read with
 RWF_NOWAIT first; "mincore": ask before reading): cold after a drop, warm after a read, cold when
 only part of a bundle is resident, bytes equal to the file's, read errors still name layer,
-expert and file, and a warm RWF_NOWAIT load is one syscall per range."""
+expert and file, and a warm RWF_NOWAIT load is one syscall for the whole bundle."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _file_bytes(root, store: ExpertStore, layer: int, expert: int) -> dict[str, 
         for n in TENSOR_NAMES:
             t = entry.tensors[n]
             fh.seek(t.offset + expert * t.stride)
-            out[n] = fh.read(t.stride)
+            out[n] = fh.read(t.nbytes)
     return out
 
 
@@ -105,7 +105,7 @@ def test_partially_resident_bundle_is_cold(method, tiny_random_converted, model_
         assert s.residency(layer, e) == 1.0
         # Drop the whole pages of one range (gate_proj.weight: page aligned in this layout).
         t = s.manifest.layers[layer].tensors["gate_proj.weight"]
-        off, length = t.offset + e * t.stride, t.stride
+        off, length = t.offset + e * t.stride, t.nbytes
         p0, p1 = -(-off // PAGE), (off + length) // PAGE
         assert p1 > p0
         total = sum(-(-(o + n) // PAGE) - o // PAGE for o, n in s.bundle_ranges(layer, e))
@@ -164,7 +164,7 @@ def test_eio_names_layer_expert_file(method, tiny_random_converted, monkeypatch)
         assert s.manifest.layers[1].file in msg
 
 
-def test_warm_nowait_load_is_one_syscall_per_range(tiny_random_converted, monkeypatch):
+def test_warm_nowait_load_is_one_syscall(tiny_random_converted, monkeypatch):
     with _open(tiny_random_converted, "rwf_nowait") as s:
         calls: list[tuple[int, int, tuple]] = []
         real = os.preadv
@@ -176,11 +176,12 @@ def test_warm_nowait_load_is_one_syscall_per_range(tiny_random_converted, monkey
         monkeypatch.setattr(os, "preadv", counting)
         ranges = s.bundle_ranges(0, 11)
         s.read_bundle(0, 11, _buffers(s, 0))  # cold: every range tried without waiting first
-        assert calls[0] == (ranges[0][0], ranges[0][1], (os.RWF_NOWAIT,))
-        assert any(not flags for _, _, flags in calls)  # the rest came from blocking reads
+        whole = (ranges[0][0], sum(n for _, n in ranges))  # the bundled layout: one range
+        assert calls[0] == (*whole, (os.RWF_NOWAIT,))
+        assert len(calls) == 2 and calls[1][2] == ()  # the rest from one blocking read
         calls.clear()
         assert s.read_bundle(0, 11, _buffers(s, 0))["cold"] is False
-        assert calls == [(off, n, (os.RWF_NOWAIT,)) for off, n in ranges]
+        assert calls == [(*whole, (os.RWF_NOWAIT,))]
 
 
 def test_nowait_probe_falls_back_to_mincore(tiny_random_converted, monkeypatch):
