@@ -130,9 +130,10 @@ class ModelProfile:
     head_bytes: int  # weights of one head
     build_ms_per_layer: float  # CPU graph building per decoder layer on the reference CPU
     head_build_ms: float  # CPU graph building per head
-    whole_layer_reads: int = 9  # reads per whole-layer load at prefill (one per tensor)
+    whole_layer_reads: int = 9  # reads per whole-layer load at prefill (bundled layout: one
+    # vectored read per IOV_MAX iovecs; stacked: one per tensor)
     bundle_reads: int = 1  # device requests of a cold bundle read without readahead: one per
-    # range (the streaming layout reads a bundle's tensor slices one pread each)
+    # range (bundled layout: one contiguous range, one read; stacked: one pread per slice)
     device_bundle_bytes: int = 0  # bytes a cold bundle read moves from the device: its ranges
     # rounded out to whole pages, as the kernel reads them (0: bundle_bytes)
     shared_page_reads: int = 0  # of bundle_reads, the slices smaller than a page that share it

@@ -16,7 +16,8 @@ ROOT = HERE.parents[1]
 HARDWARE = ROOT / "scenarios" / "hardware" / "this-machine.toml"
 REGIMES = {"warm": "every expert in the page cache",
            "quarter": "page cache 1/4 of the expert bytes, unthrottled",
-           "quarter-15mbps": "page cache 1/4, reads throttled to 15 MB/s"}
+           "quarter-15mbps": "page cache 1/4, reads throttled to 15 MB/s",
+           "quarter-100mbps": "page cache 1/4, reads throttled to 100 MB/s"}
 ARMS = ("on-demand", "staged", "staged-prerouter")
 BEGIN, END = "<!-- tables: summarize.py -->", "<!-- /tables -->"
 
