@@ -6,6 +6,7 @@ median over rounds, the depths rotated within a round so drift spreads over all 
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ def measure(model_dir: Path, scratch_dir: Path | None = None, depths: tuple[int,
     # ~4 MiB per thread per round, at least 16 reads, within the scratch file
     per_thread = max(16, min(256, (4 * MIB) // size))
     scratch_bytes = max(scratch_bytes, -(-size * per_thread * max(depths) // MIB) * MIB)
-    path = scratch_dir / f".ssdmoe-queue-depth-{id(m)}.bin"
+    path = scratch_dir / f".ssdmoe-queue-depth-{os.getpid()}.bin"
     runs: dict[int, list[float]] = {n: [] for n in depths}
     try:
         write_scratch(path, scratch_bytes)

@@ -268,9 +268,9 @@ def convert(src: Path, dst: Path, bits: int | None = None, group_size: int | Non
         else:
             for k in list(tensors):  # the layer's experts in memory at once: a file per layer
                 tensors[k] = _evaluated(tensors[k], shard, k)
-            specs = bundled_specs(stacked)
+            specs, pad = bundled_specs(stacked), bundle_pad(stacked)
             files[rel], offsets = write_safetensors(
-                dst / rel, specs, lambda k, t=tensors: _bundle_slice(t, k))
+                dst / rel, specs, lambda k, t=tensors, p=pad: _bundle_slice(t, k, p))
             stride = offsets[f"experts.1.{next(iter(stacked))}"] - \
                 offsets[f"experts.0.{next(iter(stacked))}"] if num_experts > 1 else 0
             entry = {k: TensorEntry(offsets[f"experts.0.{k}"], stride, list(shape), dt,
@@ -303,8 +303,7 @@ def bundled_specs(stacked: dict[str, tuple[tuple[int, ...], str]]
     boundary when the bundle is not a multiple of it. The data section starts aligned
     (engine.safetensors_io), so every bundle does."""
     experts = next(iter(stacked.values()))[0][0]
-    bundle = sum(nbytes_of(shape[1:], dt) for shape, dt in stacked.values())
-    pad = -bundle % ALIGN
+    pad = bundle_pad(stacked)
     specs = []
     for e in range(experts):
         specs += [(f"experts.{e}.{k}", shape[1:], dt) for k, (shape, dt) in stacked.items()]
@@ -313,13 +312,18 @@ def bundled_specs(stacked: dict[str, tuple[tuple[int, ...], str]]
     return specs
 
 
-def _bundle_slice(stacked: dict, name: str):
-    """The array a bundled spec names: expert e's slice of a stacked tensor, or zero padding."""
+def bundle_pad(stacked: dict[str, tuple[tuple[int, ...], str]]) -> int:
+    """Bytes from the end of a bundle to the next ALIGN boundary (0 when it is a multiple)."""
+    return -sum(nbytes_of(shape[1:], dt) for shape, dt in stacked.values()) % ALIGN
+
+
+def _bundle_slice(stacked: dict, name: str, pad: int):
+    """The array a bundled spec names: expert e's slice of a stacked tensor, or `pad` zero
+    bytes."""
     import mlx.core as mx
 
     _, e, key = name.split(".", 2)
     if key == "pad":
-        pad = -sum(v[0].nbytes for v in stacked.values()) % ALIGN
         return mx.zeros((pad,), mx.uint8)
     return stacked[key][int(e)]
 

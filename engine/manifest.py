@@ -173,8 +173,7 @@ def _parse(d: dict, root: Path) -> Manifest:
         num_experts=int(d["num_experts"]), top_k=int(d["top_k"]), layers=layers,
         files={k: FileEntry(**v) for k, v in d["files"].items()},
         resident_quantization=d.get("resident_quantization"), source=d.get("source", ""),
-        format=d["format"], version=int(d["version"]),
-        layout=d.get("layout", LAYOUT_OF_VERSION[int(d["version"])]), root=root,
+        format=d["format"], version=int(d["version"]), layout=d["layout"], root=root,
     )
 
 
@@ -191,8 +190,9 @@ def read_manifest(root: Path) -> Manifest:
         raise BadInput(f"{path}: layout version {d.get('version')!r} unknown (this engine reads "
                        f"{', '.join(map(str, LAYOUT_OF_VERSION))}): re-convert the checkpoint "
                        "with ssdmoe convert")
-    if d.get("layout", LAYOUT_OF_VERSION[d["version"]]) not in LAYOUTS:
-        raise BadInput(f"{path}: layout {d.get('layout')!r} unknown (one of: "
+    d = {"layout": LAYOUT_OF_VERSION[d["version"]], **d}  # version 1 names no layout
+    if d["layout"] not in LAYOUTS:
+        raise BadInput(f"{path}: layout {d['layout']!r} unknown (one of: "
                        f"{', '.join(LAYOUTS)}): re-convert the checkpoint with ssdmoe convert")
     try:
         return _parse(d, root)

@@ -36,12 +36,13 @@ MAX_GAP = ALIGN  # a bundle's alignment padding is read through; anything larger
 @dataclass
 class Run:
     offset: int
-    buffers: list = field(default_factory=list)  # writable, C-contiguous, in file order
+    buffers: list = field(default_factory=list)  # writable, C-contiguous (NumPy arrays or
+    # memoryviews: anything with .nbytes), in file order
     length: int = 0
 
     def add(self, buf) -> None:
         self.buffers.append(buf)
-        self.length += memoryview(buf).nbytes
+        self.length += buf.nbytes
 
 
 class _Scratch(threading.local):
@@ -68,7 +69,7 @@ def plan(segments: list[tuple[int, object]], iov_max: int = IOV_MAX,
     runs: list[Run] = []
     end = -1
     for offset, buf in segments:
-        nbytes = memoryview(buf).nbytes
+        nbytes = buf.nbytes
         gap = offset - end
         cur = runs[-1] if runs else None
         joins = cur is not None and 0 <= gap <= max_gap and \
@@ -92,7 +93,7 @@ def tail(buffers: list, done: int) -> list:
     """The iovecs left of `buffers` after their first `done` bytes (to finish a short read)."""
     out = []
     for buf in buffers:
-        n = memoryview(buf).nbytes
+        n = buf.nbytes
         if done >= n:
             done -= n
             continue
