@@ -52,6 +52,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -99,6 +100,10 @@ class BenchSpec:
     seed: int = DECODE_SEED
     read_mbps: float | None = None  # block-I/O read throttle of each arm's worker
     read_iops: int | None = None
+    # the emulated machine each worker runs in (engine.machine_limits.MachineLimits.to_dict)
+    mem_limit: int | None = None
+    cpus: int | None = None
+    cpu_quota: float | None = None
     readers: int | None = None  # reads in flight (None: the model's queue_depth.json)
     # the same model converted otherwise (e.g. `convert --layout stacked`): every streaming
     # arm also runs on it, as ARM@before, in the same rounds, and is paired with ARM
@@ -203,7 +208,8 @@ def load_prompts(path: Path, n: int) -> list[str]:
 
 
 def summarize_arm(runs: list[dict]) -> dict:
-    """Medians over rounds of the per-round totals."""
+    """Medians over rounds of the per-round totals (of the rounds whose worker was not killed;
+    `killed_rounds` counts those, and their decode_tok_s_rounds entry is 0)."""
     def per_round(r: dict) -> dict:
         ps = r["prompts"]
         steps = sum(p["decode_steps"] for p in ps)
@@ -234,14 +240,20 @@ def summarize_arm(runs: list[dict]) -> dict:
             if cold and min(device, default=-1) >= 0 else float("nan"),
             "cold_load_ms": statistics.median(cold_ms) if cold_ms else float("nan"),
         }
-    rows = [per_round(r) for r in runs]
+    live = [r for r in runs if not r.get("killed")]
+    killed = {"killed_rounds": len(runs) - len(live),
+              "killed": next((r["killed"] for r in runs if r.get("killed")), None)}
+    if not live:
+        return {**killed, "decode_tok_s": 0.0, "decode_tok_s_rounds": [0.0] * len(runs)}
+    rows = [per_round(r) for r in live]
     out = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
-    out["decode_tok_s_rounds"] = [row["decode_tok_s"] for row in rows]
-    out["buffer_bytes"] = runs[0]["buffer_bytes"]
-    if runs[0].get("lora_load_s") is not None:
-        out["lora_load_s"] = statistics.median(r["lora_load_s"] for r in runs)
-        out["lora_bytes"] = runs[0]["lora_bytes"]
-    return out
+    out["decode_tok_s_rounds"] = [0.0 if r.get("killed") else per_round(r)["decode_tok_s"]
+                                  for r in runs]
+    out["buffer_bytes"] = live[0]["buffer_bytes"]
+    if live[0].get("lora_load_s") is not None:
+        out["lora_load_s"] = statistics.median(r["lora_load_s"] for r in live)
+        out["lora_bytes"] = live[0]["lora_bytes"]
+    return {**out, **killed}
 
 
 def add_before_ratios(summary: dict[str, dict]) -> None:
@@ -249,23 +261,28 @@ def add_before_ratios(summary: dict[str, dict]) -> None:
     median: what the conversion changed, with the machine's drift cancelled."""
     for arm, s in summary.items():
         b = summary.get(arm + BEFORE)
-        if b is not None:
-            s["over_before_paired"] = statistics.median(
-                x / y for x, y in zip(s["decode_tok_s_rounds"], b["decode_tok_s_rounds"],
-                                      strict=True))
+        pairs = [] if b is None else [
+            x / y for x, y in zip(s["decode_tok_s_rounds"], b["decode_tok_s_rounds"],
+                                  strict=True) if y > 0]
+        if pairs:
+            s["over_before_paired"] = statistics.median(pairs)
 
 
 def add_bounds(summary: dict[str, dict], bandwidth: float) -> None:
     """ratio to resident, and the bound max(compute, cold bytes / bandwidth) per step."""
     base = summary.get("resident")
+    if base is not None and "step_ms" not in base:
+        base = None  # resident was killed in every round: nothing to compare with
     compute_ms = base["step_ms"] if base else None
     for s in summary.values():
+        if "step_ms" not in s:
+            continue  # killed in every round
         s["ratio_to_resident"] = s["decode_tok_s"] / base["decode_tok_s"] if base else None
         # paired: arm / resident within each round (run minutes apart), then the median;
         # steadier than the ratio of medians when the machine's load drifts
-        s["ratio_paired"] = statistics.median(
-            a / b for a, b in zip(s["decode_tok_s_rounds"], base["decode_tok_s_rounds"],
-                                  strict=True)) if base else None
+        pairs = [a / b for a, b in zip(s["decode_tok_s_rounds"], base["decode_tok_s_rounds"],
+                                       strict=True) if b > 0] if base else []
+        s["ratio_paired"] = statistics.median(pairs) if pairs else None
         if compute_ms is None:
             continue
         disk_ms = 1e3 * s["cold_mib_per_step"] * 2**20 / bandwidth
@@ -299,12 +316,16 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
             for arm in order:
                 if progress:
                     progress(f"round {r + 1}/{spec.rounds}: {arm}")
-                if base_arm(arm) in STREAMING and spec.page_cache_budget is None:
+                # warm: every expert in the page cache (not under a memory limit, where the
+                # worker starts its emulated machine cold and warms within the limit)
+                if base_arm(arm) in STREAMING and spec.page_cache_budget is None \
+                        and spec.mem_limit is None:
                     warm_files(expert_files(Path(spec.before)) if arm.endswith(BEFORE)
                                else files)
                 result = _spawn(arm, spec, Path(tmp))
                 runs[arm].append(result)
-                tokens.setdefault(arm, [p["tokens"] for p in result["prompts"]])
+                if not result.get("killed"):
+                    tokens.setdefault(arm, [p["tokens"] for p in result["prompts"]])
     # the predicted-routing arms run the base model with other routing: other tokens
     same = {a: t for a, t in tokens.items() if base_arm(a) not in PREDICTED}
     ref = next(iter(same.values()), None)
@@ -331,6 +352,7 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
         "decode_routing": decode_routing(spec.temp, spec.seed),
         "throttle": None if spec.read_mbps is None and spec.read_iops is None else
         {"read_mbps": spec.read_mbps, "read_iops": spec.read_iops},
+        "machine_limits": limits_of(spec).to_dict(),
         "runs": runs, "machine": _machine(),
     })
 
@@ -366,8 +388,7 @@ def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
         "arm": base_arm(arm), "model": model, "prompts": spec.prompts,
         "max_tokens": spec.max_tokens, "readers": spec.readers,
         "page_cache_budget": spec.page_cache_budget, "warmup_tokens": spec.warmup_tokens,
-        "temp": spec.temp, "seed": spec.seed, "read_mbps": spec.read_mbps,
-        "read_iops": spec.read_iops,
+        "temp": spec.temp, "seed": spec.seed, "limits": limits_of(spec).to_dict(),
         "prerouter": spec.prerouter or str(Path(spec.model) / "prerouter"),
         "lora": spec.lora}))
     cmd = [sys.executable, "-m", "engine.bench_arm", str(spec_file), str(out_file)]
@@ -375,10 +396,24 @@ def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=spec.timeout_s)
     except subprocess.TimeoutExpired:
         raise BadInput(f"bench arm {arm}: timed out after {spec.timeout_s} s") from None
+    if p.returncode < 0 and spec.mem_limit is not None:
+        # killed by a signal under a memory limit: what the emulated machine did to the arm
+        oom = p.returncode == -signal.SIGKILL
+        return {"arm": arm, "killed": "out of memory (SIGKILL under the memory limit)" if oom
+                else f"signal {-p.returncode}"}
     if p.returncode != 0 or not out_file.exists():
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
         raise BadInput(f"bench arm {arm}: worker failed ({last})")
     return json.loads(out_file.read_text())
+
+
+def limits_of(spec: BenchSpec):
+    """The emulated machine of each worker (an empty MachineLimits: this machine)."""
+    from engine.machine_limits import MachineLimits
+    from engine.throttle import ThrottleSpec
+
+    return MachineLimits(mem_limit=spec.mem_limit, cpus=spec.cpus, cpu_quota=spec.cpu_quota,
+                         throttle=ThrottleSpec(spec.read_mbps, spec.read_iops))
 
 
 def _machine() -> dict:
@@ -394,11 +429,14 @@ def _machine() -> dict:
 def table_rows(result: dict) -> list[list[str]]:
     rows = []
     for arm, s in result["summary"].items():
+        if "step_ms" not in s:  # killed in every round
+            rows.append([arm, f"killed: {s['killed']}"] + ["-"] * (len(HEADERS) - 2))
+            continue
         ratio = s.get("ratio_to_resident")
         rows.append([
             arm, f"{s['decode_tok_s']:.1f}", f"{s['prefill_tok_s']:.1f}",
             "-" if ratio is None else f"{ratio:.2f}x",
-            "-" if ratio is None else f"{s['ratio_paired']:.2f}x",
+            _num(s.get("ratio_paired"), ".2f", "x"),
             f"{s['blocked_ms_per_step']:.2f}", f"{s['cpu_ms_per_step']:.1f}",
             f"{s['loads_per_step']:.1f}",
             f"{s['cold_mib_per_step']:.2f}",

@@ -221,13 +221,14 @@ def run_arm(spec: dict) -> dict:
 
 
 def worker_main(argv: list[str]) -> None:
-    from engine.throttle import ReadThrottle, ThrottleSpec
+    from engine.machine_limits import EmulatedMachine, MachineLimits
 
     spec = json.loads(Path(argv[0]).read_text())
-    throttle = ThrottleSpec(spec.get("read_mbps"), spec.get("read_iops"))
-    with ReadThrottle(Path(spec["model"]), throttle) as th:
+    # the whole arm, its model load included, runs on the emulated machine
+    with EmulatedMachine(Path(spec["model"]), MachineLimits.from_dict(spec["limits"])) as m:
         result = run_arm(spec)
-        result["throttle"] = th.record()
+        result["throttle"] = m.throttle_record()
+        result["machine"] = m.record()
     Path(argv[1]).write_text(json.dumps(result))
 
 

@@ -25,12 +25,17 @@ def plot(result: dict, path: Path) -> Path:
     top = max([s[a]["decode_tok_s"] for a in arms] + [b or 0 for b in bounds])
     a1.set_ylim(0, 1.25 * top)  # room for the legend above the bars
     a1.legend(loc="upper center", ncol=2)
-    a2.bar(x, [s[a]["prefill_tok_s"] for a in arms], color="tab:orange")
+    for i, a in enumerate(arms):
+        if s[a].get("killed") and "step_ms" not in s[a]:
+            a1.text(i, 0, "killed", rotation=90, ha="center", va="bottom", color="tab:red")
+    a2.bar(x, [s[a].get("prefill_tok_s", 0.0) for a in arms], color="tab:orange")
     a2.set_xticks(list(x), arms, rotation=30, ha="right")
     a2.set_ylabel("prefill tok/s (median)")
     budget = result["page_cache_budget"]
+    mem = (result.get("machine_limits") or {}).get("mem_limit")
     fig.suptitle(f"{Path(result['model']).name}: "
-                 + ("page cache warm" if budget is None else f"page-cache budget "
+                 + (f"memory limit {mem / 2**20:.0f} MiB" if mem is not None else
+                    "page cache warm" if budget is None else f"page-cache budget "
                     f"{budget / 2**20:.0f} MiB ({100 * budget / result['expert_bytes']:.0f}% "
                     "of experts)"))
     fig.tight_layout()

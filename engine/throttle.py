@@ -15,29 +15,26 @@ slice's bytes (throtl_slice, 100 ms) at the slice's start, so reads pass at full
 the slice's allowance is spent and then wait for the next slice. `BURST_S` is that slice; the
 simulator models the same mechanism (sim.throttle.SliceThrottle).
 
-Setting up moves this process into a fresh cgroup; leaving moves it back and removes the group,
-on normal exit, on an exception (Ctrl-C included) and, as a last resort, at interpreter exit.
+Setting up moves this process into a fresh cgroup (engine.cgroups); leaving moves it back and
+removes the group, on normal exit, on an exception (Ctrl-C included) and at interpreter exit.
 Rates are decimal: 1 MB/s = 10^6 bytes/s (as `ssd_bandwidth_gbps` is 10^9 bytes/s).
 No MLX here."""
 
 from __future__ import annotations
 
-import atexit
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from contract.errors import BadInput
+from engine.cgroups import CgroupUnavailable, ProcessGroups, check_controllers, hierarchy
 
-V1_ROOT = Path("/sys/fs/cgroup/blkio")
-V2_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
 BURST_S = 0.1  # v1 blk-throttle's slice (throtl_slice = HZ/10): what passes at full speed
 MB = 10**6
 
 
-class ThrottleUnavailable(BadInput):
+class ThrottleUnavailable(CgroupUnavailable):
     """The throttle cannot be set on this machine (one line saying why)."""
 
 
@@ -93,57 +90,29 @@ def block_device(path: Path) -> str:
     return dev
 
 
-def _hierarchy() -> tuple[str, Path]:
-    """('v1', blkio root) or ('v2', unified root with the io controller)."""
-    if (V1_ROOT / "blkio.throttle.read_bps_device").exists():
-        return "v1", V1_ROOT
-    for root in V2_ROOTS:
-        ctl = root / "cgroup.subtree_control"
-        if ctl.exists() and "io" in ctl.read_text().split():
-            return "v2", root
-    raise ThrottleUnavailable("reads cannot be throttled here: no cgroup v1 blkio throttle and "
-                              "no cgroup v2 io controller enabled")
-
-
-def _current_group(version: str) -> str:
-    """This process's cgroup path in that hierarchy (to move back to)."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        hid, controllers, path = line.split(":", 2)
-        if version == "v1" and "blkio" in controllers.split(","):
-            return path
-        if version == "v2" and hid == "0":
-            return path
-    return "/"
+def throttle_settings(spec: ThrottleSpec, device: str, version: str) -> list[tuple[str, str]]:
+    """The files and values that set `spec` on `device` in that hierarchy."""
+    bps, iops = spec.read_bps, spec.read_iops
+    if version == "v1":
+        out = []
+        if bps is not None:
+            out.append(("blkio.throttle.read_bps_device", f"{device} {bps}"))
+        if iops is not None:
+            out.append(("blkio.throttle.read_iops_device", f"{device} {iops}"))
+        return out
+    parts = [device] + ([f"rbps={bps}"] if bps is not None else []) \
+        + ([f"riops={iops}"] if iops is not None else [])
+    return [("io.max", " ".join(parts))]
 
 
 def check_available(spec: ThrottleSpec) -> None:
     """Raise ThrottleUnavailable (one line) when `spec` cannot be applied on this machine."""
     if not spec.active:
         return
-    if sys.platform != "linux":
-        raise ThrottleUnavailable(f"--read-mbps/--read-iops: {sys.platform} has no block-I/O "
-                                  "throttle this tool can set (Linux cgroups only)")
-    if os.geteuid() != 0:
-        raise ThrottleUnavailable("--read-mbps/--read-iops: setting the block-I/O throttle "
-                                  "needs root")
-    _hierarchy()
-
-
-def _remove_stale(root: Path) -> None:
-    """Empty groups of processes that were killed (SIGKILL leaves no chance to clean up)."""
-    for group in root.glob("ssdmoe-throttle-*"):
-        try:
-            pid = int(group.name.rsplit("-", 1)[1])
-            os.kill(pid, 0)
-            continue  # its process is alive
-        except (ValueError, ProcessLookupError):
-            pass
-        except PermissionError:
-            continue
-        try:
-            group.rmdir()
-        except OSError:
-            pass
+    try:
+        check_controllers(["io"], "--read-mbps/--read-iops")
+    except CgroupUnavailable as err:
+        raise ThrottleUnavailable(str(err)) from None
 
 
 class ReadThrottle:
@@ -151,64 +120,26 @@ class ReadThrottle:
 
     def __init__(self, path: Path, spec: ThrottleSpec):
         self.path, self.spec = Path(path), spec
-        self.group: Path | None = None
-        self.version = ""
+        self.groups: ProcessGroups | None = None
         self.device = ""
-        self.home = "/"
-        self.root = V1_ROOT
 
     def __enter__(self) -> ReadThrottle:
         if not self.spec.active:
             return self
         check_available(self.spec)
         self.device = block_device(self.path)
-        self.version, self.root = _hierarchy()
-        self.home = _current_group(self.version)
-        _remove_stale(self.root)
-        group = self.root / f"ssdmoe-throttle-{os.getpid()}"
+        version, _ = hierarchy("io")
+        self.groups = ProcessGroups({"io": throttle_settings(self.spec, self.device, version)},
+                                    what="--read-mbps/--read-iops")
         try:
-            group.mkdir(exist_ok=True)
-            self.group = group
-            self._write_limits(group)
-            (group / "cgroup.procs").write_text(str(os.getpid()))
-        except OSError as err:
-            self._leave()
-            raise ThrottleUnavailable(f"--read-mbps/--read-iops: cannot set the throttle in "
-                                      f"{group} ({err.strerror})") from None
-        atexit.register(self._leave)
+            self.groups.__enter__()
+        except CgroupUnavailable as err:
+            raise ThrottleUnavailable(str(err)) from None
         return self
 
-    def _write_limits(self, group: Path) -> None:
-        bps, iops = self.spec.read_bps, self.spec.read_iops
-        if self.version == "v1":
-            if bps is not None:
-                (group / "blkio.throttle.read_bps_device").write_text(f"{self.device} {bps}")
-            if iops is not None:
-                (group / "blkio.throttle.read_iops_device").write_text(f"{self.device} {iops}")
-        else:
-            parts = [self.device]
-            if bps is not None:
-                parts.append(f"rbps={bps}")
-            if iops is not None:
-                parts.append(f"riops={iops}")
-            (group / "io.max").write_text(" ".join(parts))
-
     def __exit__(self, *exc: object) -> None:
-        self._leave()
-
-    def _leave(self) -> None:
-        """Move back home and remove the group (idempotent)."""
-        group, self.group = self.group, None
-        if group is None:
-            return
-        try:
-            (self.root / self.home.lstrip("/") / "cgroup.procs").write_text(str(os.getpid()))
-        except OSError:
-            (self.root / "cgroup.procs").write_text(str(os.getpid()))
-        try:
-            group.rmdir()
-        except OSError:
-            pass  # a child still in it: the kernel keeps the group until it is empty
+        if self.groups is not None:
+            self.groups.leave()
 
     def record(self) -> dict[str, Any] | None:
         """run.json `throttle`: what was set, where and how (None when unthrottled)."""
@@ -216,6 +147,7 @@ class ReadThrottle:
             return None
         return {"read_mbps": self.spec.read_mbps, "read_bps": self.spec.read_bps,
                 "read_iops": self.spec.read_iops, "device": self.device,
-                "mechanism": ("cgroup v1 blkio.throttle" if self.version == "v1"
+                "mechanism": ("cgroup v1 blkio.throttle"
+                              if self.groups is not None and self.groups.versions.get("io") == "v1"
                               else "cgroup v2 io.max"),
                 "burst_s": BURST_S}

@@ -24,6 +24,11 @@ vocabulary (sim.policies):
                                         throttle_kind blk-throttle (engine.throttle's v1 and v2
                                         mechanisms are both the kernel's blk-throttle,
                                         sim.throttle)
+  extra.machine (an emulated machine:   cpuset: cpu_cores = its core count; cpu_quota F: cpu_cores =
+  engine.machine_limits)                min(cores, F) (CFS bandwidth as a fluid share of a core);
+                                        memory: the page cache holds what the group's limit leaves
+                                        after the process's own memory (measured at entry, and
+                                        what it allocated by exit), as a budget of that size
   lookahead                             lookahead=true when the config has it on (traces from
                                         before it existed have no such key: off) and every decode
                                         path in use is one that does not sync at build (staged,
@@ -348,9 +353,23 @@ def scenario_for(trace: Trace, scenario: str | None = None,
         derived.append(f"throttle_burst_s={throttle['burst_s']}")
     if throttle.get("read_mbps") or throttle.get("read_iops"):
         derived.append("throttle_kind=blk-throttle")
+    machine = (trace.run.get("extra") or {}).get("machine") or {}
+    cores = len((machine.get("cpuset") or {}).get("cores") or []) or None
+    quota = (machine.get("cpu_quota") or {}).get("cores")
+    if cores or quota:
+        have = cores or sc.hardware.cpu_cores or quota
+        derived.append(f"cpu_cores={min(have, quota or have):g}")
     sc = apply_overrides(sc, derived + list(sets or []))
     engine = trace.run.get("engine") or {}
     budget_bytes = engine.get("page_cache_budget")
+    memory = machine.get("memory") or {}
+    if memory and budget_bytes is None:  # the kernel's limit is the budget: what it leaves
+        # what the process allocated inside the group (measured at exit) is not page cache
+        grown = max(memory.get("own_bytes_at_exit", 0) - memory["own_bytes_at_entry"], 0)
+        budget_bytes = memory["group_limit_bytes"] - grown
+        notes.append(f"memory limit {memory['limit_bytes']} bytes less the process's own "
+                     f"{memory['own_bytes_at_entry']} bytes at entry and {grown} allocated "
+                     f"after: a page cache of {budget_bytes} bytes")
     # the manifest the trace names, else the model profile's figure from the same manifest (a
     # trace moved to another machine: the page cache must not depend on where it is replayed)
     paged = paged_bundle_bytes(trace) or sc.model.device_bundle_bytes or None
@@ -359,7 +378,7 @@ def scenario_for(trace: Trace, scenario: str | None = None,
     if budget_bytes is not None and not engine.get("o_direct_effective", engine.get("o_direct")):
         sc = with_page_cache(sc, int(budget_bytes), notes, paged)
         evict = sc.notes.get("budget_evict_ms.in_decode")  # the store drops evicted pages
-        if evict is not None:
+        if evict is not None and not memory:  # (under a memory limit the kernel reclaims)
             sc.budget_evict_ms = float(evict)
         derived.append(f"page cache = {int(budget_bytes)} bytes")
     sc.source = f"{sc.source} (sim compare {trace.path})"

@@ -13,7 +13,10 @@ import typer
 
 from contract.errors import BadInput
 from ssdmoe_cli.options import (
+    CpuQuota,
+    Cpus,
     LoraDir,
+    MemLimit,
     NoLora,
     Readers,
     ReadIops,
@@ -56,6 +59,9 @@ def bench(
     seed: Seed = DECODE_SEED,
     read_mbps: ReadMbps = None,
     read_iops: ReadIops = None,
+    mem_limit: MemLimit = None,
+    cpus: Cpus = None,
+    cpu_quota: CpuQuota = None,
     before: Annotated[Path | None, typer.Option(
         "--before", help="The same model converted otherwise (e.g. ssdmoe convert --layout "
         "stacked): each streaming arm also runs on it as ARM@before, rotated and paired in the "
@@ -101,10 +107,11 @@ def bench(
         raise BadInput("--rounds and --num-prompts must be >= 1, --max-tokens >= 2")
     if temp < 0:
         raise BadInput(f"--temp: must be >= 0, got {temp}")
-    from engine.throttle import ThrottleSpec, check_available
+    from engine.machine_limits import MachineLimits, check_available, describe
 
-    throttle = ThrottleSpec.parse(read_mbps, read_iops)
-    check_available(throttle)
+    limits = MachineLimits.parse(mem_limit, cpus, cpu_quota, read_mbps, read_iops)
+    check_available(limits)
+    throttle = limits.throttle
     manifest = open_manifest(model, verify=False)
     if before is not None:
         other = open_manifest(before, verify=False)
@@ -148,10 +155,14 @@ def bench(
                      max_tokens=max_tokens, rounds=rounds, page_cache_budget=budget,
                      prerouter=None if prerouter is None else str(prerouter), lora=adapter,
                      temp=temp, seed=seed, read_mbps=throttle.read_mbps,
-                     read_iops=throttle.read_iops, readers=readers,
+                     read_iops=throttle.read_iops, mem_limit=limits.mem_limit, cpus=limits.cpus,
+                     cpu_quota=limits.cpu_quota, readers=readers,
                      before=None if before is None else str(before))
     name = Path(model).name + ("" if budget is None else f"-budget{round(100 * budget / total)}")
     name += "" if throttle.read_mbps is None else f"-{throttle.read_mbps:g}mbps"
+    name += "" if limits.mem_limit is None else f"-mem{limits.mem_limit >> 20}m"
+    name += "" if limits.cpus is None else f"-{limits.cpus}cpu"
+    name += "" if limits.cpu_quota is None else f"-quota{limits.cpu_quota:g}"
     json_path = json_out or Path("reports/bench") / f"{name}.json"
     png_path = png or json_path.with_suffix(".png")
 
@@ -176,7 +187,9 @@ def bench(
     typer.echo(f"{Path(model).name}: {len(spec.prompts)} prompts x {max_tokens} tokens, "
                f"{rounds} rounds, disk {result['disk_bandwidth_bytes_s'] / 1e6:.0f} MB/s"
                + ("" if throttle.read_mbps is None else " (the read throttle)") + ", "
-               + ("page cache warm" if budget is None else
+               + (f"emulated machine: {describe(limits)}, " if limits.active else "")
+               + ("page cache: what the memory limit leaves" if limits.mem_limit is not None
+                  else "page cache warm" if budget is None else
                   f"page-cache budget {budget} bytes ({100 * budget / total:.0f}% of experts)"))
     typer.echo(markdown_table(result))
     mode = "greedy" if temp == 0 else f"sampled (temp {temp:g}, seed {seed})"

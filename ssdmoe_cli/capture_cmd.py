@@ -15,7 +15,10 @@ import typer
 
 from contract.errors import BadInput
 from ssdmoe_cli.options import (
+    CpuQuota,
+    Cpus,
     LoraDir,
+    MemLimit,
     NoLora,
     Readers,
     ReadIops,
@@ -73,6 +76,9 @@ def capture(
     no_lora: NoLora = False,
     read_mbps: ReadMbps = None,
     read_iops: ReadIops = None,
+    mem_limit: MemLimit = None,
+    cpus: Cpus = None,
+    cpu_quota: CpuQuota = None,
     temp: Temp = DECODE_TEMP,
     greedy: Annotated[bool, typer.Option(
         "--greedy", help="Greedy decoding (same as --temp 0; tiny fixtures' greedy text loops, "
@@ -122,10 +128,15 @@ def capture(
         raise BadInput("--out: required (the trace directory to write)")
     if greedy:
         temp = 0.0
-    from engine.throttle import ReadThrottle, ThrottleSpec, check_available
+    from engine.machine_limits import (
+        EmulatedMachine,
+        MachineLimits,
+        anonymous_bytes,
+        check_available,
+    )
 
-    throttle = ThrottleSpec.parse(read_mbps, read_iops)
-    check_available(throttle)
+    limits = MachineLimits.parse(mem_limit, cpus, cpu_quota, read_mbps, read_iops)
+    check_available(limits)
     if not (model / "manifest.json").is_file():
         raise BadInput(f"{model}: not a converted model (no manifest.json; ssdmoe convert)")
 
@@ -139,12 +150,18 @@ def capture(
         page_cache_fraction=page_cache_fraction, verify=verify, lookahead=lookahead,
         prerouter=prerouter, lead=lead, top_k=top_k, readers=readers,
         lora=served_lora(model, lora, no_lora, prerouter, top_k))
-    if out is not None and not overhead:
-        try:
+    # the emulated machine starts once the model is loaded (as the throttle always did: loading
+    # is not what is measured), and before --out is touched: a refused limit loses nothing
+    machine = EmulatedMachine(model, limits)
+    own_after_load = anonymous_bytes()  # what a memory limit must leave room for (run.json)
+    try:
+        machine.__enter__()
+        if out is not None and not overhead:
             out = prepare_out_dir(out, force)
-        except BaseException:
-            engine.close()
-            raise
+    except BaseException:
+        machine.leave()
+        engine.close()
+        raise
     for n, text in enumerate(texts, 1):
         if not engine.tokenizer.encode(text):
             raise BadInput(f"{prompts}:{n}: prompt encodes to no tokens")
@@ -153,20 +170,24 @@ def capture(
             _overhead(model, engine, texts, max_tokens, rounds, report, progress)
             return
         _sigterm_as_interrupt()
-        with ReadThrottle(model, throttle) as th:
-            extra = {"capture": {"prompts_file": str(prompts), "prompts": len(texts),
-                                 "max_tokens": max_tokens, "temp": temp, "seed": seed,
-                                 "decode_routing": decode_routing(temp, seed),
-                                 "prefill_step_size": prefill_step_size,
-                                 "stop_at_eos": stop_at_eos},
-                     "throttle": th.record()}
-            rec = start_recorder(out, engine, extra=extra)
-            with rec, _progress(progress, len(texts) * max(max_tokens - 1, 1)) as bar:
-                results = run_capture(engine, texts, max_tokens, recorder=rec,
-                                      temp=temp, seed=seed,
-                                      prefill_step_size=prefill_step_size,
-                                      stop_at_eos=stop_at_eos, on_step=bar)
+        extra = {"capture": {"prompts_file": str(prompts), "prompts": len(texts),
+                             "max_tokens": max_tokens, "temp": temp, "seed": seed,
+                             "decode_routing": decode_routing(temp, seed),
+                             "prefill_step_size": prefill_step_size,
+                             "stop_at_eos": stop_at_eos},
+                 "throttle": machine.throttle_record(), "machine": machine.record(),
+                 "process": {"own_bytes_after_load": own_after_load}}
+        rec = start_recorder(out, engine, extra=extra)
+        with rec, _progress(progress, len(texts) * max(max_tokens - 1, 1)) as bar:
+            results = run_capture(engine, texts, max_tokens, recorder=rec,
+                                  temp=temp, seed=seed,
+                                  prefill_step_size=prefill_step_size,
+                                  stop_at_eos=stop_at_eos, on_step=bar)
+            extra["process"]["own_bytes_at_exit"] = anonymous_bytes()
+            if extra["machine"] and "memory" in extra["machine"]:
+                extra["machine"]["memory"].update(machine.exit_figures())
     finally:
+        machine.leave()
         engine.close()
     from engine.capture import decode_tok_s
 

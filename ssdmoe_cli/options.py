@@ -12,6 +12,14 @@ ReadMbps = Annotated[str | None, typer.Option(
     "throttle; Linux, root).")]
 ReadIops = Annotated[str | None, typer.Option(
     "--read-iops", help="Throttle reads from the model's disk to N reads per second.")]
+MemLimit = Annotated[str | None, typer.Option(
+    "--mem-limit", help="Emulate a machine whose RAM leaves this much to the process and its "
+    "page cache together: 700M, 1.5G (the kernel's memory control group; Linux, root).")]
+Cpus = Annotated[int | None, typer.Option(
+    "--cpus", help="Run on N cores only (the kernel's cpuset; Linux, root).")]
+CpuQuota = Annotated[str | None, typer.Option(
+    "--cpu-quota", help="CPU time in cores' worth per 100 ms, e.g. 0.5 (the kernel's CFS "
+    "bandwidth control; Linux, root).")]
 Temp = Annotated[float, typer.Option(
     "--temp", help="Sampling temperature (default 1.0: realistic routing; 0 = greedy, whose "
     "tiny-fixture text loops).")]

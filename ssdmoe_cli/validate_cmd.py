@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 
 from contract.errors import BadInput, read_json_object
+from ssdmoe_cli.options import CpuQuota, Cpus, MemLimit
 
 DEFAULT_MODEL = Path("models") / "tiny-trained-stream"
 
@@ -175,6 +176,56 @@ def _refit_from_isolated(scenario: Path, fit_file: Path) -> None:
                    "validate")
 
 
+def _transfer(machines: Path, model: Path, out: Path, fresh: bool, calibrate: bool,
+              rounds: int, max_tokens: int, prompts: int) -> None:
+    """validate --transfer: calibrate on this machine with `model` (unless --no-calibrate or
+    already done in `out`), capture every point of the machines file on its emulated machine,
+    predict each from the committed profiles, write transfer.json and README.md in `out`."""
+    from engine.machine_limits import MachineLimits, check_available
+    from engine.throttle import ThrottleSpec
+    from validation import transfer as tr
+    from validation.run import Plan, prompts_file
+
+    plan = tr.load_machines(machines)
+    tr.check_models(plan)
+    for m in {p.machine for p in plan.points}:  # can each be set here? (one line if not)
+        check_available(MachineLimits(
+            cpus=m.cpus, cpu_quota=m.cpu_quota,
+            mem_limit=1 << 30 if m.page_cache_share else None,
+            throttle=ThrottleSpec(m.read_mbps, m.read_iops)))
+    if rounds < 1 or max_tokens < 2 or prompts < 1:
+        raise BadInput("--rounds and --prompts must be >= 1, --max-tokens >= 2")
+    if out == Path("reports") / "validation":
+        out = Path("reports") / "transfer" / "validate"
+    settings = {"machines": str(machines), "rounds": rounds, "max_tokens": max_tokens,
+                "prompts": prompts}
+    _start(out, settings, fresh)
+    if (model / "manifest.json").is_file():
+        _calibration(model, out, calibrate)
+    plan.out, plan.rounds, plan.max_tokens, plan.prompts = out, rounds, max_tokens, prompts
+    prompt_file = prompts_file(Plan(model=model, out=out, prompts=prompts))
+    t0 = time.perf_counter()
+    results = tr.run(plan, prompt_file,
+                     lambda msg: _say(f"{msg}  [{time.perf_counter() - t0:.0f} s]"))
+    s = tr.summary(results)
+    command = " ".join(["ssdmoe", *sys.argv[1:]])
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    (out / "transfer.json").write_text(json.dumps(
+        {"machines_file": str(machines),
+         "machines": {k: vars(v) for k, v in plan.machines.items()},
+         "own_bytes": plan.own, "results": results, "summary": s, "command": command,
+         "date": date}, indent=1) + "\n")
+    table = tr.markdown(results, s)
+    (out / "README.md").write_text(
+        "# Transfer: calibrated here, predicted on emulated machines and a held-out model\n\n"
+        f"`{command}` ({date}; machines: `{machines}`). Each point: measured (m) on its "
+        "emulated machine, simulated (s) by `sim compare` from the committed profiles and the "
+        "trace's own record of its machine, no refit. Medians over rounds.\n\n"
+        + table + "\n")
+    typer.echo(table)
+    typer.echo(f"wrote {out / 'transfer.json'} and {out / 'README.md'}")
+
+
 def _profile_fitter(scenario: Path, fit_file: Path, fitted: dict):
     """fit(calibration results): the calibration configurations fit the scenario's per-path
     costs (validation.calibration); the fit file keeps the isolated-loop figures of the first
@@ -229,6 +280,14 @@ def validate(
     recompare: Annotated[bool, typer.Option(
         "--recompare", help="Keep the captured traces and their calibration; refit and "
         "predict them again (after a simulator change).")] = False,
+    mem_limit: MemLimit = None,
+    cpus: Cpus = None,
+    cpu_quota: CpuQuota = None,
+    transfer: Annotated[Path | None, typer.Option(
+        "--transfer", help="Transfer mode: the machines file's points (emulated machines, "
+        "held-out models, other K), each captured on its machine and predicted from this "
+        "machine's calibration with no refit (e.g. scenarios/transfer/machines.toml; report "
+        "in --out, default reports/transfer/validate).")] = None,
 ) -> None:
     """Measure a matrix of real configurations, predict each with the simulator, report."""
     from dataclasses import asdict
@@ -238,8 +297,20 @@ def validate(
     from validation import report, run
     from validation.matrix import default_matrix, load_matrix
 
+    if transfer is not None:
+        if mem_limit or cpus or cpu_quota or read_mbps or read_iops or matrix:
+            raise BadInput("--transfer: the machines file sets the machines; give no "
+                           "--mem-limit, --cpus, --cpu-quota, --read-mbps/--read-iops or "
+                           "--matrix with it")
+        _transfer(transfer, model, out, fresh, calibrate, rounds, max_tokens or 32,
+                  prompts or 2)
+        return
     if not (model / "manifest.json").is_file():
         raise BadInput(f"{model}: not a converted model (no manifest.json; ssdmoe convert)")
+    from engine.machine_limits import MachineLimits, check_available
+
+    machine = MachineLimits.parse(mem_limit, cpus, cpu_quota)  # every capture runs on it
+    check_available(machine)
     throttles = [f"{t.strip()}mbps" for t in (read_mbps or "").split(",") if t.strip()]
     throttles += [f"{t.strip()}iops" for t in (read_iops or "").split(",") if t.strip()]
     if throttles and matrix is not None:
@@ -260,7 +331,8 @@ def validate(
         raise BadInput("--recompare keeps the captured traces; --fresh forgets them: one or "
                        "the other")
     settings = {"model_sha256": sha, "prompts": n_prompts, "max_tokens": tokens,
-                **({"rounds": rounds} if rounds > 1 else {})}
+                **({"rounds": rounds} if rounds > 1 else {}),
+                **({"machine": machine.to_dict()} if machine.active else {})}
     if recompare:
         sha = _recompared(out, settings)
         settings["model_sha256"] = sha
@@ -272,7 +344,7 @@ def validate(
     cal = _calibration(model, out, calibrate)
 
     plan = run.Plan(model=model, out=out, prompts=n_prompts, max_tokens=tokens, heads=heads,
-                    rounds=rounds)
+                    rounds=rounds, machine=machine.flags())
     t0 = time.perf_counter()
 
     def progress(i: int, n: int, c, what: str) -> None:

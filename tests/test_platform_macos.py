@@ -140,11 +140,11 @@ def test_page_cache_budget_refused_in_one_line(tiny_random_converted, tmp_path, 
 def test_validate_skips_what_macos_cannot_run(tiny_random_converted, macos, monkeypatch):
     """Page-cache budgets cannot be held on macOS (and the kernel throttle is Linux's): the
     matrix keeps what can run and names the rest, each reason said once."""
-    import engine.throttle as throttle
+    import engine.cgroups as cgroups
     from ssdmoe_cli.validate_cmd import _runnable
     from validation.matrix import default_matrix
 
-    monkeypatch.setattr(throttle.sys, "platform", "darwin")
+    monkeypatch.setattr(cgroups.sys, "platform", "darwin")
     configs = default_matrix(quick=True).configs()
     kept, skipped, heads = _runnable(configs, tiny_random_converted, train_heads=False)
     assert kept and all(c.page_cache == "all" and not c.throttled for c in kept)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,8 @@ class Plan:
     temp: float = DECODE_TEMP
     seed: int = DECODE_SEED
     rounds: int = 1
+    # every capture on this emulated machine: MachineLimits.flags() (--mem-limit, --cpus, ...)
+    machine: list[str] = field(default_factory=list)
 
     def trace_dir(self, c: Config, round_: int = 0) -> Path:
         name = c.name if round_ == 0 else f"{c.name}.r{round_}"
@@ -97,11 +99,12 @@ def cli(*args: str) -> list[str]:
 
 def capture(plan: Plan, c: Config, prompts: Path, round_: int = 0) -> None:
     out = plan.trace_dir(c, round_)
-    if PAGE_CACHE[c.page_cache] is None:  # configuration "all": every expert file cached
-        warm_files(expert_files(plan.model))
+    if PAGE_CACHE[c.page_cache] is None and "--mem-limit" not in plan.machine:
+        warm_files(expert_files(plan.model))  # "all": every expert file cached
     cmd = cli("capture", str(plan.model), "--out", str(out), "--force", "--no-progress",
               "--prompts", str(prompts), "--max-tokens", str(plan.max_tokens),
-              "--temp", str(plan.temp), "--seed", str(plan.seed), *c.capture_args(plan.heads))
+              "--temp", str(plan.temp), "--seed", str(plan.seed), *c.capture_args(plan.heads),
+              *plan.machine)
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ,
                                                                   "PYTHONUNBUFFERED": "1"})
     if r.returncode != 0:

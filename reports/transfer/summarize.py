@@ -1,0 +1,147 @@
+"""Measured against simulated on emulated machines: every trace that reports/transfer/run.sh
+captured (traces/<curve>/<point>.r<round>) is replayed with `ssdmoe sim compare` on the
+committed profiles (nothing refitted), and each point's medians over rounds are put side by
+side. Writes transfer.json, README.md's tables (between the markers) and one PNG per curve.
+Usage: python reports/transfer/summarize.py"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+COMPONENTS = ("decode_tok_s", "blocked_ms_per_step", "build_ms_per_step", "eval_ms_per_step",
+              "cold_fraction")
+BEGIN, END = "<!-- tables: summarize.py -->", "<!-- end tables -->"
+
+
+def compare(trace: Path) -> dict:
+    p = subprocess.run([sys.executable, "-m", "ssdmoe_cli", "sim", "compare", str(trace),
+                        "--json"], capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        raise SystemExit(f"{trace}: sim compare failed: {p.stderr.strip()[-300:]}")
+    d = json.loads(p.stdout)
+    out = {}
+    for key in COMPONENTS:
+        if key in d["metrics"]:
+            out[key] = (d["metrics"][key]["measured"], d["metrics"][key]["simulated"])
+        else:  # the build/eval split lives in the sim section
+            out[key] = (d["sim"][f"measured_{key}"], d["sim"][key])
+    return out
+
+
+def points(curve_dir: Path) -> dict[str, dict]:
+    """point name -> {metric: {"measured": median, "simulated": median, "rounds": n}}."""
+    runs: dict[str, list[dict]] = {}
+    for trace in sorted(curve_dir.glob("*.r*")):
+        run = trace / "run.json"
+        if not run.is_file() or not json.loads(run.read_text()).get("complete"):
+            continue
+        runs.setdefault(re.sub(r"\.r\d+$", "", trace.name), []).append(compare(trace))
+    out = {}
+    for name, rows in runs.items():
+        out[name] = {k: {"measured": statistics.median(r[k][0] for r in rows),
+                         "simulated": statistics.median(r[k][1] for r in rows)}
+                     for k in COMPONENTS}
+        out[name]["rounds"] = len(rows)
+    return out
+
+
+def err(p: dict, key: str = "decode_tok_s") -> float:
+    m, s = p[key]["measured"], p[key]["simulated"]
+    return 100 * (s / m - 1) if m else float("nan")
+
+
+def pair(p: dict, k: str, fmt: str = ".1f") -> str:
+    return f"{p[k]['measured']:{fmt}} / {p[k]['simulated']:{fmt}}"
+
+
+def table(pts: dict[str, dict]) -> list[str]:
+    lines = ["| point | rounds | decode tok/s measured | simulated | error | blocked ms/step "
+             "measured / simulated | build ms/step | eval ms/step | cold fraction |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, p in pts.items():
+        lines.append(f"| {name} | {p['rounds']} | {p['decode_tok_s']['measured']:.2f} | "
+                     f"{p['decode_tok_s']['simulated']:.2f} | {err(p):+.0f}% | "
+                     f"{pair(p, 'blocked_ms_per_step')} | {pair(p, 'build_ms_per_step')} | "
+                     f"{pair(p, 'eval_ms_per_step')} | {pair(p, 'cold_fraction', '.2f')} |")
+    return lines
+
+
+def gains(pts: dict[str, dict], tags: list[str]) -> list[str]:
+    """The prerouter's gain (staged-token over on-demand) per machine, measured and simulated."""
+    lines = ["| machine | gain measured | gain simulated |", "|---|---|---|"]
+    for tag in tags:
+        a, b = pts.get(f"staged-token-{tag}"), pts.get(f"on-demand-{tag}")
+        if a and b:
+            g = [a["decode_tok_s"][w] / b["decode_tok_s"][w] for w in ("measured", "simulated")]
+            lines.append(f"| {tag} | {g[0]:.2f}x | {g[1]:.2f}x |")
+    return lines
+
+
+def mem_mib(tag: str) -> float:
+    return float(tag[:-1]) * (1024 if tag.endswith("G") else 1)
+
+
+def plot_memory(pts: dict[str, dict], tags: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for arm, color in (("on-demand", "tab:blue"), ("staged-token", "tab:green")):
+        xs = [mem_mib(t) for t in tags if f"{arm}-{t}" in pts]
+        for who, style in (("measured", "-o"), ("simulated", "--x")):
+            ys = [pts[f"{arm}-{t}"]["decode_tok_s"][who] for t in tags if f"{arm}-{t}" in pts]
+            ax.plot(xs, ys, style, color=color, label=f"{arm} {who}")
+    ax.set_xlabel("memory limit (MiB): the process and its page cache")
+    ax.set_ylabel("decode tok/s (median of rounds)")
+    ax.set_title("tiny-trained-wide under a memory cgroup")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    traces = HERE / "traces"
+    memory = points(traces / "memory")
+    cores = points(traces / "cores")
+    mem_tags = sorted({n.rsplit("-", 1)[1] for n in memory}, key=mem_mib, reverse=True)
+    memory = {f"{arm}-{t}": memory[f"{arm}-{t}"] for arm in ("on-demand", "staged-token")
+              for t in mem_tags if f"{arm}-{t}" in memory}
+    core_tags = [t for t in ("base", "cpus1", "quota0.5")
+                 if any(n.endswith(t) for n in cores)]
+    held = [abs(err(p)) for p in [*memory.values(), *cores.values()]]
+    summary = {"points": len(held),
+               "decode_abs_error_median_pct": statistics.median(held) if held else None,
+               "decode_abs_error_max_pct": max(held) if held else None}
+    (HERE / "transfer.json").write_text(json.dumps(
+        {"memory": memory, "cores": cores, "summary": summary}, indent=1) + "\n")
+    if memory:
+        plot_memory(memory, mem_tags, HERE / "memory.png")
+    body = ["### Memory limit (tiny-trained-wide, no page-cache budget)", "", *table(memory),
+            "", "The prerouter's gain against the memory limit:", "",
+            *gains(memory, mem_tags), "", "### Cores and CPU time (tiny-trained, page-cache "
+            "budget 1/4)", "", *table(cores), "", "The prerouter's gain per machine:", "",
+            *gains(cores, core_tags), "",
+            f"Decode tok/s over {summary['points']} points: median absolute error "
+            f"{summary['decode_abs_error_median_pct']:.1f}%, largest "
+            f"{summary['decode_abs_error_max_pct']:.1f}%." if held else "No points yet."]
+    readme = HERE / "README.md"
+    text = readme.read_text() if readme.is_file() else f"{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    readme.write_text(head + BEGIN + "\n" + "\n".join(body) + "\n" + END + tail)
+    print("\n".join(body))
+
+
+if __name__ == "__main__":
+    main()

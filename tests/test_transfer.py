@@ -1,0 +1,93 @@
+"""validate --transfer's machines file (validation.transfer): the committed file loads into the
+points the issue asks for; each machine becomes the capture flags it says; what is wrong is one
+line naming the file and the key; the summary's errors and targets by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from contract.errors import BadInput
+from validation.transfer import Machine, load_machines, summary
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "scenarios" / "transfer" / "machines.toml"
+
+
+def test_committed_machines_cover_what_transfer_must_show():
+    plan = load_machines(COMMITTED)
+    tiny = [p for p in plan.points if p.model.name == "tiny-trained-stream"]
+    wide = [p for p in plan.points if p.model.name == "tiny-trained-wide-stream"]
+    machines = {p.machine.name for p in tiny if p.k == "native"}
+    assert len(machines) >= 5
+    by = plan.machines
+    assert any(by[m].cpus == 1 for m in machines)
+    assert any(by[m].cpu_quota == 0.5 for m in machines)
+    assert {by[m].page_cache_share for m in machines} >= {0.5, 0.25}
+    assert any(by[m].page_cache_share and by[m].read_mbps for m in machines)
+    assert len({p.machine.name for p in wide}) >= 3
+    assert {p.k for p in tiny} >= {"2", "8"}
+    assert len({p.name for p in plan.points}) == len(plan.points)
+
+
+def test_machine_flags():
+    m = Machine("x", cpus=1, cpu_quota=0.5, page_cache_share=0.25, read_mbps=100)
+    assert m.flags(own_bytes=100, experts=1000) == [
+        "--cpus", "1", "--cpu-quota", "0.5", "--mem-limit", "350", "--read-mbps", "100"]
+    assert Machine("y", page_cache="1/4").flags(0, 1000) == ["--page-cache-fraction", "0.25"]
+    assert Machine("z").flags(0, 1000) == []
+
+
+@pytest.mark.parametrize("text, msg", [
+    ('[machines.a]\ncpus = 1\nram = 3\n', "machines.a: unknown key 'ram'"),
+    ('[machines.a]\ncpus = "one"\n', "cpus 'one': expected int"),
+    ('[machines.a]\npage_cache = "1/3"\n', "page_cache '1/3'"),
+    ('[machines.a]\npage_cache_share = 2\n', "page_cache_share 2"),
+    ('[machines.a]\n[[points]]\nmodel = "m"\nmachines = ["b"]\n', "machine 'b' is not in"),
+    ('[machines.a]\n[[points]]\nmodel = "m"\nmachines = ["a"]\nspeed = 1\n',
+     "points #1: unknown key 'speed'"),
+    ('[machines.a]\n[[points]]\nmodel = "m"\nmachines = ["a"]\npaths = ["warp"]\n',
+     "path 'warp'"),
+    ('[machines.a]\n', "no [[points]]"),
+    ('[oops]\n', "unknown section 'oops'"),
+    ('machines = [', "not TOML"),
+])
+def test_bad_machines_file_is_one_line(tmp_path, text, msg):
+    f = tmp_path / "m.toml"
+    f.write_text(text)
+    with pytest.raises(BadInput) as err:
+        load_machines(f)
+    assert msg in str(err.value) and str(f) in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def _result(measured: float, simulated: float, comp: tuple[float, float] = (10, 10)) -> dict:
+    r = {"decode_tok_s": {"measured": measured, "simulated": simulated},
+         "cold_fraction": {"measured": 0.5, "simulated": 0.5}}
+    for k in ("blocked_ms_per_step", "build_ms_per_step", "eval_ms_per_step"):
+        r[k] = {"measured": comp[0], "simulated": comp[1]}
+    return r
+
+
+def test_summary_by_hand():
+    rs = [_result(10, 11), _result(10, 9.5), _result(10, 10.2), _result(10, 13)]
+    s = summary(rs)
+    assert s["decode_abs_error_median_pct"] == pytest.approx(7.5)  # |10, 5, 2, 30| -> 7.5
+    assert s["decode_abs_error_p90_pct"] == pytest.approx(30)
+    assert s["component_abs_error_median_pct"] == pytest.approx(0)
+    assert not s["met"]  # p90 30% > 15%
+    assert summary([_result(10, 10.5)] * 3)["met"]
+    # a component below 0.5 ms/step is not a percentage anyone can use
+    assert summary([_result(10, 10, (0.1, 0.3))])["component_abs_error_median_pct"] != \
+        summary([_result(10, 10, (0.1, 0.3))])["component_abs_error_median_pct"]  # nan
+
+
+def test_cli_refuses_flags_beside_the_machines_file(ssdmoe, tmp_path):
+    r = ssdmoe("validate", "--transfer", str(COMMITTED), "--cpus", "1")
+    assert r.returncode == 2 and "the machines file sets the machines" in r.stderr
+    f = tmp_path / "bad.toml"
+    f.write_text('[machines.a]\nram = 1\n')
+    r = ssdmoe("validate", "--transfer", str(f))
+    assert r.returncode == 2 and "unknown key 'ram'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
