@@ -45,9 +45,10 @@ from engine.throttle import BURST_S, ThrottleSpec, block_device, throttle_settin
 
 MIB = 2**20
 CFS_PERIOD_US = 100_000  # the kernel's default CFS bandwidth period
-# The least page cache the engine is given room for beyond its own memory: its reads go through
-# the page cache, so below a few steps' bundles every read would evict the one before it.
-MIN_PAGE_CACHE = 32 * MIB
+# The least room a memory limit must leave beyond the process's own memory: its reads go through
+# the page cache, and the kernel needs a few pages to read through at all. Less than one step's
+# bundles is allowed (that is a machine that thrashes, which is worth measuring).
+MIN_PAGE_CACHE = 4 * MIB
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": MIB, "mib": MIB, "g": 2**30,
           "gib": 2**30}
 

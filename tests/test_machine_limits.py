@@ -275,7 +275,7 @@ def test_below_own_memory_says_what_it_needs(tmp_path, monkeypatch):
         m.settings()
     line = str(err.value)
     assert "300 MiB of its own memory" in line and "50 MiB" in line
-    assert "give at least 382 MiB" in line and "\n" not in line
+    assert "give at least 354 MiB" in line and "\n" not in line
 
 
 def test_not_root_and_not_linux_and_no_controller(monkeypatch, tmp_path):

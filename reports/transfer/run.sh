@@ -30,12 +30,12 @@ tiny=models/tiny-trained-stream
 points=()
 for mem in 1400M 900M 600M 450M 350M; do
     points+=("memory|$wide|on-demand-$mem|--preset on-demand --mem-limit $mem")
-    points+=("memory|$wide|staged-token-$mem|--prerouter $wide/prerouter --mem-limit $mem")
+    points+=("memory|$wide|staged-token-$mem|--preset staged --prerouter $wide/prerouter --mem-limit $mem")
 done
 for machine in base "cpus1|--cpus 1" "quota0.5|--cpu-quota 0.5"; do
     tag=${machine%%|*}; flags=""; [ "$tag" != base ] && flags=${machine#*|}
     points+=("cores|$tiny|on-demand-$tag|--preset on-demand --page-cache-fraction 0.25 $flags")
-    points+=("cores|$tiny|staged-token-$tag|--prerouter $tiny/prerouter --page-cache-fraction 0.25 $flags")
+    points+=("cores|$tiny|staged-token-$tag|--preset staged --prerouter $tiny/prerouter --page-cache-fraction 0.25 $flags")
 done
 n=${#points[@]}
 for ((r = 0; r < rounds; r++)); do
