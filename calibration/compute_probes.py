@@ -385,6 +385,45 @@ def cold_read_times(converted: Path, n: int = 96) -> tuple[list[float], list[flo
     return cpu, wall
 
 
+PAGE_SPAN = 16  # the long read of cold_page_cpu: this many bundles' pages back to back
+
+
+def cold_page_cpu(converted: Path, n: int = 48) -> tuple[float, float, int, int]:
+    """(thread CPU ms of a cold buffered read of one bundle's pages, of PAGE_SPAN bundles'
+    pages, their page counts): the kernel's CPU for a cold read grows with its pages (page
+    allocation, page-cache insertion, the copy), which one bundle size cannot tell apart from
+    the per-request part. Plain preads of the model's own layer files, at random page-aligned
+    offsets, each file's pages dropped first; medians of `n` reads per size. (nan, nan, 0, 0)
+    when no page could be dropped."""
+    from engine.loader import open_manifest
+
+    manifest = open_manifest(converted, verify=False)
+    files = sorted({converted / manifest.layers[i].file for i in manifest.moe_layers})
+    small = max(-(-manifest.bundle_bytes // 4096) * 4096, 4096)
+    rng = np.random.default_rng(11)
+    out: list[float] = []
+    for size in (small, small * PAGE_SPAN):
+        cpu: list[float] = []
+        buf = bytearray(size)
+        for i in range(n):
+            f = files[i % len(files)]
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                span = os.fstat(fd).st_size - size
+                if span < 0:
+                    continue
+                offset = int(rng.integers(span // 4096 + 1)) * 4096
+                c0 = time.thread_time_ns()
+                os.preadv(fd, [buf], offset)
+                cpu.append((time.thread_time_ns() - c0) / 1e6)
+            finally:
+                os.close(fd)
+        out.append(float(np.median(cpu)) if cpu else float("nan"))
+    return out[0], out[1], small // 4096, small * PAGE_SPAN // 4096
+
+
 class Runner:
     """One loaded model decoding greedily, one step at a time, so several configurations can
     take turns (round robin): every configuration then sees the same machine load, which
@@ -523,6 +562,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     direct_ms = direct_bundle_ms(converted)
     refused_ms = refused_warm_ms(converted)
     read_cpu, read_wall = cold_read_times(converted)
+    page_cpu = cold_page_cpu(converted)
     concurrent = concurrent_read_ms(converted)
     exact_extra = exact_extra_ms(converted)
     wake, handoff = handoff_times(handoff_reps)
@@ -582,6 +622,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         cold_read_cpu_ms=float(np.median(read_cpu)) if read_cpu else float("nan"),
         cold_read_wall_ms=float(np.median(read_wall)) if read_wall else float("nan"),
         cold_read_reps=len(read_cpu),
+        cold_page_cpu=page_cpu,
         concurrent_read_ms=concurrent,
         queue_ahead_ms=float(np.median([left for _, left, _ in queue_samples])),
         async_blocked_ms=float(np.median([blocked for blocked, _, _ in queue_samples])),

@@ -121,6 +121,9 @@ class ComputeResult:
     # measured)
     cold_read_wall_ms: float = float("nan")  # the same reads' median wall time
     cold_read_reps: int = 0
+    # calibration.compute_probes.cold_page_cpu: (CPU ms of one bundle's pages read cold, of
+    # PAGE_SPAN bundles' pages, their page counts)
+    cold_page_cpu: tuple[float, float, int, int] = (float("nan"), float("nan"), 0, 0)
     queue_ahead_ms: float = float("nan")  # median compute left when mx.async_eval of the
     # walk to a router returned (nan: not measured)
     async_blocked_ms: float = float("nan")  # median time that async_eval blocked
@@ -155,6 +158,16 @@ class ComputeResult:
     # slice of its first MoE layer)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+
+def cold_cpu_per_page_us(c: ComputeResult) -> float:
+    """The per-page slope (microseconds) of calibration.compute_probes.cold_page_cpu; nan when
+    it was not measured or came out negative (noise)."""
+    a, b, pa, pb = c.cold_page_cpu
+    if not (a == a and b == b) or pb <= pa:
+        return float("nan")
+    slope = (b - a) / (pb - pa) * 1e3
+    return slope if slope > 0 else float("nan")
 
 
 def storage_values(st: StorageResult, c: ComputeResult | None = None,
@@ -302,7 +315,26 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             "with 0.5 or 1 ms of Python, lets it go (a wake-up across cores); 90th "
             f"percentile {c.gil_handoff_p90_ms:.4f} ms. The sim wakes a waiter this long after "
             "a release; it takes the lock if still free (sim.gil)"))
-    if c.cold_read_cpu_ms == c.cold_read_cpu_ms:  # not nan
+    per_page_us = cold_cpu_per_page_us(c)
+    if per_page_us == per_page_us and c.cold_read_cpu_ms == c.cold_read_cpu_ms:
+        a, b, pa, pb = c.cold_page_cpu
+        pages = pa  # the probe's short read is one bundle's pages
+        out["cold_read_cpu_us_per_page"] = (round(per_page_us, 4), (
+            f"slope of a cold buffered pread's thread CPU time over its pages "
+            f"(calibration.compute_probes.cold_page_cpu, the model's own layer files: {pa} "
+            f"pages {a:.4f} ms, {pb} pages {b:.4f} ms, medians): page allocation, page-cache "
+            "insertion and the copy, per 4 KiB page. A cold read's CPU is cold_read_cpu_ms + "
+            "pages x this (sim.loads)"))
+        out["cold_read_cpu_ms"] = (round(max(c.cold_read_cpu_ms - pages * per_page_us / 1e3,
+                                             0.0), 4), (
+            f"the per-request part of a cold read's CPU: the median thread CPU time of "
+            f"{c.cold_read_reps} cold bundle reads through the engine's store on one thread, "
+            f"page cache dropped ({c.cold_read_cpu_ms:.4f} ms, calibration.compute_probes."
+            f"cold_read_times; median wall {c.cold_read_wall_ms:.4f} ms), less its {pages} "
+            "pages at cold_read_cpu_us_per_page. What the sim's load CPU (cold overhead, copy, "
+            "per-read work) leaves out of a cold read's CPU runs on the cores beside the "
+            "device time (sim.loads)"))
+    elif c.cold_read_cpu_ms == c.cold_read_cpu_ms:  # not nan
         out["cold_read_cpu_ms"] = (round(max(c.cold_read_cpu_ms, 0.0), 4), (
             f"median thread CPU time of {c.cold_read_reps} cold bundle reads through the "
             "engine's store on one thread, page cache dropped "

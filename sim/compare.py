@@ -267,9 +267,14 @@ def paged_bundle_bytes(trace: Trace) -> float | None:
 
 
 def with_page_cache(sc: Scenario, budget_bytes: int, notes: list[str],
-                    paged: float | None = None) -> Scenario:
+                    paged: float | None = None, kernel: bool = False) -> Scenario:
     """The scenario with its page cache set to hold what the engine's budget holds: the budget
-    in bundles of page-rounded size `paged` (or of bundle_bytes), through the OS reserve."""
+    in bundles of page-rounded size `paged` (or of bundle_bytes), through the OS reserve. The
+    engine's budget drops the least recently read bundles itself (policy lru); with `kernel`
+    the room is a memory limit's, and the kernel's own policy (the hardware's) decides."""
+    if not kernel:
+        sc = dataclasses.replace(sc, hardware=dataclasses.replace(sc.hardware,
+                                                                  page_cache_policy="lru"))
     from sim.memory import budget
 
     if paged and paged > sc.model.bundle_bytes:
@@ -376,7 +381,7 @@ def scenario_for(trace: Trace, scenario: str | None = None,
     if paged is not None and not sc.model.device_bundle_bytes:
         sc.model.device_bundle_bytes = int(round(paged))  # what a cold read moves
     if budget_bytes is not None and not engine.get("o_direct_effective", engine.get("o_direct")):
-        sc = with_page_cache(sc, int(budget_bytes), notes, paged)
+        sc = with_page_cache(sc, int(budget_bytes), notes, paged, kernel=bool(memory))
         evict = sc.notes.get("budget_evict_ms.in_decode")  # the store drops evicted pages
         if evict is not None and not memory:  # (under a memory limit the kernel reclaims)
             sc.budget_evict_ms = float(evict)

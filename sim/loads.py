@@ -13,8 +13,9 @@ Where a load's bytes are decides its cost, on the thread doing it (main or a rea
                 enters the page cache, then the copy, the per-read work and the fault work of
                 the cold pieces (cold pieces x cold_overhead: page faults, VM mapping)
                 beside the device time, a cold bundle's CPU that this leaves out: the hardware's
-                cold_read_cpu_ms (the reading thread's CPU time of a cold bundle read,
-                measured) less the load's copy, fault and per-read work, on the shared cores
+                cold_read_cpu_ms (the reading thread's CPU time of a cold read per request,
+                measured) + its pages x cold_read_cpu_us_per_page, less the load's copy,
+                fault and per-read work, on the shared cores
                 while its requests are in flight (the kernel's work submitting and completing
                 them). It does not lengthen a read the cores have room for; it competes with
                 graph building and compute where a read runs beside them (a lead's prefetches);
@@ -103,6 +104,7 @@ class Fetcher:
         self.copy_bps = hw.memcpy_gbps * 1e9
         self.readahead = hw.readahead
         self.cold_read_cpu = hw.cold_read_cpu_ms / 1e3
+        self.cold_page_cpu = hw.cold_read_cpu_us_per_page / 1e6
         self.evict_s = evict_ms / 1e3  # Scenario.budget_evict_ms
         self.hold_s = hold_ms / 1e3  # Scenario.read_hold_ms
         self.hold_busy = hold_busy  # Scenario.read_hold_busy
@@ -173,8 +175,8 @@ class Fetcher:
         kernel = faults + copy  # inside pread
         python = load.pieces * self.overhead
         # the measured CPU of a cold bundle read that the parts above leave out (module doc)
-        beside = max(self.cold_read_cpu * cold_share * load.nbytes / self.bundle_bytes - kernel
-                     - python, 0.0) if cold_bytes and load.expert >= 0 else 0.0
+        beside = max(self.cold_cpu(cold_bytes, cold_share, load.nbytes) - kernel - python,
+                     0.0) if cold_bytes and load.expert >= 0 else 0.0
         fill = cold_bytes > 0 and not held
         if (self.gil.enabled and self.slices_take_the_gil and cold_bytes and syscalls > 1
                 and (requests == syscalls or not self.readahead)):
@@ -201,6 +203,13 @@ class Fetcher:
         if evicted and self.evict_s:
             yield from self._drop_evicted(evicted, thread)
         load.done.succeed()
+
+    def cold_cpu(self, cold_bytes: int, cold_share: float, nbytes: int) -> float:
+        """A cold read's CPU on the reading thread (s): per request plus per page where the
+        hardware has the per-page figure, else the per-bundle figure scaled by bytes."""
+        if self.cold_page_cpu:
+            return self.cold_read_cpu * cold_share + -(-cold_bytes // PAGE) * self.cold_page_cpu
+        return self.cold_read_cpu * cold_share * nbytes / self.bundle_bytes
 
     def _drop_evicted(self, evicted: int, thread: str) -> Generator:
         """The engine's page-cache budget drops the bundles the fill pushed out

@@ -1,4 +1,5 @@
-"""The OS page cache over the expert files: an LRU of bundle ranges (a bundle is the unit; finer
+"""The OS page cache over the expert files: an LRU (or Linux's two lists, sim.two_list_lru,
+Hardware.page_cache_policy) of bundle ranges (a bundle is the unit; finer
 page granularity would cost events and buys nothing at bundle-sized reads). Capacity comes from
 sim.memory.budget. With O_DIRECT the engine bypasses it: every read is cold and nothing is kept.
 
@@ -17,14 +18,18 @@ keeps a shared page while any of its experts is in use.
 from __future__ import annotations
 
 from sim.lru import LRU
+from sim.two_list_lru import TwoListLRU
+
+POLICIES = {"lru": LRU, "linux-two-list": TwoListLRU}  # Hardware.page_cache_policy
 
 
 class PageCache:
     def __init__(self, capacity_bytes: int, bundle_bytes: int, experts: int,
-                 enabled: bool = True, shared_reads: int = 0, page_group: int = 1) -> None:
+                 enabled: bool = True, shared_reads: int = 0, page_group: int = 1,
+                 policy: str = "lru") -> None:
         self.enabled = enabled and capacity_bytes > 0
         self.experts = experts
-        self.lru = LRU(capacity_bytes if enabled else 0, bundle_bytes)
+        self.lru = POLICIES[policy](capacity_bytes if enabled else 0, bundle_bytes)
         # page sharing (module doc); off unless every group lies within one layer
         shared = self.enabled and page_group > 1 and experts % page_group == 0
         self.shared_reads = shared_reads if shared else 0

@@ -16,6 +16,7 @@ from typing import Any
 
 from contract.engine_config import LEADS
 from contract.errors import BadInput
+from sim.page_cache import POLICIES as PAGE_CACHE_POLICIES
 from sim.scenario import (
     DECODE_PATHS,
     HARDWARE_KEYS,
@@ -72,6 +73,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "handoff_ms": (_nonneg, "must be >= 0"),
     "gil_handoff_ms": (_nonneg, "must be >= 0"),
     "cold_read_cpu_ms": (_nonneg, "must be >= 0"),
+    "cold_read_cpu_us_per_page": (_nonneg, "must be >= 0"),
     "reader_wake_ms": (_nonneg, "must be >= 0"),
     "compute_factor": (_positive, "must be > 0"),
     "cpu_cores": (_nonneg, "must be >= 0 (0 = not modelled)"),
@@ -97,6 +99,8 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "throttle_read_iops": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_burst_s": (_nonneg, "must be >= 0"),
     "throttle_kind": (lambda v: v in THROTTLE_KINDS, f"must be one of {', '.join(THROTTLE_KINDS)}"),
+    "page_cache_policy": (lambda v: v in PAGE_CACHE_POLICIES,
+                          f"must be one of {', '.join(PAGE_CACHE_POLICIES)}"),
     "layers": (_positive, "must be >= 1"),
     "experts": (lambda v: v >= 2, "must be >= 2"),
     "bundle_bytes": (_positive, "must be > 0"),

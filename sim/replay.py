@@ -114,7 +114,8 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
     compute = ComputeStream(env, cores if hw.compute_on_cpu else None, hw.lazy_compute,
                             hw.sync_overhead_ms / 1e3, queue_ahead_s=queue_ahead_s)
     pc = PageCache(mem.page_cache, m.bundle_bytes, m.experts, enabled=not sc.o_direct,
-                   shared_reads=m.shared_page_reads, page_group=m.page_group)
+                   shared_reads=m.shared_page_reads, page_group=m.page_group,
+                   policy=hw.page_cache_policy)
     fetcher = Fetcher(env, hw, device, pc, cores, m.experts, m.bundle_bytes,
                       m.device_bundle_bytes, sc.budget_evict_ms,
                       Gil(env, sc.gil, hw.gil_handoff_ms / 1e3),

@@ -58,6 +58,9 @@ class Hardware:
     throttle_read_mbps: float = 0.0  # block-I/O read throttle in MB/s (10^6); 0 = none
     throttle_read_iops: float = 0.0  # read requests/s throttle; 0 = none
     throttle_burst_s: float = 0.1  # blk-throttle's slice, or the token bucket's burst (s)
+    page_cache_policy: str = "lru"  # which bundles the OS page cache keeps: "lru", or
+    # "linux-two-list" (Linux's active/inactive lists with workingset detection,
+    # sim.two_list_lru). An engine page-cache budget drops by recency itself: lru (sim compare)
     throttle_kind: str = "blk-throttle"  # the kernel's throttle (engine.throttle), or
     # "token-bucket" (a cloud disk's burst credits): sim.throttle
     handoff_ms: float = 0.0  # thread hand-off the main thread pays per load it waits on that a
@@ -67,6 +70,10 @@ class Hardware:
     cold_read_cpu_ms: float = 0.0  # a cold bundle read's CPU on the reading thread (its
     # kernel work: submitting and completing the requests, pages, the copy); what the load's
     # modelled CPU leaves out runs beside its device time (sim.loads). 0 = not measured
+    cold_read_cpu_us_per_page: float = 0.0  # a cold read's CPU per 4 KiB page it brings in
+    # (page allocation, page-cache insertion, the copy); with it, cold_read_cpu_ms is the
+    # per-request part and a cold read costs that + pages x this. 0 = the per-bundle figure
+    # alone, scaled by bytes
     reader_wake_ms: float = 0.0  # a reader thread idle on the queue starts the load handed to
     # it this late (its wake-up, a core, the GIL): sim.readers
     compute_factor: float = 1.0  # accelerator time inside decode / as the roofline figures above
@@ -261,9 +268,11 @@ SCENARIO_KEYS = tuple(
 )
 HARDWARE_KEYS = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "description"))
 HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
-                     "handoff_ms", "gil_handoff_ms", "cold_read_cpu_ms", "reader_wake_ms",
+                     "handoff_ms", "gil_handoff_ms", "cold_read_cpu_ms",
+                     "cold_read_cpu_us_per_page", "reader_wake_ms",
                      "throttle_read_mbps", "throttle_read_iops", "throttle_burst_s",
-                     "throttle_kind", "compute_factor", "cpu_cores", "compute_on_cpu",
+                     "throttle_kind", "page_cache_policy", "compute_factor", "cpu_cores",
+                     "compute_on_cpu",
                      "background_cores", "reader_cpu_weight", "core_wait_ms",
                      "page_cache_floor_gib", "queue_ahead_ms", "queue_speedup",
                      "refused_warm_ms", "stall_points_ms", "stall_wake_main_ms",

@@ -213,6 +213,25 @@ def test_unmeasured_handoff_is_left_out_of_the_profile():
     values = hardware_values(storage(), compute(cold_read_cpu_ms=0.42, cold_read_wall_ms=0.84,
                                                 cold_read_reps=80), MACHINE, active_params=2e6)
     assert values["cold_read_cpu_ms"][0] == pytest.approx(0.42)
+    assert "cold_read_cpu_us_per_page" not in values
+
+
+def test_cold_read_cpu_splits_into_per_request_and_per_page():
+    """cold_page_cpu read 15 pages in 0.05 ms and 240 in 0.275 ms: 1 us a page by hand. The
+    store's cold bundle read (0.42 ms, 15 pages) less its pages at that rate is the per-request
+    part: 0.405 ms. A negative slope (noise) leaves the per-bundle figure as it was."""
+    values = hardware_values(storage(), compute(cold_read_cpu_ms=0.42, cold_read_wall_ms=0.84,
+                                                cold_read_reps=80,
+                                                cold_page_cpu=(0.05, 0.275, 15, 240)),
+                             MACHINE, active_params=2e6)
+    assert values["cold_read_cpu_us_per_page"][0] == pytest.approx(1.0)
+    assert values["cold_read_cpu_ms"][0] == pytest.approx(0.405)
+    values = hardware_values(storage(), compute(cold_read_cpu_ms=0.42, cold_read_wall_ms=0.84,
+                                                cold_read_reps=80,
+                                                cold_page_cpu=(0.3, 0.2, 15, 240)),
+                             MACHINE, active_params=2e6)
+    assert "cold_read_cpu_us_per_page" not in values
+    assert values["cold_read_cpu_ms"][0] == pytest.approx(0.42)
 
 
 def test_a_profile_without_the_new_keys_still_loads(tmp_path):
@@ -308,8 +327,13 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     # expert files' pages could be dropped (else not measured, left out)
     if c.cold_read_reps:
         assert 0 < c.cold_read_cpu_ms <= c.cold_read_wall_ms * 1.05
-        assert cal.hardware["cold_read_cpu_ms"][0] == pytest.approx(c.cold_read_cpu_ms,
-                                                                    abs=1e-4)
+        # with the per-page slope, the per-request part: the bundle's read less its pages
+        per_page = cal.hardware.get("cold_read_cpu_us_per_page", (0.0, ""))[0]
+        pages = c.cold_page_cpu[2] if per_page else 0
+        assert cal.hardware["cold_read_cpu_ms"][0] == pytest.approx(
+            max(c.cold_read_cpu_ms - pages * per_page / 1e3, 0.0), abs=2e-4)
+        a, b, pa, pb = c.cold_page_cpu  # a longer cold read costs more CPU
+        assert pb == 16 * pa and b > a > 0
     else:
         assert "cold_read_cpu_ms" not in cal.hardware
     # concurrent cold bundle reads, where pages could be dropped: slower with more threads
