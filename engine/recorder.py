@@ -166,6 +166,7 @@ class Recorder:
                                   max_flush_fraction=max_flush_fraction)
         self.run = run
         self.store = None
+        self._cpu_last: tuple[int, int] | None = None  # (process, thread) CPU ns at the last row
         self.page_cache_every = page_cache_every
         self.page_cache_fraction = page_cache_fraction
         self.reset_peak = reset_peak
@@ -196,6 +197,7 @@ class Recorder:
             block.on_routing = self.on_routing
         self._stats = engine.stats
         self._last_counts = self._count()
+        self._cpu_last = None
         return self
 
     def detach(self) -> None:
@@ -278,6 +280,7 @@ class Recorder:
             "mlx_peak_bytes": memory.mlx_peak_bytes(),
             "rss_bytes": memory.rss_bytes(),
             "page_cache_bytes": self._page_cache(t0),
+            **self._cpu(),
         }
         for r in mine:  # loads first: an interrupt (Ctrl-C) never leaves a step without them
             self.writer.add_load(r)
@@ -285,6 +288,16 @@ class Recorder:
         self._write_routing(step)
         self.steps += 1
         self.overhead_ns += time.perf_counter_ns() - t0
+
+    def _cpu(self) -> dict[str, int]:
+        """CPU time since the previous row: the process's (every thread) and this thread's
+        (the decode loop calls on_step on the main thread)."""
+        cpu, main = time.process_time_ns(), time.thread_time_ns()
+        last = self._cpu_last
+        self._cpu_last = (cpu, main)
+        if last is None:
+            return {"cpu_ns": -1, "main_cpu_ns": -1}
+        return {"cpu_ns": cpu - last[0], "main_cpu_ns": main - last[1]}
 
     # ------------------------------------------------------------ parts
 

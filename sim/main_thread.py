@@ -88,6 +88,7 @@ class MainThread:
         self.swap = swap
         self.gil = fetcher.gil
         self.slots = SlotTables(m.layers, sc.staged_slots)
+        self.cpu_seen = self.main_cpu_seen = 0.0  # the cores' CPU seconds at the last row
         self.layers = m.layers
         self.experts = m.experts
         self.bundle_bytes = m.bundle_bytes
@@ -484,12 +485,18 @@ class MainThread:
         self.eval += self.env.now - start
 
     def record_step(self, step: int, request: int, phase: str, tokens: int, start: float) -> None:
+        # CPU since the previous row, as the engine's recorder counts it: every thread's work
+        # handed to the cores (sim.cpu), and the main thread's
+        busy = self.cores.busy_s
+        cpu, main_cpu = sum(busy.values()), busy.get("main", 0.0)
         self.log.add(step=step, request=request, phase=phase, tokens=tokens, start=start,
                      end=self.env.now, build=self.build, eval=self.eval, blocked=self.blocked,
                      hits=self.hits, misses=self.misses,
                      evictions=self.lru.evictions + self.slots.evictions - self.evictions0,
                      lru_bytes=self.lru.used_bytes,
-                     page_cache_bytes=self.fetcher.pc.used_bytes)
+                     page_cache_bytes=self.fetcher.pc.used_bytes,
+                     cpu=cpu - self.cpu_seen, main_cpu=main_cpu - self.main_cpu_seen)
+        self.cpu_seen, self.main_cpu_seen = cpu, main_cpu
 
     def run(self, plan: list[tuple[str, int, int, int]]) -> Generator:
         """plan: (phase, tokens, request, routing row) per step, in order."""

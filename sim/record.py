@@ -25,7 +25,7 @@ class StepLog:
     def __init__(self) -> None:
         self.cols: dict[str, list[Any]] = {name: [] for name in (
             "step", "request", "phase", "tokens", "start", "end", "build", "eval", "blocked",
-            "hits", "misses", "evictions", "lru_bytes", "page_cache_bytes")}
+            "hits", "misses", "evictions", "lru_bytes", "page_cache_bytes", "cpu", "main_cpu")}
 
     def add(self, **row: Any) -> None:
         for name, value in row.items():
@@ -120,6 +120,8 @@ def steps_frame(log: StepLog, loads: pl.DataFrame, memory: MemoryBudget,
         "mlx_peak_bytes": peak,
         "rss_bytes": np.full(n, -1, dtype=np.int64),
         "page_cache_bytes": np.asarray(c["page_cache_bytes"], dtype=np.int64),
+        "cpu_ns": _ns(c["cpu"]),
+        "main_cpu_ns": _ns(c["main_cpu"]),
     })
     frame = frame.join(per_step, on="step", how="left").with_columns(
         pl.col("bytes_read").fill_null(0), pl.col("loads").fill_null(0),

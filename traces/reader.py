@@ -9,7 +9,14 @@ from typing import Any
 import polars as pl
 
 from contract.errors import BadInput, read_json_object
-from traces.schema import RUN_FILE, SCHEMA_VERSION, TABLES, V1_FILES, live_parts
+from traces.schema import (
+    LATER_STEP_COLUMNS,
+    RUN_FILE,
+    SCHEMA_VERSION,
+    TABLES,
+    V1_FILES,
+    live_parts,
+)
 
 
 @dataclass
@@ -63,6 +70,9 @@ def read_table(path: Path, columns: dict[str, pl.DataType]) -> pl.DataFrame:
     except Exception as err:  # polars raises several error types for corrupt files
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise BadInput(f"{path}: unreadable parquet ({reason})") from None
+    later = [name for name in LATER_STEP_COLUMNS if name in columns and name not in frame.columns]
+    if later:
+        frame = frame.with_columns(pl.lit(-1, dtype=columns[n]).alias(n) for n in later)
     missing = [name for name in columns if name not in frame.columns]
     if missing:
         raise BadInput(f"{path}: missing columns {', '.join(missing)}")

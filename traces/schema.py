@@ -55,7 +55,12 @@ STEP_COLUMNS: dict[str, pl.DataType] = {
     "mlx_peak_bytes": pl.Int64(),
     "rss_bytes": pl.Int64(),
     "page_cache_bytes": pl.Int64(),  # resident bytes of the expert files (mincore), -1 unknown
+    "cpu_ns": pl.Int64(),  # CPU time of every thread of the process since the previous row
+    "main_cpu_ns": pl.Int64(),  # the main thread's CPU time since the previous row
 }
+# step columns added after traces were first written: a trace without them reads them as -1
+# (unknown)
+LATER_STEP_COLUMNS = ("cpu_ns", "main_cpu_ns")
 
 ROUTING_COLUMNS: dict[str, pl.DataType] = {
     "step": pl.Int64(),
@@ -128,6 +133,8 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "step_ms_p50",
     "step_ms_p90",
     "blocked_ms_per_step",
+    "cpu_ms_per_step",
+    "main_cpu_ms_per_step",
     "loads_per_step",
     "mib_per_load",
     "cold_fraction",

@@ -6,6 +6,8 @@ Definitions (decode = steps with phase "decode"; routing and loads are joined to
   prefill_tok_s         the same over prefill steps
   step_ms_p10/p50/p90   percentiles (numpy "linear") of decode step durations, ms
   blocked_ms_per_step   mean blocked_ns of decode steps, ms
+  cpu_ms_per_step       mean cpu_ns of decode steps (every thread of the process), ms
+  main_cpu_ms_per_step  mean main_cpu_ns of decode steps (the main thread), ms
   loads_per_step        mean `loads` of decode steps (the steps table's counters)
   mib_per_load          sum(bytes_read) / sum(loads) over decode steps, MiB
   cold_fraction         sum(cold_loads) / sum(loads) over decode steps
@@ -43,6 +45,8 @@ METRIC_INFO: dict[str, tuple[str, str]] = {
     "step_ms_p50": ("decode step p50", "ms"),
     "step_ms_p90": ("decode step p90", "ms"),
     "blocked_ms_per_step": ("blocked on loads", "ms/step"),
+    "cpu_ms_per_step": ("CPU, every thread", "ms/step"),
+    "main_cpu_ms_per_step": ("CPU, main thread", "ms/step"),
     "loads_per_step": ("loads", "loads/step"),
     "mib_per_load": ("size per load", "MiB/load"),
     "cold_fraction": ("cold loads", "fraction"),
@@ -182,6 +186,12 @@ def summarize_layers(trace: Trace) -> pl.DataFrame:
     )
 
 
+def _known_mean_ms(steps: pl.DataFrame, col: str) -> float | None:
+    """Mean of a column in ms over the steps that know it (-1: not recorded)."""
+    known = steps[col].filter(steps[col] >= 0) if col in steps.columns else pl.Series([])
+    return _ratio(known.mean(), 1e6) if len(known) else None
+
+
 def summarize(trace: Trace) -> Summary:
     """The SUMMARY_KEYS metrics of a trace (see the module docstring for each definition)."""
     decode = _phase(trace, "decode")
@@ -202,6 +212,8 @@ def summarize(trace: Trace) -> Summary:
         "step_ms_p50": p50,
         "step_ms_p90": p90,
         "blocked_ms_per_step": _ratio(decode["blocked_ns"].mean(), 1e6),
+        "cpu_ms_per_step": _known_mean_ms(decode, "cpu_ns"),
+        "main_cpu_ms_per_step": _known_mean_ms(decode, "main_cpu_ns"),
         "loads_per_step": _num(decode["loads"].mean()),
         "mib_per_load": _ratio(decode["bytes_read"].sum() / MIB, decode["loads"].sum())
         if decode["bytes_read"].null_count() < decode.height else None,

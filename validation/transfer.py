@@ -44,7 +44,7 @@ MACHINE_KEYS = ("cpus", "cpu_quota", "page_cache", "page_cache_share", "read_mbp
 POINT_KEYS = ("model", "machines", "paths", "k")
 PATHS = ("on-demand", "staged-token", "staged", "hot", "staged-layer")
 METRICS = ("decode_tok_s", "blocked_ms_per_step", "build_ms_per_step", "eval_ms_per_step",
-           "cold_fraction")
+           "cold_fraction", "cpu_ms_per_step", "main_cpu_ms_per_step")
 COMPONENTS = ("blocked_ms_per_step", "build_ms_per_step", "eval_ms_per_step")
 # the issue's targets over held-out machines and models (decode tok/s; components)
 TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_COMPONENT_MEDIAN_PCT = 8.0, 15.0, 15.0
@@ -273,14 +273,20 @@ def run(plan: TransferPlan, prompts: Path,
         results.append({
             "point": p.name, "model": p.model.name, "machine": p.machine.name,
             "path": p.path, "k": p.k, "rounds": len(rounds),
-            **{k: {"measured": statistics.median(x[k][0] for x in rounds),
-                   "simulated": statistics.median(x[k][1] for x in rounds)} for k in METRICS}})
+            **{k: {"measured": _median(x[k][0] for x in rounds),
+                   "simulated": _median(x[k][1] for x in rounds)} for k in METRICS}})
     return results
+
+
+def _median(values) -> float | None:
+    """The median of the known values (None: a trace that did not record the figure)."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def error_pct(r: dict, key: str) -> float:
     m, s = r[key]["measured"], r[key]["simulated"]
-    return 100 * (s / m - 1) if m else float("nan")
+    return 100 * (s / m - 1) if m and s is not None else float("nan")
 
 
 def p90(values: list[float]) -> float:
@@ -308,20 +314,23 @@ def summary(results: list[dict]) -> dict[str, Any]:
 
 def markdown(results: list[dict], s: dict[str, Any]) -> str:
     lines = ["| point | rounds | decode tok/s measured | simulated | error | blocked ms/step "
-             "m / s | build ms/step m / s | eval ms/step m / s | cold fraction m / s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "m / s | build ms/step m / s | eval ms/step m / s | cold fraction m / s | CPU "
+             "ms/step m / s | main-thread CPU ms/step m / s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "failed" in r:
-            lines.append(f"| {r['point']} | failed: {r['failed']} |" + " - |" * 7)
+            lines.append(f"| {r['point']} | failed: {r['failed']} |" + " - |" * 9)
             continue
 
         def ms(k: str, fmt: str = ".1f", r: dict = r) -> str:
-            return f"{r[k]['measured']:{fmt}} / {r[k]['simulated']:{fmt}}"
+            m, s = r.get(k, {}).get("measured"), r.get(k, {}).get("simulated")
+            return "-" if m is None or s is None else f"{m:{fmt}} / {s:{fmt}}"
         lines.append(f"| {r['point']} | {r['rounds']} | {r['decode_tok_s']['measured']:.2f} | "
                      f"{r['decode_tok_s']['simulated']:.2f} | "
                      f"{error_pct(r, 'decode_tok_s'):+.0f}% | {ms('blocked_ms_per_step')} | "
                      f"{ms('build_ms_per_step')} | {ms('eval_ms_per_step')} | "
-                     f"{ms('cold_fraction', '.2f')} |")
+                     f"{ms('cold_fraction', '.2f')} | {ms('cpu_ms_per_step')} | "
+                     f"{ms('main_cpu_ms_per_step')} |")
     lines += ["", f"Decode tok/s over {s['points']} held-out points: median absolute error "
               f"{s['decode_abs_error_median_pct']:.1f}% (target {TARGET_MEDIAN_PCT:g}%), p90 "
               f"{s['decode_abs_error_p90_pct']:.1f}% (target {TARGET_P90_PCT:g}%); components "

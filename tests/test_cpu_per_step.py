@@ -1,0 +1,69 @@
+"""CPU time per step, every thread and the main thread, measured and simulated alike (the steps
+table's cpu_ns and main_cpu_ns; traces.summary's cpu_ms_per_step and main_cpu_ms_per_step):
+the engine's rows add up to the process CPU time the kernel counted around the run, the
+simulator's rows to the CPU its cores handed out, and a trace written before the columns
+existed reads them as unknown."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from sim_helpers import hardware, model, routing_input, scenario, uniform_routing
+
+from sim.replay import simulate
+from traces.reader import read_trace
+from traces.summary import summarize
+
+OLD = (Path(__file__).resolve().parents[1] / "reports" / "validation" / "traces"
+       / "on-demand-pc25-unthrottled")
+
+
+def test_the_engines_rows_add_up_to_the_process_cpu(tiny_random_converted, tmp_path):
+    """The kernel's own count (time.process_time around the capture, every thread) against the
+    rows' sum: the rows cover everything after the first step, so they are a little less, never
+    more; the main thread's share is at most the process's on every row."""
+    from engine.capture import capture, load_engine, start_recorder
+
+    engine = load_engine(tiny_random_converted, preset="staged", lead="layer")
+    try:
+        rec = start_recorder(tmp_path / "t", engine)
+        c0 = time.process_time_ns()
+        with rec:
+            capture(engine, ["one two three four", "five six"], 12, recorder=rec, temp=1.0)
+        total = time.process_time_ns() - c0
+    finally:
+        engine.close()
+    steps = read_trace(tmp_path / "t").steps
+    rows = steps.filter(steps["cpu_ns"] >= 0)
+    assert rows.height == steps.height - 1  # the first row has no previous one
+    assert steps["cpu_ns"][0] == -1
+    assert 0.5 * total < rows["cpu_ns"].sum() <= total
+    assert (rows["main_cpu_ns"] <= rows["cpu_ns"] + 2_000_000).all()  # clock granularity
+    assert (rows["main_cpu_ns"] > 0).all()
+
+
+def test_the_simulators_rows_add_up_to_its_cores_work():
+    hw = hardware(cpu_cores=2.0, compute_on_cpu=True)
+    sc = scenario(hw, model(), path="staged", readers=2, lead="none", lookahead=False)
+    router = uniform_routing(40, 2, 16, 2, seed=3)
+    m = simulate(sc, routing_input(router))
+    cols = m.main.log.cols
+    busy = m.cores.busy_s
+    assert sum(cols["cpu"]) == pytest.approx(sum(busy.values()), rel=1e-9)
+    assert sum(cols["main_cpu"]) == pytest.approx(busy["main"], rel=1e-9)
+    assert all(c >= mc >= 0 for c, mc in zip(cols["cpu"], cols["main_cpu"], strict=True))
+    # each step's main-thread CPU is at least its graph building (2 layers x 1 ms)
+    assert min(cols["main_cpu"]) >= 0.002 - 1e-12
+
+
+@pytest.mark.skipif(not OLD.exists(), reason="no committed validation trace")
+def test_a_trace_without_the_columns_reads_them_as_unknown(tmp_path):
+    shutil.copytree(OLD, tmp_path / "old")
+    t = read_trace(tmp_path / "old")
+    assert (t.steps["cpu_ns"] == -1).all() and (t.steps["main_cpu_ns"] == -1).all()
+    s = summarize(t)
+    assert s["cpu_ms_per_step"] is None and s["main_cpu_ms_per_step"] is None
+    assert s["decode_tok_s"] is not None
