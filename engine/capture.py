@@ -82,10 +82,11 @@ def load_engine(
     top_k: int | None = None,
     lora: str | Path | None = None,
     readers: int | None = None,
+    hot_mb: float | None = None,
 ):
     """-> the Engine (engine.engine) for `preset`
     (contract.engine_config.PRESETS) with the page-cache budget given in MiB or as a fraction of the
-    model's expert bytes."""
+    model's expert bytes, and the hot path's LRU in MiB (None: the config's default)."""
     from contract.engine_config import EngineConfig
     from engine.loader import load_streaming, open_manifest
 
@@ -99,6 +100,7 @@ def load_engine(
     config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget,
                                       lookahead=lookahead, lead_kind=lead, top_k=top_k,
                                       readers=readers,
+                                      hot_bytes=None if hot_mb is None else int(hot_mb * 2**20),
                                       prerouter=None if prerouter is None else str(prerouter),
                                       lora=None if lora is None else str(lora))
     return load_streaming(model_dir, verify=verify, config=config)

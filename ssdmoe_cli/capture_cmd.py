@@ -104,6 +104,9 @@ def capture(
         "capturing; writes JSON under reports/trace-overhead/.")] = False,
     rounds: Annotated[int, typer.Option("--rounds", help="--overhead: measured rounds.")] = 5,
     readers: Readers = None,
+    hot_mb: Annotated[float | None, typer.Option(
+        "--hot-mb", help="The hot path's LRU of expert bundles in MiB (--preset hot; default "
+        "25% of the expert bytes). Under --mem-limit it takes from the page cache.")] = None,
     report: Annotated[Path | None, typer.Option(
         "--report", help="--overhead: JSON output path "
         "(default reports/trace-overhead/<model>.json).")] = None,
@@ -124,6 +127,8 @@ def capture(
         raise BadInput(f"--page-cache-fraction: must be in (0, 1], got {page_cache_fraction}")
     if rounds < 1:
         raise BadInput(f"--rounds: must be >= 1, got {rounds}")
+    if hot_mb is not None and not hot_mb > 0:
+        raise BadInput(f"--hot-mb: must be > 0, got {hot_mb}")
     if not overhead and out is None:
         raise BadInput("--out: required (the trace directory to write)")
     if greedy:
@@ -148,7 +153,7 @@ def capture(
     engine = load_engine(
         model, preset=preset, o_direct=o_direct, page_cache_mb=page_cache_mb,
         page_cache_fraction=page_cache_fraction, verify=verify, lookahead=lookahead,
-        prerouter=prerouter, lead=lead, top_k=top_k, readers=readers,
+        prerouter=prerouter, lead=lead, top_k=top_k, readers=readers, hot_mb=hot_mb,
         lora=served_lora(model, lora, no_lora, prerouter, top_k))
     # the emulated machine starts once the model is loaded (as the throttle always did: loading
     # is not what is measured), and before --out is touched: a refused limit loses nothing

@@ -81,7 +81,7 @@ def test_generate_trace(tiny_random_converted, tmp_path, ssdmoe):
 
 
 @pytest.mark.parametrize("case", ["missing", "bad_json", "no_prompt", "empty_file", "not_trace",
-                                  "no_out", "preset", "tokens"])
+                                  "no_out", "preset", "tokens", "hot"])
 def test_capture_bad_input(case, tiny_random_converted, tmp_path, ssdmoe):
     prompts = _prompts(tmp_path / "p.jsonl")
     out = tmp_path / "out"
@@ -108,6 +108,9 @@ def test_capture_bad_input(case, tiny_random_converted, tmp_path, ssdmoe):
     elif case == "preset":
         args += ["--preset", "warp"]
         needles = ("warp",)
+    elif case == "hot":
+        args += ["--preset", "hot", "--hot-mb", "0"]
+        needles = ("--hot-mb", "must be > 0")
     else:
         args = ["--max-tokens", "0"]
         needles = ("--max-tokens",)
@@ -191,3 +194,13 @@ def test_overhead_cli_smoke(tiny_random_converted, tmp_path, ssdmoe):
         (0, "off"), (0, "on"), (1, "off"), (1, "on")]
     assert all(x["decode_steps"] == 2 * 2 for x in data["runs"])  # 2 prompts x 2 decode steps
     assert "overhead" in r.stdout and data["overhead_pct"] is not None
+
+
+def test_hot_mb_sets_the_hot_pools_size(tiny_random_converted, tmp_path, ssdmoe):
+    """--hot-mb reaches the engine: run.json's config and the pool the runtime holds."""
+    prompts = _prompts(tmp_path / "p.jsonl")
+    out = tmp_path / "hot"
+    r = ssdmoe("capture", str(tiny_random_converted), "--prompts", str(prompts), "--max-tokens",
+               "2", "--out", str(out), "--no-progress", "--preset", "hot", "--hot-mb", "0.5")
+    assert r.returncode == 0, r.stderr
+    assert read_trace(out).run["engine"]["hot_bytes"] == 2**19

@@ -8,8 +8,11 @@
 #            kernel reclaims within the limit)
 #   cores    tiny-trained at a 1/4 page-cache budget, on-demand and staged with token lead, on
 #            2 cores, --cpus 1 and --cpu-quota 0.5
+#   hot      tiny-trained-wide, the hot path under a 1000 MiB limit, its LRU from 32 to 384 MiB:
+#            the app cache takes from the page cache
 # Needs root, models/tiny-trained-stream and models/tiny-trained-wide-stream with prerouter
-# heads (reports/io/run.sh prepares both). Usage: bash reports/transfer/run.sh [ROUNDS]
+# heads (reports/io/run.sh prepares both). Usage: [CURVES="memory cores hot"] bash
+# reports/transfer/run.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-2}
@@ -27,15 +30,19 @@ for m in tiny-trained-stream tiny-trained-wide-stream; do
 done
 wide=models/tiny-trained-wide-stream
 tiny=models/tiny-trained-stream
+curves=${CURVES:-memory cores hot}
 points=()
-for mem in 1400M 900M 600M 450M 350M; do
+[[ " $curves " == *" memory "* ]] && for mem in 1400M 900M 600M 450M 350M; do
     points+=("memory|$wide|on-demand-$mem|--preset on-demand --mem-limit $mem")
     points+=("memory|$wide|staged-token-$mem|--preset staged --prerouter $wide/prerouter --mem-limit $mem")
 done
-for machine in base "cpus1|--cpus 1" "quota0.5|--cpu-quota 0.5"; do
+[[ " $curves " == *" cores "* ]] && for machine in base "cpus1|--cpus 1" "quota0.5|--cpu-quota 0.5"; do
     tag=${machine%%|*}; flags=""; [ "$tag" != base ] && flags=${machine#*|}
     points+=("cores|$tiny|on-demand-$tag|--preset on-demand --page-cache-fraction 0.25 $flags")
     points+=("cores|$tiny|staged-token-$tag|--preset staged --prerouter $tiny/prerouter --page-cache-fraction 0.25 $flags")
+done
+[[ " $curves " == *" hot "* ]] && for hot in 32 128 256 384; do
+    points+=("hot|$wide|hot-${hot}M|--preset hot --hot-mb $hot --mem-limit 1000M")
 done
 n=${#points[@]}
 for ((r = 0; r < rounds; r++)); do

@@ -110,28 +110,55 @@ def plot_memory(pts: dict[str, dict], tags: list[str], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_hot(pts: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted(pts, key=lambda n: mem_mib(n.split("-", 1)[1]))
+    xs = [mem_mib(n.split("-", 1)[1]) for n in names]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for who, style in (("measured", "-o"), ("simulated", "--x")):
+        ax.plot(xs, [pts[n]["decode_tok_s"][who] for n in names], style, label=who)
+    ax.set_xlabel("hot path LRU (MiB), under a 1000 MiB memory limit")
+    ax.set_ylabel("decode tok/s (median of rounds)")
+    ax.set_title("tiny-trained-wide: the app cache takes from the page cache")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     traces = HERE / "traces"
     memory = points(traces / "memory")
     cores = points(traces / "cores")
+    hot = points(traces / "hot")
+    hot = {n: hot[n] for n in sorted(hot, key=lambda n: mem_mib(n.split("-", 1)[1]))}
     mem_tags = sorted({n.rsplit("-", 1)[1] for n in memory}, key=mem_mib, reverse=True)
     memory = {f"{arm}-{t}": memory[f"{arm}-{t}"] for arm in ("on-demand", "staged-token")
               for t in mem_tags if f"{arm}-{t}" in memory}
     core_tags = [t for t in ("base", "cpus1", "quota0.5")
                  if any(n.endswith(t) for n in cores)]
-    held = [abs(err(p)) for p in [*memory.values(), *cores.values()]]
+    held = [abs(err(p)) for p in [*memory.values(), *cores.values(), *hot.values()]]
     summary = {"points": len(held),
                "decode_abs_error_median_pct": statistics.median(held) if held else None,
                "decode_abs_error_max_pct": max(held) if held else None}
     (HERE / "transfer.json").write_text(json.dumps(
-        {"memory": memory, "cores": cores, "summary": summary}, indent=1) + "\n")
+        {"memory": memory, "cores": cores, "hot": hot, "summary": summary}, indent=1) + "\n")
     if memory:
         plot_memory(memory, mem_tags, HERE / "memory.png")
+    if hot:
+        plot_hot(hot, HERE / "hot.png")
     body = ["### Memory limit (tiny-trained-wide, no page-cache budget)", "", *table(memory),
             "", "The prerouter's gain against the memory limit:", "",
             *gains(memory, mem_tags), "", "### Cores and CPU time (tiny-trained, page-cache "
             "budget 1/4)", "", *table(cores), "", "The prerouter's gain per machine:", "",
             *gains(cores, core_tags), "",
+            "### The app cache against the page cache (tiny-trained-wide, hot path, 1000 MiB "
+            "limit)", "", *table(hot), "",
             f"Decode tok/s over {summary['points']} points: median absolute error "
             f"{summary['decode_abs_error_median_pct']:.1f}%, largest "
             f"{summary['decode_abs_error_max_pct']:.1f}%." if held else "No points yet."]
