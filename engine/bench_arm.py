@@ -224,8 +224,13 @@ def worker_main(argv: list[str]) -> None:
     from engine.machine_limits import EmulatedMachine, MachineLimits
 
     spec = json.loads(Path(argv[0]).read_text())
-    # the whole arm, its model load included, runs on the emulated machine
-    with EmulatedMachine(Path(spec["model"]), MachineLimits.from_dict(spec["limits"])) as m:
+    # the whole arm, its model load included, runs on the emulated machine. A streaming arm
+    # must fit its resident weights (a limit below them is refused in one line); resident
+    # mlx-lm is let run into the limit, since what the kernel then does to it is the result
+    model = Path(spec["model"])
+    weights = model / "resident.safetensors"
+    to_load = weights.stat().st_size if spec["arm"] in STREAMING and weights.is_file() else 0
+    with EmulatedMachine(model, MachineLimits.from_dict(spec["limits"]), to_load=to_load) as m:
         result = run_arm(spec)
         result["throttle"] = m.throttle_record()
         result["machine"] = m.record()
@@ -233,4 +238,10 @@ def worker_main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    worker_main(sys.argv[1:])
+    from contract.errors import BadInput
+
+    try:
+        worker_main(sys.argv[1:])
+    except BadInput as err:  # one line for the parent to pass on (engine.bench._spawn)
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -23,7 +23,7 @@ def plot(result: dict, path: Path) -> Path:
     a1.set_xticks(list(x), arms, rotation=30, ha="right")
     a1.set_ylabel("decode tok/s (median)")
     top = max([s[a]["decode_tok_s"] for a in arms] + [b or 0 for b in bounds])
-    a1.set_ylim(0, 1.25 * top)  # room for the legend above the bars
+    a1.set_ylim(0, 1.25 * top or 1.0)  # room for the legend above the bars (1: all killed)
     a1.legend(loc="upper center", ncol=2)
     for i, a in enumerate(arms):
         if s[a].get("killed") and "step_ms" not in s[a]:

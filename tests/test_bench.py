@@ -49,6 +49,28 @@ def test_summary_medians_and_bound():
     assert summary["resident"]["bound_tok_s"] == pytest.approx(20)  # compute bound
 
 
+def test_an_arm_the_memory_limit_killed():
+    """Resident killed in every round (what a memory limit below the model does to mlx-lm): its
+    summary says so and carries no figures; the streaming arm's ratios to it are absent rather
+    than infinite; the table shows the kill. Killed in one round of three: the other two make
+    the medians and the killed round's tok/s is 0 in the per-round list."""
+    from engine.bench import markdown_table
+
+    killed = {"arm": "resident", "killed": "out of memory (SIGKILL under the memory limit)"}
+    resident = summarize_arm([killed] * 3)
+    assert resident["killed_rounds"] == 3 and "step_ms" not in resident
+    assert resident["decode_tok_s_rounds"] == [0.0, 0.0, 0.0]
+    streamed = summarize_arm([_run(2.5, 10, 0, 0), killed, _run(0.5, 10, 0, 0)])
+    assert streamed["killed_rounds"] == 1 and streamed["decode_tok_s"] == 12  # median of 4, 20
+    assert streamed["decode_tok_s_rounds"] == [4.0, 0.0, 20.0]
+    summary = {"resident": resident, "on-demand": streamed}
+    add_bounds(summary, bandwidth=1e9)
+    assert summary["on-demand"]["ratio_to_resident"] is None
+    assert summary["on-demand"]["ratio_paired"] is None
+    table = markdown_table({"summary": summary})
+    assert "| resident | killed: out of memory" in table
+
+
 @pytest.mark.slow  # four worker processes (one per arm and round), each imports MLX
 def test_bench_cli_small_run(tiny_random_converted, tmp_path, ssdmoe):
     out = tmp_path / "b.json"

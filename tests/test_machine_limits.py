@@ -320,3 +320,22 @@ def test_bench_and_validate_refuse_bad_limits_in_one_line(ssdmoe, tiny_random_co
             r = ssdmoe(*cmd, *flags)
             assert r.returncode == 2 and msg in r.stderr, (cmd, flags, r.stderr)
             assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@needs(mem_limit=1 << 30)
+def test_bench_under_a_memory_limit(ssdmoe, tiny_random_converted, tmp_path):
+    """A streaming arm below its resident weights is refused in one line; mlx-lm resident is
+    let run into the limit and reported killed (what the kernel did to it), the run goes on."""
+    r = ssdmoe("bench", str(tiny_random_converted), "--arms", "on-demand", "--rounds", "1",
+               "--max-tokens", "2", "--mem-limit", "1M", "--json", str(tmp_path / "a.json"))
+    assert r.returncode == 2 and "below what this process needs" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    out = tmp_path / "b.json"
+    r = ssdmoe("bench", str(tiny_random_converted), "--arms", "resident", "--rounds", "1",
+               "--max-tokens", "2", "--mem-limit", "24M", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    assert result["summary"]["resident"]["killed_rounds"] == 1
+    assert "out of memory" in result["summary"]["resident"]["killed"]
+    assert result["machine_limits"]["mem_limit"] == 24 << 20
+    assert "killed: out of memory" in r.stdout
