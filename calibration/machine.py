@@ -63,11 +63,37 @@ def host_cpu() -> dict[str, tuple[Any, str]]:
     }
 
 
+LRU_GEN = Path("/sys/kernel/mm/lru_gen/enabled")
+
+
+def page_cache_policy(system: str | None = None, lru_gen: Path = LRU_GEN) -> tuple[str, str]:
+    """Which bundles the kernel's page cache keeps (sim.page_cache.POLICIES), and why: Linux
+    without multi-generational LRU keeps the active/inactive lists; with it (or elsewhere) the
+    simulator has no model of the kernel's policy and keeps a plain LRU, saying so."""
+    system = system or platform.system()
+    if system != "Linux":
+        return "lru", (f"{system}: the kernel's page-cache policy is not modelled; a plain LRU "
+                       "stands for it")
+    try:
+        enabled = int(lru_gen.read_text().strip(), 16) != 0
+    except (OSError, ValueError):
+        enabled = False
+    if enabled:
+        return "lru", (f"{lru_gen} is on (multi-generational LRU), which the simulator does not "
+                       "model: a plain LRU stands for it")
+    return "linux-two-list", (f"Linux {platform.release()} without multi-generational LRU "
+                              f"({lru_gen} absent or 0): the page cache keeps the active/"
+                              "inactive lists with workingset detection (sim.two_list_lru); an "
+                              "engine page-cache budget drops by recency itself (sim compare "
+                              "uses lru for those traces)")
+
+
 def facts(os_reserve_gib: float | None = None) -> dict[str, tuple[Any, str]]:
     """Hardware keys -> (value, how it was read): RAM, OS reserve (or `os_reserve_gib`, given),
-    cores and whether compute runs on them."""
+    cores, whether compute runs on them, and the kernel's page-cache policy."""
     reserve, reserve_how = os_reserve()
     if os_reserve_gib is not None:
         reserve, reserve_how = os_reserve_gib, "given"
     return {"ram_gib": (ram_gib(), "/proc/meminfo MemTotal"),
-            "os_reserve_gib": (reserve, reserve_how), **host_cpu()}
+            "os_reserve_gib": (reserve, reserve_how), **host_cpu(),
+            "page_cache_policy": page_cache_policy()}

@@ -423,3 +423,18 @@ def test_the_gil_hand_over_probe_waits_in_a_cold_read_as_a_reader_does(tmp_path,
     reads.clear()
     probes.gil_handoff_times(5)  # no file: it naps
     assert reads == [] and naps
+
+
+def test_the_kernels_page_cache_policy_is_read_off_the_machine(tmp_path):
+    """Linux without multi-generational LRU (no lru_gen file, or 0) keeps the active/inactive
+    lists; with it on, or on macOS, the profile keeps a plain LRU and says why."""
+    from calibration.machine import page_cache_policy
+
+    gen = tmp_path / "enabled"
+    assert page_cache_policy("Linux", gen)[0] == "linux-two-list"  # absent
+    gen.write_text("0x0000\n")
+    assert page_cache_policy("Linux", gen)[0] == "linux-two-list"
+    gen.write_text("0x0007\n")
+    policy, why = page_cache_policy("Linux", gen)
+    assert policy == "lru" and "multi-generational" in why
+    assert page_cache_policy("Darwin", gen)[0] == "lru"
