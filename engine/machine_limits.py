@@ -278,7 +278,7 @@ class EmulatedMachine:
         return out
 
     def throttle_record(self) -> dict[str, Any] | None:
-        """run.json `throttle`, as engine.throttle.ReadThrottle writes it (None: unthrottled)."""
+        """run.json `throttle`: what was set, where and how (None: unthrottled)."""
         spec = self.limits.throttle
         if not spec.active or self.groups is None:
             return None

@@ -1,9 +1,11 @@
 """Emulated storage speed on real hardware: the kernel's block-I/O throttle on the device that
-holds the model, applied to this process (its threads and children inherit it).
+holds the model, applied to this process (its threads and children inherit it). This module
+says what to set; engine.machine_limits.EmulatedMachine sets it, beside the other limits:
 
-    with ReadThrottle(model_dir, read_mbps=50) as th:   # reads from that disk <= 50 MB/s
+    limits = MachineLimits(throttle=ThrottleSpec(read_mbps=50))
+    with EmulatedMachine(model_dir, limits) as m:    # reads from that disk <= 50 MB/s
         ...run the engine...
-        run_json["throttle"] = th.record()
+        run_json["throttle"] = m.throttle_record()
 
 Linux only, as root. Two hierarchies:
   cgroup v1  /sys/fs/cgroup/blkio/<group>/blkio.throttle.read_bps_device ("MAJ:MIN BYTES"),
@@ -25,10 +27,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from contract.errors import BadInput
-from engine.cgroups import CgroupUnavailable, ProcessGroups, check_controllers, hierarchy
+from engine.cgroups import CgroupUnavailable, check_controllers
 
 BURST_S = 0.1  # v1 blk-throttle's slice (throtl_slice = HZ/10): what passes at full speed
 MB = 10**6
@@ -113,41 +114,3 @@ def check_available(spec: ThrottleSpec) -> None:
         check_controllers(["io"], "--read-mbps/--read-iops")
     except CgroupUnavailable as err:
         raise ThrottleUnavailable(str(err)) from None
-
-
-class ReadThrottle:
-    """Context manager: this process's reads from the disk holding `path` throttled."""
-
-    def __init__(self, path: Path, spec: ThrottleSpec):
-        self.path, self.spec = Path(path), spec
-        self.groups: ProcessGroups | None = None
-        self.device = ""
-
-    def __enter__(self) -> ReadThrottle:
-        if not self.spec.active:
-            return self
-        check_available(self.spec)
-        self.device = block_device(self.path)
-        version, _ = hierarchy("io")
-        self.groups = ProcessGroups({"io": throttle_settings(self.spec, self.device, version)},
-                                    what="--read-mbps/--read-iops")
-        try:
-            self.groups.__enter__()
-        except CgroupUnavailable as err:
-            raise ThrottleUnavailable(str(err)) from None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.groups is not None:
-            self.groups.leave()
-
-    def record(self) -> dict[str, Any] | None:
-        """run.json `throttle`: what was set, where and how (None when unthrottled)."""
-        if not self.spec.active:
-            return None
-        return {"read_mbps": self.spec.read_mbps, "read_bps": self.spec.read_bps,
-                "read_iops": self.spec.read_iops, "device": self.device,
-                "mechanism": ("cgroup v1 blkio.throttle"
-                              if self.groups is not None and self.groups.versions.get("io") == "v1"
-                              else "cgroup v2 io.max"),
-                "burst_s": BURST_S}

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from contract.errors import BadInput
+from engine.machine_limits import EmulatedMachine, MachineLimits
 from engine.throttle import (
-    ReadThrottle,
     ThrottleSpec,
     ThrottleUnavailable,
     block_device,
@@ -67,6 +67,11 @@ def _cold_read_rate(path: Path, direct: bool = True) -> float:
         os.close(fd)
 
 
+def _throttled(path: Path, spec: ThrottleSpec) -> EmulatedMachine:
+    """The throttle alone, as capture and bench set it (engine.machine_limits)."""
+    return EmulatedMachine(path, MachineLimits(throttle=spec))
+
+
 def _groups() -> set[str]:
     root = Path("/sys/fs/cgroup/blkio")
     return {p.name for p in root.rglob("ssdmoe-*")} if root.exists() else set()
@@ -80,9 +85,9 @@ def test_cold_read_rate_within_10pct_of_throttle(tmp_path, mbps):
     try:
         free = _cold_read_rate(f)
         assert free > 2 * mbps * MB, f"disk itself too slow for the test ({free / MB:.0f} MB/s)"
-        with ReadThrottle(f, ThrottleSpec(read_mbps=mbps)) as th:
+        with _throttled(f, ThrottleSpec(read_mbps=mbps)) as th:
             got = _cold_read_rate(f)
-            rec = th.record()
+            rec = th.throttle_record()
         assert abs(got / (mbps * MB) - 1) < 0.10, f"{got / MB:.1f} MB/s under {mbps} MB/s"
         assert rec["read_bps"] == mbps * MB and rec["device"] == block_device(f)
         after = _cold_read_rate(f)  # removed on exit: full speed again
@@ -96,7 +101,7 @@ def test_buffered_engine_style_reads_are_throttled(tmp_path):
     mbps = 25
     f = _scratch(tmp_path, int(mbps * MB * 2))
     try:
-        with ReadThrottle(f, ThrottleSpec(read_mbps=mbps)):
+        with _throttled(f, ThrottleSpec(read_mbps=mbps)):
             got = _cold_read_rate(f, direct=False)
         assert abs(got / (mbps * MB) - 1) < 0.10, f"{got / MB:.1f} MB/s under {mbps} MB/s"
     finally:
@@ -109,7 +114,7 @@ def test_iops_throttle(tmp_path):
     f = _scratch(tmp_path, 4096 * 400)  # 400 O_DIRECT reads of 4 KiB at 200/s: ~2 s
     try:
         buf = mmap.mmap(-1, 4096)
-        with ReadThrottle(f, ThrottleSpec(read_iops=iops)):
+        with _throttled(f, ThrottleSpec(read_iops=iops)):
             fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
             t0 = time.perf_counter()
             for i in range(400):
@@ -128,7 +133,7 @@ def test_removed_on_error_and_interrupt(tmp_path):
     try:
         for exc in (RuntimeError("boom"), KeyboardInterrupt()):
             with pytest.raises(type(exc)):
-                with ReadThrottle(f, ThrottleSpec(read_mbps=5)):
+                with _throttled(f, ThrottleSpec(read_mbps=5)):
                     assert _groups() - before, "throttle group not created"
                     raise exc
             assert _groups() == before, "throttle group left behind"
@@ -159,8 +164,8 @@ def test_unavailable_on_macos(monkeypatch):
 
 
 def test_unthrottled_is_a_no_op(tmp_path):
-    with ReadThrottle(tmp_path, ThrottleSpec()) as th:
-        assert th.record() is None
+    with _throttled(tmp_path, ThrottleSpec()) as th:
+        assert th.throttle_record() is None
 
 
 def test_parse_from_text():
