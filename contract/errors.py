@@ -10,6 +10,7 @@ Imports nothing of ours."""
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -34,3 +35,14 @@ def read_json_object(path: Path, missing: str = "missing") -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadInput(f"{path}: expected a JSON object")
     return data
+
+
+def read_toml_table(path: Path) -> dict[str, Any]:
+    """The TOML table stored in `path`. Absent, unreadable or not TOML: a one-line BadInput
+    naming the file."""
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise BadInput(f"{path}: cannot read ({err})") from None
+    except tomllib.TOMLDecodeError as err:
+        raise BadInput(f"{path}: not valid TOML ({err})") from None

@@ -53,7 +53,7 @@ def test_machine_flags():
      "path 'warp'"),
     ('[machines.a]\n', "no [[points]]"),
     ('[oops]\n', "unknown section 'oops'"),
-    ('machines = [', "not TOML"),
+    ('machines = [', "not valid TOML"),
 ])
 def test_bad_machines_file_is_one_line(tmp_path, text, msg):
     f = tmp_path / "m.toml"
@@ -62,6 +62,13 @@ def test_bad_machines_file_is_one_line(tmp_path, text, msg):
         load_machines(f)
     assert msg in str(err.value) and str(f) in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_a_machines_file_that_is_not_text_is_one_line(tmp_path):
+    f = tmp_path / "m.toml"
+    f.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(BadInput, match=f"^{f}: cannot read"):
+        load_machines(f)
 
 
 def _result(measured: float, simulated: float, comp: tuple[float, float] = (10, 10)) -> dict:

@@ -16,12 +16,11 @@ may replace the defaults: [axes] (values per axis), [defaults], optional [[corne
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contract.errors import BadInput
+from contract.errors import BadInput, read_toml_table
 
 AXES = ("page_cache", "path", "storage", "k")
 PATHS = ("on-demand", "hot", "staged", "staged-token", "staged-layer")
@@ -196,12 +195,7 @@ def default_matrix(quick: bool = False, throttles: list[str] | None = None) -> M
 
 def load_matrix(path: Path) -> Matrix:
     """A matrix file: [axes], [defaults], [[corners]], [calibration] (see the module doc)."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        raise BadInput(f"{path}: cannot read ({err})") from None
-    except tomllib.TOMLDecodeError as err:
-        raise BadInput(f"{path}: not valid TOML ({err})") from None
+    data = read_toml_table(path)
     bad = set(data) - {"axes", "defaults", "corners", "calibration"}
     if bad:
         raise BadInput(f"{path}: unknown section {sorted(bad)[0]!r} "

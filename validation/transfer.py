@@ -28,13 +28,12 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contract.errors import BadInput
+from contract.errors import BadInput, read_toml_table
 from engine.bench import expert_bytes
 from validation.matrix import PAGE_CACHE, Config
 from validation.run import cli
@@ -121,14 +120,18 @@ def _typed(where: str, key: str, value: Any, kind: type) -> Any:
     return kind(value)
 
 
+def _check_keys(where: str, table: Any, known: tuple[str, ...]) -> None:
+    """A table whose keys are all `known`, else one line naming the first one that is not."""
+    if not isinstance(table, dict):
+        raise BadInput(f"{where}: expected a table")
+    bad = set(table) - set(known)
+    if bad:
+        raise BadInput(f"{where}: unknown key {sorted(bad)[0]!r} (known: {', '.join(known)})")
+
+
 def load_machines(path: Path) -> TransferPlan:
     """The machines file: one line naming the file and the key for anything wrong."""
-    try:
-        d = tomllib.loads(Path(path).read_text())
-    except OSError as err:
-        raise BadInput(f"{path}: cannot read ({err.strerror})") from None
-    except tomllib.TOMLDecodeError as err:
-        raise BadInput(f"{path}: not TOML ({err})") from None
+    d = read_toml_table(path)
     unknown = set(d) - {"machines", "points"}
     if unknown:
         raise BadInput(f"{path}: unknown section {sorted(unknown)[0]!r} (known: machines, "
@@ -136,12 +139,7 @@ def load_machines(path: Path) -> TransferPlan:
     machines: dict[str, Machine] = {}
     for name, m in (d.get("machines") or {}).items():
         where = f"{path}: machines.{name}"
-        if not isinstance(m, dict):
-            raise BadInput(f"{where}: expected a table")
-        bad = set(m) - set(MACHINE_KEYS)
-        if bad:
-            raise BadInput(f"{where}: unknown key {sorted(bad)[0]!r} (known: "
-                           f"{', '.join(MACHINE_KEYS)})")
+        _check_keys(where, m, MACHINE_KEYS)
         kinds = {"cpus": int, "cpu_quota": float, "page_cache": str, "page_cache_share": float,
                  "read_mbps": float, "read_iops": int, "description": str}
         values = {k: _typed(where, k, v, kinds[k]) for k, v in m.items()}
@@ -157,12 +155,7 @@ def load_machines(path: Path) -> TransferPlan:
     points: list[Point] = []
     for i, p in enumerate(d.get("points") or [], 1):
         where = f"{path}: points #{i}"
-        if not isinstance(p, dict):
-            raise BadInput(f"{where}: expected a table")
-        bad = set(p) - set(POINT_KEYS)
-        if bad:
-            raise BadInput(f"{where}: unknown key {sorted(bad)[0]!r} (known: "
-                           f"{', '.join(POINT_KEYS)})")
+        _check_keys(where, p, POINT_KEYS)
         if "model" not in p or "machines" not in p:
             raise BadInput(f"{where}: needs model and machines")
         model = Path(p["model"])
