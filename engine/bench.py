@@ -243,12 +243,13 @@ def summarize_arm(runs: list[dict]) -> dict:
     live = [r for r in runs if not r.get("killed")]
     killed = {"killed_rounds": len(runs) - len(live),
               "killed": next((r["killed"] for r in runs if r.get("killed")), None)}
+    per = [None if r.get("killed") else per_round(r) for r in runs]
+    rounds = [0.0 if row is None else row["decode_tok_s"] for row in per]
     if not live:
-        return {**killed, "decode_tok_s": 0.0, "decode_tok_s_rounds": [0.0] * len(runs)}
-    rows = [per_round(r) for r in live]
+        return {**killed, "decode_tok_s": 0.0, "decode_tok_s_rounds": rounds}
+    rows = [row for row in per if row is not None]
     out = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
-    out["decode_tok_s_rounds"] = [0.0 if r.get("killed") else per_round(r)["decode_tok_s"]
-                                  for r in runs]
+    out["decode_tok_s_rounds"] = rounds
     out["buffer_bytes"] = live[0]["buffer_bytes"]
     if live[0].get("lora_load_s") is not None:
         out["lora_load_s"] = statistics.median(r["lora_load_s"] for r in live)

@@ -52,14 +52,19 @@ class TwoListLRU:
     def __len__(self) -> int:
         return len(self.inactive) + len(self.active)
 
-    def lookup(self, key: int) -> bool:
-        """A read of `key`: True when cached (then inactive -> active, active refreshed)."""
+    def _touch(self, key: int) -> bool:
+        """A read of a cached `key`: inactive -> active, active refreshed. False when absent."""
         if key in self.active:
             self.active.move_to_end(key)
-            self.hits += 1
-            return True
-        if key in self.inactive:
+        elif key in self.inactive:
             self.active[key] = self.inactive.pop(key)
+        else:
+            return False
+        return True
+
+    def lookup(self, key: int) -> bool:
+        """A read of `key`: True when cached (then inactive -> active, active refreshed)."""
+        if self._touch(key):
             self.hits += 1
             return True
         self.misses += 1
@@ -73,9 +78,7 @@ class TwoListLRU:
         list's size; then reclaim down to capacity."""
         if self.capacity == 0:
             return
-        if key in self:
-            self.lookup(key)
-            self.hits -= 1  # a refresh, not a read
+        if self._touch(key):  # a refresh, not a read: no hit counted
             return
         stamp = self.shadow.pop(key, None)
         if stamp is not None and self.evictions - stamp <= len(self.active):

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import simpy
 
+from sim.cpu import Cores
+from sim.loads import Fetcher, Load
+from sim.page_cache import PageCache
 from sim.routing_input import RoutingInput
 from sim.scenario import GIB, Hardware, ModelProfile, Scenario
+from sim.storage import Device
 
 MB = 1 << 20
 
@@ -49,4 +54,30 @@ def routing_input(router: np.ndarray, predicted: np.ndarray | None = None) -> Ro
     return RoutingInput(router, predicted, plan, "test")
 
 
-__all__ = ["GIB", "MB", "hardware", "model", "scenario", "uniform_routing", "routing_input"]
+def read_beside_compute(hw: Hardware, nbytes: int, device: Device, compute_ms: float,
+                        warm: bool = False) -> tuple[float, float]:
+    """One bundle of `nbytes` (cold, or `warm` in the page cache) read by a reader from t=0 on a
+    host of ONE core, while a compute job of `compute_ms` runs from t=0 (0: none). Returns
+    (load finished, compute finished) in ms."""
+    env = simpy.Environment()
+    cores = Cores(env, 1, threads=2)
+    pc = PageCache(10 * nbytes, nbytes, 16)
+    f = Fetcher(env, hw, device, pc, cores, 16, nbytes)
+    load = Load(0, 0, 3, 3, nbytes, 1, "prefetch", 0.0, env.event())
+    if warm:
+        pc.fill(3)
+    seen = {"compute": 0.0}
+
+    def compute():
+        yield cores.work(compute_ms / 1e3, "compute")
+        seen["compute"] = env.now * 1e3
+
+    if compute_ms:
+        env.process(compute())
+    env.process(f.perform(load, "reader0"))
+    env.run()
+    return load.finished * 1e3, seen["compute"]
+
+
+__all__ = ["GIB", "MB", "hardware", "model", "scenario", "uniform_routing", "routing_input",
+           "read_beside_compute"]

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import simpy
-from sim_helpers import hardware
+from sim_helpers import hardware, read_beside_compute
 
 from sim.cpu import Cores
-from sim.loads import Fetcher, Load
+from sim.loads import Fetcher
 from sim.lru import LRU
 from sim.page_cache import PageCache
 from sim.storage import Device
@@ -74,23 +74,8 @@ def _cold_read(per_page_us: float, nbytes: int, compute_ms: float = 0.0) -> tupl
     """One cold read of `nbytes` (0.1 ms on the device) on ONE core, beside a compute job of
     `compute_ms` from t=0; cold_read_cpu_ms 0.02 per request. (load finished, compute
     finished) in ms."""
-    env = simpy.Environment()
-    cores = Cores(env, 1, threads=2)
-    pc = PageCache(1 << 30, nbytes, 16)
     hw = hardware(**dict(IO, cold_read_cpu_ms=0.02, cold_read_cpu_us_per_page=per_page_us))
-    f = Fetcher(env, hw, Device(0.0001, 1e15), pc, cores, 16, nbytes)
-    load = Load(0, 0, 3, 3, nbytes, 1, "prefetch", 0.0, env.event())
-    seen = {"compute": 0.0}
-
-    def compute():
-        yield cores.work(compute_ms / 1e3, "compute")
-        seen["compute"] = env.now * 1e3
-
-    if compute_ms:
-        env.process(compute())
-    env.process(f.perform(load, "reader0"))
-    env.run()
-    return load.finished * 1e3, seen["compute"]
+    return read_beside_compute(hw, nbytes, Device(0.0001, 1e15), compute_ms)
 
 
 def test_a_cold_reads_cpu_grows_with_its_pages():

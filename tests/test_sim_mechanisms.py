@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 import simpy
-from sim_helpers import MB, hardware, model, routing_input, scenario
+from sim_helpers import MB, hardware, model, read_beside_compute, routing_input, scenario
 
 from sim.cpu import Cores
 from sim.loads import Fetcher, Load
@@ -480,26 +480,9 @@ def _read_beside_compute(cold_read_cpu_ms: float, compute_ms: float, load_overhe
     """One cold bundle (one pread, 0.2 ms on the device) read by a reader from t=0 on a host of
     ONE core, while a compute job of `compute_ms` runs from t=0 (none: 0). No GIL, no copy, no
     fault work. Returns (load finished, compute finished) in ms."""
-    env = simpy.Environment()
-    cores = Cores(env, 1, threads=2)
-    pc = PageCache(10_000, 1000, 16)
     hw = hardware(**dict(IO, load_overhead_ms=load_overhead_ms,
                          cold_read_cpu_ms=cold_read_cpu_ms))
-    f = Fetcher(env, hw, Device(0.0002, 1e12), pc, cores, 16, 1000)
-    load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())
-    if warm:
-        pc.fill(3)
-    seen = {"compute": 0.0}
-
-    def compute():
-        yield cores.work(compute_ms / 1e3, "compute")
-        seen["compute"] = env.now * 1e3
-
-    if compute_ms:
-        env.process(compute())
-    env.process(f.perform(load, "reader0"))
-    env.run()
-    return load.finished * 1e3, seen["compute"]
+    return read_beside_compute(hw, 1000, Device(0.0002, 1e12), compute_ms, warm)
 
 
 def test_a_cold_reads_cpu_runs_beside_its_device_time():

@@ -88,6 +88,19 @@ def mem_mib(tag: str) -> float:
     return float(tag[:-1]) * (1024 if tag.endswith("G") else 1)
 
 
+def _save(fig, ax, title: str, path: Path) -> None:
+    """Decode tok/s from 0, the title and legend, written to `path`."""
+    import matplotlib.pyplot as plt
+
+    ax.set_ylabel("decode tok/s (median of rounds)")
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_memory(pts: dict[str, dict], tags: list[str], path: Path) -> None:
     import matplotlib
 
@@ -101,13 +114,7 @@ def plot_memory(pts: dict[str, dict], tags: list[str], path: Path) -> None:
             ys = [pts[f"{arm}-{t}"]["decode_tok_s"][who] for t in tags if f"{arm}-{t}" in pts]
             ax.plot(xs, ys, style, color=color, label=f"{arm} {who}")
     ax.set_xlabel("memory limit (MiB): the process and its page cache")
-    ax.set_ylabel("decode tok/s (median of rounds)")
-    ax.set_title("tiny-trained-wide under a memory cgroup")
-    ax.set_ylim(bottom=0)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, ax, "tiny-trained-wide under a memory cgroup", path)
 
 
 def plot_hot(pts: dict[str, dict], path: Path) -> None:
@@ -122,13 +129,7 @@ def plot_hot(pts: dict[str, dict], path: Path) -> None:
     for who, style in (("measured", "-o"), ("simulated", "--x")):
         ax.plot(xs, [pts[n]["decode_tok_s"][who] for n in names], style, label=who)
     ax.set_xlabel("hot path LRU (MiB), under a 1000 MiB memory limit")
-    ax.set_ylabel("decode tok/s (median of rounds)")
-    ax.set_title("tiny-trained-wide: the app cache takes from the page cache")
-    ax.set_ylim(bottom=0)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, ax, "tiny-trained-wide: the app cache takes from the page cache", path)
 
 
 def main() -> None:
