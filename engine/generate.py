@@ -38,8 +38,11 @@ Hooks (the trace recorder plugs in here):
   stop_check()                        after each token's text: a finish reason ("stop" for a
                                       stop sequence, "cancelled" for a client gone) ends the
                                       request there, else None
-Sampling is mlx-lm's (`make_sampler`: temperature, top_p, top_k). With `logprobs` (the number
-of alternatives, 0 for none) on_token gets each token's log-probability and the top ones.
+Sampling is mlx-lm's (`make_sampler`: temperature, top_p, top_k), after mlx-lm's logits
+processors when given (`make_logits_processors`: logit bias, repetition, presence and
+frequency penalties), which see the prompt and every token so far, as in `generate_step`.
+With `logprobs` (the number of alternatives, 0 for none) on_token gets each token's
+log-probability and the top ones (after the processors, as the token was sampled).
 With a prerouter (runtime.preroute) its state is reset at the start: a new sequence.
 `runtime`: the streaming engine's (engine.engine.Engine.runtime; `Engine.generate` passes it),
 None for a resident mlx-lm model. Its step clock (engine.step_clock) holds the step whose
@@ -103,6 +106,7 @@ def generate(
     top_k: int = 0,
     seed: int | None = None,
     logprobs: int | None = None,
+    logits_processors: list[Callable[[mx.array, mx.array], mx.array]] | None = None,
     stop_check: Callable[[], str | None] | None = None,
     on_token: Callable[[int, float | None, list], None] | None = None,
     prefill_step_size: int = 2048,
@@ -124,7 +128,7 @@ def generate(
     if seed is not None:
         mx.random.seed(seed)
     loop = StepLoop(model, runtime, make_sampler(temp, top_p=top_p, top_k=top_k), logprobs,
-                    request, step0, lookahead, on_step_start, on_step)
+                    request, step0, lookahead, on_step_start, on_step, logits_processors)
     out: list[int] = []
     detok = tokenizer.detokenizer
     detok.reset()
@@ -168,7 +172,7 @@ class StepLoop:
 
     def __init__(self, model, runtime, sampler, logprobs: int | None, request: int,
                  step0: int, lookahead: bool | None, on_step_start: StepStart | None,
-                 on_step: StepEnd | None) -> None:
+                 on_step: StepEnd | None, processors: list | None = None) -> None:
         from mlx_lm.models.cache import make_prompt_cache
 
         self.model, self.runtime, self.sampler, self.logprobs = model, runtime, sampler, logprobs
@@ -187,6 +191,15 @@ class StepLoop:
         if self.preroute is not None:  # a new sequence: no previous token, nothing predicted
             self.preroute.reset()
         self.steps: list[dict] = []
+        self.processors = processors or []
+        self.history: mx.array | None = None  # tokens the processors see (lazy, as mlx-lm's)
+
+    def _seen(self, tokens: mx.array) -> mx.array | None:
+        """The token history with `tokens` appended (only kept when processors need it)."""
+        if self.processors:
+            h = self.history
+            self.history = tokens if h is None else mx.concatenate([h, tokens])
+        return self.history
 
     def run(self, ids: list[int], max_tokens: int, prefill_step_size: int,
             emit: Callable[[int, float | None, list], str | None],
@@ -238,8 +251,11 @@ class StepLoop:
         else:
             logits = self.model(tokens[None], cache=self.cache)
         out = lp = None
+        history = self._seen(tokens)
         if sample:
             logits = logits[:, -1, :]
+            for processor in self.processors:
+                logits = processor(history, logits)
             lp = logits - mx.logsumexp(logits, keepdims=True)
             out = self.sampler(lp)
         # The prerouter's predictions for the next call are side outputs of this step: queued

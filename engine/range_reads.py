@@ -33,9 +33,18 @@ def read_buffered(fd: int, off: int, length: int, views: list, size: int,
         except OSError as err:
             raise RangeReadError(err.strerror or str(err)) from None
         if n == 0:
-            raise RangeReadError(f"short read at byte {off + done} (file has {size} bytes; "
-                                 "truncated?)")
+            raise RangeReadError(_short(fd, off + done, size))
         done += n
+
+
+def _short(fd: int, at: int, expected: int) -> str:
+    """A short read, with the file's size now (not the size it had when opened)."""
+    try:
+        now = os.fstat(fd).st_size
+    except OSError:
+        now = -1
+    return (f"short read at byte {at} (the file has {now} bytes, {expected} expected; "
+            "truncated?)")
 
 
 def read_nowait(fd: int, off: int, views: list, flag: int) -> int:
@@ -75,8 +84,7 @@ def read_direct(dfd: int, off: int, length: int, views: list, size: int,
                     raise DirectRefused(err.strerror or str(err)) from None
                 raise RangeReadError(err.strerror or str(err)) from None
             if n == 0:
-                raise RangeReadError(f"short read at byte {a0 + done} (file has {size} "
-                                     "bytes; truncated?)")
+                raise RangeReadError(_short(dfd, a0 + done, size))
             done += n
         pos = off - a0
         for view in views:

@@ -81,6 +81,15 @@ class Runtime:
         if self.preroute is not None:
             self.preroute.reset()
 
+    def forget(self, layers: set[int]) -> None:
+        """Drop every loaded expert of `layers` (slots, hot rows, staging): their file
+        changed, so what was read from it is not trusted."""
+        self.reset()
+        for p in {id(p): p for (i, _), p in self.paths.items() if i in layers}.values():
+            p.forget()
+        if self.hot:
+            self.hot.forget(layers)
+
     def close(self) -> None:
         self.readers.close()
 

@@ -226,11 +226,24 @@ class ExpertStore:
 
     def close(self) -> None:
         for f in self._files.values():
-            unmap(f.addr, f.size)
-            os.close(f.fd)
-            if f.dfd >= 0:
-                os.close(f.dfd)
+            self._close(f)
         self._files = {}
+
+    @staticmethod
+    def _close(f: _File) -> None:
+        unmap(f.addr, f.size)
+        os.close(f.fd)
+        if f.dfd >= 0:
+            os.close(f.dfd)
+
+    def file_path(self, layer: int) -> str:
+        return self._files[layer].path
+
+    def reopen(self, layer: int) -> None:
+        """Open the layer's file again (it was replaced: a new inode); no read in flight."""
+        old = self._files[layer]
+        self._files[layer] = self._open(old.path)
+        self._close(old)
 
     def __enter__(self):
         return self

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time setup on a fresh machine: uv, the locked Python environment and, on Debian/Ubuntu
 # Linux, OpenBLAS (MLX's CPU wheel ships reference BLAS; OpenBLAS makes fixture training ~10x
-# faster: see engine/blas.py). Safe to run again: every step is skipped when already done.
+# faster: see engine/blas.py) and tmux (for the terminal chat test). Safe to run again: every step is skipped when already done.
 # test.sh and demo.sh `source` it so the PATH it sets (a freshly installed uv) carries over.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -22,6 +22,12 @@ if [ "$(uname -s)" = "Linux" ]; then
         else
             echo "setup: OpenBLAS not found; install libopenblas0-pthread for ~10x faster training"
         fi
+    fi
+    # tmux: the terminal that `ssdmoe chat`'s test types into (skipped without it)
+    if ! command -v tmux >/dev/null 2>&1 && [ "$(id -u)" = "0" ] \
+            && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && apt-get install -y -qq tmux >/dev/null) \
+            || echo "setup: tmux install failed; the terminal chat test will be skipped"
     fi
 fi
 

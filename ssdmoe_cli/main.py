@@ -15,6 +15,7 @@ from ssdmoe_cli import (
     demo_cmd,
     eval_cmd,
     fixture_cmd,
+    loadtest_cmd,
     lora_cmds,
     model_cmds,
     serve_cmd,
@@ -48,7 +49,7 @@ def root(device: str | None = typer.Option(
 
 
 for module in (demo_cmd, fixture_cmd, model_cmds, capture_cmd, bench_cmd, calibrate_cmd,
-               validate_cmd, eval_cmd, serve_cmd):
+               validate_cmd, eval_cmd, serve_cmd, loadtest_cmd):
     module.register(app)
 app.add_typer(trace_cmds.app, name="trace")
 app.add_typer(sim_cmds.app, name="sim")

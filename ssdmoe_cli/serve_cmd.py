@@ -80,13 +80,29 @@ def serve(
         "--model-id", help="Model name clients ask for (default: MODEL's directory name).")]
         = None,
     readers: Readers = None,
+    max_queue: Annotated[int, typer.Option(
+        "--max-queue", help="Requests that may wait for the engine; beyond, 503 with "
+        "Retry-After.")] = 64,
+    request_timeout: Annotated[float, typer.Option(
+        "--request-timeout", help="Seconds from a request's arrival to its last token; "
+        "beyond, it ends with a 408.")] = 600.0,
+    body_timeout: Annotated[float, typer.Option(
+        "--body-timeout", help="Seconds to receive a request's body.")] = 30.0,
+    cors_origins: Annotated[list[str] | None, typer.Option(
+        "--cors-origin", help="Origin allowed to call from a browser (repeat it; default: "
+        "any, '*'; 'none' turns CORS off).")] = None,
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models,
-    /health; streaming as Server-Sent Events), one request at a time in FIFO order."""
+    /tokenize, /detokenize, /health, /metrics; streaming as Server-Sent Events), one request at
+    a time in FIFO order."""
     if not 0 < port < 65536:
         raise BadInput(f"--port: must be in 1..65535, got {port}")
-    if max_tokens < 1 or max_body < 1:
-        raise BadInput("--max-tokens-limit and --max-body-bytes must be >= 1")
+    if max_tokens < 1 or max_body < 1 or max_queue < 1:
+        raise BadInput("--max-tokens-limit, --max-body-bytes and --max-queue must be >= 1")
+    if not (request_timeout > 0 and body_timeout > 0):
+        raise BadInput("--request-timeout and --body-timeout must be > 0 seconds")
+    check_api_key(api_key)
+    origins = ["*"] if cors_origins is None else [o for o in cors_origins if o != "none"]
     if host not in LOOPBACK and api_key is None:
         typer.echo(f"warning: serving on {host}, reachable from other machines, with no "
                    "authentication: anyone who can connect can use it (give --api-key)",
@@ -106,24 +122,34 @@ def serve(
     cfg = ServeConfig(
         model_id=name or Path(model).resolve().name, max_tokens=max_tokens,
         context=int(m.config.get("max_position_embeddings") or 4096), max_body_bytes=max_body,
-        api_key=api_key,
+        api_key=api_key, max_queue=max_queue, request_timeout_s=request_timeout,
+        body_timeout_s=body_timeout, cors_origins=origins,
+        created=int(m.path(MANIFEST_FILE).stat().st_mtime),
         metadata={"preset": config.preset, "prerouter": config.prerouter, "lora": config.lora,
                   "top_k": m.top_k,
                   "fingerprint": sha256_file(m.path(MANIFEST_FILE))[:12]})
-    worker = Worker(engine, rec)
+    worker = Worker(engine, rec, max_queue=max_queue)
     app = create_app(worker, cfg)
     typer.echo(f"serving {cfg.model_id} on http://{host}:{port}/v1 (preset {config.preset}, "
                f"heads {config.prerouter or 'none'}, lora {config.lora or 'none'})", err=True)
     import signal
+
+    from server.http_errors import JSONErrorsProtocol
 
     stopped_by: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         # uvicorn shuts down gracefully on these, then re-raises the signal under the handler
         # it found: this one, so the process ends through the cleanup below with status 0
         signal.signal(sig, lambda s, frame: stopped_by.append(s))
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            app.state.begin_shutdown()  # every stream gets its error event and [DONE]
+            super().handle_exit(sig, frame)
+
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning",
-                    timeout_graceful_shutdown=10)
+        Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                              http=JSONErrorsProtocol, timeout_graceful_shutdown=10)).run()
     finally:
         worker.close()
         if rec is not None:
@@ -139,6 +165,19 @@ def serve(
     os._exit(0)
 
 
+def check_api_key(key: str | None) -> None:
+    """An API key must be something a client can send in a header: not empty, printable
+    ASCII."""
+    if key is None:
+        return
+    if not key:
+        raise BadInput("--api-key: empty (an empty key would turn authentication off; omit "
+                       "the option for none)")
+    if not all(" " < c <= "~" for c in key):
+        raise BadInput("--api-key: only printable ASCII without spaces can be sent in an "
+                       "Authorization header")
+
+
 def chat(
     model: Model,
     preset: Preset = "staged",
@@ -152,36 +191,22 @@ def chat(
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
     readers: Readers = None,
 ) -> None:
-    """Chat in the terminal through the chat template; replies stream as they come.
-    /reset starts over, /stats shows the last reply's engine figures, /quit leaves."""
+    """Chat in the terminal through the chat template; replies stream as they come. Line
+    editing and history; Ctrl-C stops a reply; /help lists the commands (/reset, /stats,
+    /quit)."""
     if max_tokens < 1 or temp < 0:
         raise BadInput("--max-tokens must be >= 1 and --temp >= 0")
+    from server import chat_terminal
     from server.chat_session import ChatSession
 
     loads: list[dict] = []
     engine = load_served(model, preset, prerouter, no_prerouter, lora, no_lora, top_k,
                          on_load=loads.append, readers=readers)
-    config = engine.config
-    session = ChatSession(engine, loads, max_tokens=max_tokens, temp=temp, seed=seed)
-    out = sys.stdout
-    out.write(f"ssdmoe chat: {Path(model).name} (preset {config.preset}, heads "
-              f"{config.prerouter or 'none'}, lora {config.lora or 'none'}); /reset /stats "
-              "/quit\n")
     try:
-        while True:
-            out.write("> ")
-            out.flush()
-            line = sys.stdin.readline()
-            if not line or line.strip() == "/quit":
-                break
-            line = line.rstrip("\n")
-            if line.strip() == "/reset":
-                session.reset()
-                out.write("(history cleared)\n")
-            elif line.strip() == "/stats":
-                out.write(session.stats_line() + "\n")
-            elif line.strip():
-                session.reply(line, lambda s: (out.write(s), out.flush()))
-                out.write("\n")
+        config = engine.config
+        session = ChatSession(engine, loads, max_tokens=max_tokens, temp=temp, seed=seed)
+        chat_terminal.run(session, f"ssdmoe chat: {Path(model).name} (preset {config.preset}, "
+                          f"heads {config.prerouter or 'none'}, lora {config.lora or 'none'}, "
+                          f"context {session.context}); /help for commands")
     finally:
         engine.close()

@@ -45,6 +45,35 @@ def test_greedy_64_equals_mlx_lm(fixture, request, tmp_path):
     eng.close()
 
 
+def test_logits_processors_equal_mlx_lm(tiny_random_converted, tmp_path):
+    """Penalties and logit bias (mlx-lm's processors) see the prompt and every token so far,
+    through the lookahead and a chunked prefill: tokens equal generate_step's, greedy and
+    sampled, and the processors change what is generated (so the comparison means something)."""
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    ref_model, ref_tok = mlx_lm.load(str(export_mlx(tiny_random_converted, tmp_path / "res")))
+    prompt = ref_tok.encode(PROMPT)
+    eng = load_streaming(tiny_random_converted)
+
+    def ours(procs, temp: float) -> list[int]:
+        return generate(eng.model, eng.tokenizer, prompt, 24, temp=temp, top_p=1.0, seed=5,
+                        stop_at_eos=False, runtime=eng.runtime, prefill_step_size=3,
+                        logits_processors=procs).tokens
+
+    plain = ours(None, 0.0)
+    for kw in ({"presence_penalty": 1.5, "frequency_penalty": 0.7},
+               {"logit_bias": {plain[3]: -100.0, 7: 5.0}, "repetition_penalty": 1.3}):
+        for temp in (0.0, 0.9):
+            procs = make_logits_processors(**kw)
+            mx.random.seed(5)
+            ref = [t for t, _ in generate_step(
+                mx.array(prompt), ref_model, max_tokens=24, prefill_step_size=3,
+                sampler=make_sampler(temp, top_p=1.0), logits_processors=procs)]
+            assert ours(make_logits_processors(**kw), temp) == ref, (kw, temp)
+        assert ours(make_logits_processors(**kw), 0.0) != plain, kw
+    eng.close()
+
+
 def test_prefill_chunks_and_text_stream(tiny_random_converted):
     eng = load_streaming(tiny_random_converted)
     model, tok = eng.model, eng.tokenizer

@@ -106,18 +106,6 @@ def test_stop_sequences(server):
     assert streamed == cut
 
 
-def test_logprobs(server):
-    c = server.client()
-    r = c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5, seed=1,
-                                  logprobs=True, top_logprobs=3)
-    content = r.choices[0].logprobs.content
-    assert len(content) == r.usage.completion_tokens
-    for t in content:
-        assert t.logprob <= 0 and len(t.top_logprobs) == 3
-        assert t.top_logprobs[0].logprob >= t.logprob  # the best alternative is at least as good
-    assert "".join(t.token for t in content) == r.choices[0].message.content
-
-
 @pytest.mark.parametrize("body, status, where", [
     (b"{not json", 400, "not valid JSON"),
     (json.dumps({"model": "tiny", "messages": MESSAGES, "max_tokens": "many"}), 400,
@@ -155,31 +143,6 @@ def test_a_chunked_body_over_the_limit_is_refused_unread(server):
     r = httpx.post(f"{server.url}/v1/chat/completions", content=iter([small[:20], small[20:]]),
                    timeout=60, headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text  # a chunked body within the limit is served
-
-
-def test_fuzz_of_the_openapi_schema_finds_no_5xx(server):
-    import schemathesis
-    from hypothesis import HealthCheck, Phase, given, settings
-
-    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
-    seen = []
-
-    def fuzz(op) -> None:
-        @given(case=op.as_strategy())
-        @settings(max_examples=25, deadline=None, phases=[Phase.generate],
-                  suppress_health_check=list(HealthCheck), database=None)
-        def call(case):
-            r = case.call(timeout=60)
-            seen.append((op.path, r.status_code))
-            assert r.status_code < 500, (op.path, r.status_code, r.text[:300])
-
-        call()
-
-    for result in schema.get_all_operations():
-        fuzz(result.ok())
-    assert {p for p, _ in seen} >= {"/v1/chat/completions", "/v1/completions", "/health"}
-    assert any(s < 300 for p, s in seen if p.startswith("/v1/")) and any(400 <= s < 500 for _,
-                                                                         s in seen)
 
 
 def _trace_requests(trace: Path) -> dict[int, int]:
@@ -239,24 +202,39 @@ def test_eight_concurrent_clients_fifo_and_unchanged(server):
     server.concurrent = numbers
 
 
-def test_an_expert_file_failing_mid_request_is_a_500_naming_it(server, model):
+@pytest.mark.parametrize("damage", ["truncate", "zeros", "random"])
+def test_an_expert_file_changed_under_the_server_fails_cleanly_until_restored(server, model,
+                                                                               damage):
+    """Truncated, or overwritten in place at the same size: a 500 naming the file by its
+    path in the model directory (never the server's absolute path) with its real size; once
+    restored, the same seeded request gives exactly what it gave before."""
+    import os
+
     m = read_manifest(model)
     layer = m.moe_layers[1]
-    path = model / m.layers[layer].file
+    name = m.layers[layer].file
+    path = model / name
     saved = path.read_bytes()
-    c = server.client()
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": 2}
+    before = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
     try:
-        path.write_bytes(b"")  # every read of it comes back short from now on
-        r = httpx.post(f"{server.url}/v1/completions", timeout=60,
-                       json={"model": "tiny", "prompt": PROMPT, "max_tokens": 4})
-        assert r.status_code == 500
-        msg = r.json()["error"]["message"]
-        assert f"layer {layer}" in msg and "expert" in msg and str(path) in msg
-        assert r.json()["error"]["code"] == "expert_read_error"
+        if damage == "truncate":
+            path.write_bytes(b"")
+        else:
+            with open(path, "r+b") as f:
+                f.write(bytes(len(saved)) if damage == "zeros" else os.urandom(len(saved)))
+        for _ in range(2):  # refused every time, not only the first
+            r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 500, r.text
+            err = r.json()["error"]
+            assert err["code"] == "expert_file_changed" and name in err["message"]
+            assert str(model) not in r.text and "/tmp" not in r.text
+            if damage == "truncate":
+                assert f"size is 0 bytes, {len(saved)} expected" in err["message"]
     finally:
         path.write_bytes(saved)
-    ok = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=4)
-    assert ok.usage.completion_tokens >= 1
+    after = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+    assert after["choices"][0]["text"] == before["choices"][0]["text"]
 
 
 def test_api_key_and_host_warning(model):
@@ -277,6 +255,14 @@ def test_api_key_and_host_warning(model):
     finally:
         code, err = wide.stop(signal.SIGINT)
     assert code == 0 and "no authentication" in err
+
+
+@pytest.mark.parametrize("key, needle", [("", "empty"), ("s\u00e9cret", "printable ASCII"),
+                                         ("two words", "printable ASCII")])
+def test_an_api_key_clients_cannot_send_is_refused_at_start(model, ssdmoe, key, needle):
+    r = ssdmoe("serve", str(model), "--api-key", key)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
 
 
 def test_sigint_mid_request_exits_0_and_flushes_the_trace(model, tmp_path):

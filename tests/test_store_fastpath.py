@@ -145,6 +145,9 @@ def test_short_read_names_layer_expert_file(method, tiny_random_converted, model
         msg = str(err.value)
         assert str(path) in msg and f"layer {layer}" in msg and f"expert {e}" in msg
         assert f"short read at byte {cut}" in msg
+        # the file's size now, not the size it had when the store opened it
+        assert f"the file has {cut} bytes, {s.manifest.files[s.manifest.layers[layer].file].size}"\
+            f" expected" in msg
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -70,6 +70,12 @@ class HotPool:
         for t in self.tables_np.values():
             t[:] = self.rows
 
+    def forget(self, layers: set[int]) -> None:
+        """Drop the experts of `layers`: they read again on next use."""
+        for key in [k for k in self.lru if k[0] in layers]:
+            self.free.append(self.lru.pop(key))
+            self.tables_np[key[0]][key[1]] = self.rows
+
     @property
     def nbytes(self) -> int:
         return self.rows * self.store.manifest.bundle_bytes

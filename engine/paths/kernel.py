@@ -50,6 +50,10 @@ class ExpertPath(Protocol):
     def reset(self) -> None:
         """Settle reads in flight and drop what was queued (after a failed request)."""
 
+    def forget(self) -> None:
+        """Drop every expert the path keeps loaded (its file changed): all read again."""
+        self.reset()
+
 
 @dataclass(frozen=True)
 class Quant:

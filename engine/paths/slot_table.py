@@ -121,3 +121,9 @@ class SlotTable:
             self.settle(list(self.ticket_of.values()))
         except Exception:  # noqa: BLE001 - the failed request already reported it
             pass
+
+    def forget(self) -> None:
+        """Empty every slot (reads settled first): each expert reads again on next use."""
+        self.settle_all()
+        self.expert_in = [-1] * self.slots
+        self.table_np[:] = self.sentinel

@@ -88,6 +88,10 @@ class StagedPath(ExpertPath):
         self.ahead_fill.reset()
         self.slot_table.settle_all()
 
+    def forget(self) -> None:
+        self.reset()
+        self.slot_table.forget()
+
     def predicted(self, x: mx.array, inds: mx.array, early: bool = False) -> mx.array:
         """A single-token call whose ids a prerouter predicted during the previous call (they
         ARE its routing: nothing to verify). See PredictedFill.take for `early`. A same-token
