@@ -42,8 +42,8 @@ simulator's compute and graph-building figures for this machine come from measur
 
 The decode configurations are loaded side by side and take turns, one step each (round robin),
 so they see the same machine load. Every timing is the 10th percentile of its repeats
-(sim.calibration_values.cost), except the hand-off: its median (a wake-up on a loaded machine
-is part of what the main thread pays). Numbers go to sim.calibration_values (no MLX), which
+(calibration.profile_values.cost), except the hand-off: its median (a wake-up on a loaded machine
+is part of what the main thread pays). Numbers go to calibration.profile_values (no MLX), which
 fits and writes the profiles.
 """
 
@@ -60,11 +60,12 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from calibration.bundle_views import one_row_views
+from calibration.profile_values import ComputeResult, cost
 from contract.errors import IOFault
 from engine.paths.exact import ExactPath
-from engine.paths.kernel import ExpertPath, alloc_stack, row_views, switch_glu
+from engine.paths.kernel import ExpertPath, alloc_stack, switch_glu
 from engine.store import ExpertStore
-from sim.calibration_values import ComputeResult, cost
 from sim.model_profile import resident_figures
 
 DEFAULT_MODEL = Path("models") / "tiny-trained-stream"
@@ -255,10 +256,9 @@ def gil_handoff_times(reps: int = 300, busy_ms: tuple[float, ...] = (0.5, 1.0),
 
     The waiter's blocking call is what a reader thread's is: a read of a page of `read_from`
     (an expert file) dropped from the page cache first, so it waits on the device. It then
-    sleeps on the lock on its own core, and the hand-over is a wake-up across cores: 0.031-0.046
-    ms median here (2026-12-04, four arms of a scratch probe), against 0.010 for a waiter
-    woken from a timer nap, which the kernel had put on the main thread's core (0.010 pinned
-    there, 0.040-0.045 pinned to the other). Without `read_from`, or where pages cannot be
+    sleeps on the lock on its own core, and the hand-over is a wake-up across cores, several
+    times slower than for a waiter woken from a timer nap, which the kernel puts on the main
+    thread's core. Without `read_from`, or where pages cannot be
     dropped, the waiter naps `nap_ms` (well under `busy_ms`, so it is on the lock by the
     release)."""
     from engine import platform
@@ -305,15 +305,6 @@ def gil_handoff_times(reps: int = 300, busy_ms: tuple[float, ...] = (0.5, 1.0),
     return out
 
 
-def _one_row_views(store: ExpertStore, layers: list[int]) -> dict[int, dict]:
-    """Per layer, the views of a one-row stack: where a probe reads one bundle."""
-    views = {}
-    for layer in layers:
-        _, v = alloc_stack(store.expert_shapes(layer), 1)
-        views[layer] = row_views(v, 0)
-    return views
-
-
 def direct_bundle_ms(converted: Path, n: int = 48) -> float:
     """O_DIRECT bundle reads through the engine's store (every read goes to the device, the
     9 ranges each through an aligned bounce buffer); nan when O_DIRECT is refused."""
@@ -325,7 +316,7 @@ def direct_bundle_ms(converted: Path, n: int = 48) -> float:
         if not store.direct:
             return float("nan")
         layers = manifest.moe_layers
-        views = _one_row_views(store, layers)
+        views = one_row_views(store, layers)
         times = []
         for _ in range(n):
             layer = int(rng.choice(layers))
@@ -347,7 +338,7 @@ def refused_warm_ms(converted: Path, n: int = 48) -> float:
         if store.drop_until_cold() > 0:
             return float("nan")
         layers = manifest.moe_layers
-        views = _one_row_views(store, layers)
+        views = one_row_views(store, layers)
         times = []
         for _ in range(n):
             layer = int(rng.choice(layers))
@@ -373,7 +364,7 @@ def cold_read_times(converted: Path, n: int = 96) -> tuple[list[float], list[flo
         if store.drop_until_cold() > 0:
             return [], []
         layers = manifest.moe_layers
-        views = _one_row_views(store, layers)
+        views = one_row_views(store, layers)
         for _ in range(n):
             layer = int(rng.choice(layers))
             c0 = time.thread_time_ns()

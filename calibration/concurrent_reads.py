@@ -15,7 +15,7 @@ import statistics
 import threading
 from pathlib import Path
 
-from calibration.compute_probes import _one_row_views
+from calibration.bundle_views import one_row_views
 from engine.store import ExpertStore
 
 THREADS = (1, 2, 3, 4)
@@ -33,7 +33,7 @@ def _run(store: ExpertStore, keys: list[tuple[int, int]], threads: int,
 
     def read(i: int) -> None:
         try:
-            views = _one_row_views(store, layers)
+            views = one_row_views(store, layers)
             mine = keys[i::threads][:per_thread]
             barrier.wait()
             for layer, expert in mine:

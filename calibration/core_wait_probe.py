@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibration.stall_probe import task_schedstat, thread_stats
+from calibration.probe_capture import task_schedstat, thread_stats
 
 READS = 200  # per arm and round
 PREADS = 9  # a bundle of the tiny fixture is 9 tensor slices

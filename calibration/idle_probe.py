@@ -45,7 +45,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibration.stall_probe import LOOP_PRESETS, per_step, thread_stats
+from calibration.probe_capture import CaptureSpec, thread_stats
+from calibration.stall_probe import LOOP_PRESETS, per_step
 from contract.errors import IOFault
 from sim.idle_slowdown import IdleSlowdown
 
@@ -55,8 +56,8 @@ from sim.idle_slowdown import IdleSlowdown
 ARMS = ((0.0, 0), (60.0, 3), (60.0, 8), (20.0, 3))
 BLOCK = 24  # decode steps: a capture alternates a block with sleeps and a block without
 RECOVERY = 8  # steps after a sleep that make points; the later ones are the reference
-# A slowdown this small is not told apart from the reference on this machine: steps 5-8 after
-# a 20 ms sleep, recovered by every measure, scatter +-5% (2026-12-03); the curve ends there.
+# A slowdown this small is not told apart from the reference: fully recovered steps scatter
+# this much (reports/validation/idle_probe.json); the curve ends there.
 NOISE = 0.05
 # ... nor one under Z standard errors of its median: single steps scatter 12-50% here (a
 # scratch reading of the 20:21 UTC probe's captures: sigma from the far steps' MAD), and a
@@ -105,18 +106,15 @@ class IdleCurve:
     runs: list[IdleRun] = field(default_factory=list)
 
 
-def child(sleep_ms: float, every: int, stats_out: Path, capture_args: list[str]) -> int:
-    """Run `ssdmoe capture`, sleeping after every `every`-th decode step; schedstat at exit."""
-    import atexit
+def child(spec: CaptureSpec, sleep_ms: float, every: int) -> int:
+    """A capture that sleeps after every `every`-th decode step; the threads' statistics
+    from the first decode step on."""
+    from calibration.probe_capture import run
 
-    from engine.recorder import Recorder
-
-    on_step = Recorder.on_step
     seen = [0]
     first: dict[str, dict[str, float]] = {}
 
-    def sleepy(self, row: dict) -> None:
-        on_step(self, row)
+    def sleepy(row: dict) -> None:
         if row.get("phase") == "decode":
             seen[0] += 1
             if seen[0] == 1:  # decode's own figures: loading and the first prefill left out
@@ -124,18 +122,13 @@ def child(sleep_ms: float, every: int, stats_out: Path, capture_args: list[str])
             if sleep_ms > 0 and sleeps_after(seen[0], every):
                 time.sleep(sleep_ms / 1e3)
 
-    Recorder.on_step = sleepy
-
     def since_first() -> dict[str, dict[str, float]]:
         now = thread_stats()
         return {t: {k: v - first.get(t, {}).get(k, 0.0) for k, v in s.items()}
                 for t, s in now.items()}
 
-    atexit.register(lambda: stats_out.write_text(json.dumps(since_first())))
-    from ssdmoe_cli.main import main
-
-    sys.argv = ["ssdmoe", "capture", *capture_args]
-    return main()
+    run(spec, on_step=sleepy, stats=since_first)
+    return 0
 
 
 def capture(model_dir: Path, sleep_ms: float, every: int, out: Path, *, tokens: int,
@@ -145,10 +138,9 @@ def capture(model_dir: Path, sleep_ms: float, every: int, out: Path, *, tokens: 
     from traces.reader import read_trace
 
     stats = out.parent / f"{out.name}.sched.json"
-    args = [str(model_dir), "--out", str(out), "--force", "--no-progress", "--max-tokens",
-            str(tokens), "--temp", "1.0", "--seed", "0", "--preset", preset]
-    proc = subprocess.run([sys.executable, "-m", "calibration.idle_probe", str(sleep_ms),
-                           str(every), str(stats), *args], capture_output=True, text=True,
+    spec = CaptureSpec(str(model_dir), str(out), str(stats), tokens, preset)
+    proc = subprocess.run([sys.executable, "-m", "calibration.idle_probe", spec.to_json(),
+                           str(sleep_ms), str(every)], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1])
     if proc.returncode != 0 or not stats.is_file():
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -281,5 +273,5 @@ def measure_idle_slowdown(model_dir: Path, *, rounds: int = ROUNDS,
     return out
 
 
-if __name__ == "__main__":  # a probe capture: SLEEP_MS EVERY STATS_OUT CAPTURE_ARGS...
-    sys.exit(child(float(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]))
+if __name__ == "__main__":  # a probe capture: SPEC_JSON SLEEP_MS EVERY
+    sys.exit(child(CaptureSpec.from_json(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])))

@@ -17,8 +17,8 @@ Rounds alternate with an arm without spinners, whose median rate says how far th
 run alone (a noisy machine's floor); the weight is not fitted when that arm does not
 reach FLOOR.
 
-On this project's 2-core VM (2026-12-04, kernel 6.18) the bursts ran at 0.998 of a core beside
-two spinners (a scratch run of this probe's arms): the readers are served first.
+On a kernel that serves a waking thread's short burst first (EEVDF), the bursts run at nearly
+a full core beside the spinners (reports/validation/history.md).
 
     found = measure_reader_weight()  # ReaderWeight(weight, rate, alone_rate, ...), or None
 

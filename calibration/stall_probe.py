@@ -9,18 +9,17 @@ read for the main thread and for MLX's compute thread (the other thread with the
 Both decode loops are probed, each with the preset that runs it (LOOP_PRESETS): hot in the
 lookahead loop, on-demand (exact) in the synchronous one.
 
-What it showed on this project's 2-core VM (reports/validation/stall_probe.json): the compute
-thread's CPU per step does not change with the delay, but its run-queue wait grows with the
-main thread's blocked time, and so does the main thread's; the measured eval grows with the
-compute thread's wait. Per fill that blocked (a layer's loads waited for), the growth of each
+Why it is a curve (reports/validation/stall_probe.json): the compute thread's CPU per step
+does not change with the delay, but its run-queue wait grows with the main thread's blocked
+time, and so does the main thread's; the measured eval grows with the compute thread's wait.
+Per fill that blocked (a layer's loads waited for), the growth of each
 thread's wait against the growth of the fill's blocked time, one point per delay, is the curve
 the simulator takes (hardware `stall_points_ms`, `stall_wake_main_ms`, `stall_wake_compute_ms`
 for the lookahead loop, the same keys prefixed `sync_` for the synchronous one, where the waits
 are what the step's build and eval grew by: LOOP_WAITS; sim.stall_wake). The curve bends:
-up to ~1-1.5 ms of stall per fill the waits stay at the no-delay run's (both loops,
-2026-12-02), while ~3-5 ms costs the compute thread ~0.7 ms; so the delays start small (0.2 ms
-a read), where a line from the origin to a first point at ~3 ms would charge short stalls
-(unthrottled cold reads) a wake they do not pay.
+short stalls cost no wait, long ones do; so the delays start small, where a line from the
+origin to a first point at a long stall would charge short stalls (unthrottled cold reads) a
+wake they do not pay.
 
     curves = measure_stall_wake(Path("models/tiny-trained-stream"))  # lookahead, sync
 
@@ -39,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calibration.probe_capture import CaptureSpec
 from contract.errors import IOFault
 
 # The engine preset each decode loop is probed with: hot runs the lookahead loop (fills at fill
@@ -46,13 +46,10 @@ from contract.errors import IOFault
 # syncs while the graph is built, each routed bundle read on the main thread).
 LOOP_PRESETS = {"lookahead": "hot", "sync": "on-demand"}
 # What each loop's curve takes as the waits (curve_point). In the lookahead loop the threads'
-# run-queue waits: replayed by the sim they give the probe's own eval (1 ms holds: 9.9 vs 11.0
-# ms/step measured, 4 ms: 13.4 vs 13.6). In the synchronous loop they land only partly on the
-# step: the compute thread, woken per operation while the main thread still dispatches
-# (timeslices 26 -> ~220 per step), waits mostly beside the step, and the run-queue curve gave
-# the probe's own runs eval 12.9 vs 9.9 and 15.0 vs 10.1 ms/step (2026-12-02, stall_probe.py
-# --loop sync). There the curve takes what the step grew by: build (the main thread's share,
-# where the sim books its wait) and eval (the compute thread's).
+# run-queue waits: replayed, they give the probe's own eval. In the synchronous loop they land
+# only partly on the step (the compute thread, woken per operation while the main thread still
+# dispatches, waits mostly beside it), so there the curve takes what the step grew by: build
+# (the main thread's share, where the sim books its wait) and eval (the compute thread's).
 LOOP_WAITS = {"lookahead": "runqueue", "sync": "step"}
 DELAYS_MS = (0.2, 0.5, 1.0, 4.0)
 # How a read is held: "sleep" (a slow device: the thread idles) or "busy" (the reading thread
@@ -97,54 +94,26 @@ class StallCurve:
     busy_delays_ms: list[float] = field(default_factory=list)
 
 
-def child(delay_ms: float, stats_out: Path, capture_args: list[str],
-          hold: str = "sleep") -> int:
-    """Run `ssdmoe capture` with every expert read held `delay_ms` (asleep, or busy re-reading
-    the first BUSY_CHUNK of the model's resident file, warm); schedstat at exit."""
-    import atexit
+def child(spec: CaptureSpec, delay_ms: float, hold: str = "sleep") -> int:
+    """A capture with every expert read held `delay_ms` as it ends (asleep, or busy
+    re-reading the first BUSY_CHUNK of the model's resident file, warm)."""
     import os
 
-    import engine.store as store
+    from calibration.probe_capture import run
 
-    if delay_ms > 0:  # in _row: every read ends there (buffered, RWF_NOWAIT, O_DIRECT), and
-        row = store.ExpertStore._row  # the delay falls inside its started..finished
+    warm = os.open(Path(spec.model) / "resident.safetensors", os.O_RDONLY) \
+        if hold == "busy" else -1
+
+    def held() -> None:
         if hold == "busy":
-            warm = os.open(Path(capture_args[0]) / "resident.safetensors", os.O_RDONLY)
+            end = time.perf_counter() + delay_ms / 1e3
+            while time.perf_counter() < end:
+                os.pread(warm, BUSY_CHUNK, 0)
+        else:
+            time.sleep(delay_ms / 1e3)
 
-        def held(self, *a, **k):
-            if hold == "busy":
-                end = time.perf_counter() + delay_ms / 1e3
-                while time.perf_counter() < end:
-                    os.pread(warm, BUSY_CHUNK, 0)
-            else:
-                time.sleep(delay_ms / 1e3)
-            return row(self, *a, **k)
-
-        store.ExpertStore._row = held
-    atexit.register(lambda: stats_out.write_text(json.dumps(thread_stats())))
-    from ssdmoe_cli.main import main
-
-    sys.argv = ["ssdmoe", "capture", *capture_args]
-    return main()
-
-
-def task_schedstat(path: str | Path) -> tuple[float, float, int]:
-    """One task's /proc schedstat: (CPU ms, run-queue wait ms, timeslices)."""
-    run, wait, slices = map(int, Path(path).read_text().split())
-    return run / 1e6, wait / 1e6, slices
-
-
-def thread_stats(pid: int | str = "self") -> dict[str, dict[str, float]]:
-    """Task id -> CPU ms, run-queue wait ms and timeslices, for a process's threads (this
-    one's by default)."""
-    out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            run, wait, slices = task_schedstat(task / "schedstat")
-        except (OSError, ValueError):
-            continue
-        out[task.name] = {"run_ms": run, "runqueue_ms": wait, "switches": slices}
-    return out
+    run(spec, read_hook=held if delay_ms > 0 else None)
+    return 0
 
 
 def per_step(stats: dict[str, dict[str, float]], steps: int) -> dict[str, dict[str, float]]:
@@ -159,17 +128,16 @@ def per_step(stats: dict[str, dict[str, float]], steps: int) -> dict[str, dict[s
 
 def capture(model_dir: Path, delay_ms: float, out: Path, *, tokens: int,
             prompts: Path | None = None, preset: str = LOOP_PRESETS["lookahead"],
-            hold: str = "sleep", extra: tuple[str, ...] = ()) -> StallRun:
+            hold: str = "sleep") -> StallRun:
     import polars as pl
 
     from traces.reader import read_trace
 
     stats = out.parent / f"{out.name}.sched.json"
-    args = [str(model_dir), "--out", str(out), "--force", "--no-progress", "--max-tokens",
-            str(tokens), "--temp", "1.0", "--seed", "0", "--preset", preset,
-            *(["--prompts", str(prompts)] if prompts is not None else []), *extra]
-    proc = subprocess.run([sys.executable, "-m", "calibration.stall_probe", hold,
-                           str(delay_ms), str(stats), *args], capture_output=True, text=True,
+    spec = CaptureSpec(str(model_dir), str(out), str(stats), tokens, preset,
+                       None if prompts is None else str(prompts))
+    proc = subprocess.run([sys.executable, "-m", "calibration.stall_probe", spec.to_json(),
+                           str(delay_ms), hold], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1])
     if proc.returncode != 0 or not stats.is_file():
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -264,5 +232,5 @@ def measure_stall_wake(model_dir: Path, *, delays_ms: tuple[float, ...] = DELAYS
     return out
 
 
-if __name__ == "__main__":  # a probe capture: HOLD DELAY_MS STATS_OUT CAPTURE_ARGS...
-    sys.exit(child(float(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:], hold=sys.argv[1]))
+if __name__ == "__main__":  # a probe capture: SPEC_JSON DELAY_MS HOLD
+    sys.exit(child(CaptureSpec.from_json(sys.argv[1]), float(sys.argv[2]), sys.argv[3]))

@@ -1,6 +1,6 @@
 """Storage probes: real reads of a scratch file next to the model, with plain syscalls, dropped
 from the page cache with fdatasync + POSIX_FADV_DONTNEED before every cold batch (Linux: the
-command says so in one line elsewhere). What each measures, and how sim.calibration_values
+command says so in one line elsewhere). What each measures, and how calibration.profile_values
 fits it, is in that module's docstring. Every timing is `cost`, the 10th percentile of its
 repeats."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from calibration.profile_values import DEFAULT_SIZES, MIB, StorageResult, cost
 from contract.thresholds import ALIGN
-from sim.calibration_values import DEFAULT_SIZES, MIB, StorageResult, cost
 
 
 def _drop(fd: int) -> None:

@@ -14,7 +14,7 @@ INLINE_WARM_BYTES = 256 << 10
 
 # The streaming layout's alignment: every tensor's data starts on this boundary, so O_DIRECT
 # reads (offset, length and buffer aligned) can read whole tensors (engine.safetensors_io,
-# engine.store; sim.calibration_values' O_DIRECT probes).
+# engine.store; calibration.profile_values' O_DIRECT probes).
 ALIGN = 4096
 # The page the page cache and the engine's budget round a read's ranges out to (mmap.PAGESIZE
 # on the machine: 4 KiB on x86-64 Linux; Apple Silicon's is 16 KiB). The engine uses the

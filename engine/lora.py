@@ -3,7 +3,7 @@
     y = W_int4(x) + (alpha / r) * B A x        (r = 16, alpha = 32 by default)
 
 computed as a parallel delta, never merged into W (merging and re-quantizing erases most of it:
-`engine.merge_loss`). The adapted modules are the resident projections of each decoder layer:
+`engine.train.merge_loss`). The adapted modules are the resident projections of each decoder layer:
 attention (or linear attention) and the shared expert. Never a router (a router decides which
 experts stream, and the prerouter predicts it) and never a streamed routed expert (they are the
 bytes on SSD, shared by every adapter).

@@ -102,6 +102,9 @@ class ExpertStore:
     ):
         self.manifest = manifest
         self.on_load = on_load
+        # called on the reading thread as each read ends, inside its started..finished span
+        # (calibration's stall probe holds reads there: a slower device, the device left out)
+        self.read_hook: Callable[[], None] | None = None
         if page_cache_budget is not None:
             platform.require_page_drop("page-cache budget")
         self.platform = platform.current()
@@ -477,6 +480,8 @@ class ExpertStore:
     def _row(self, layer, expert, ranges, started, issued_ns, source, thread, cold=False,
              waited=False, step: int = -1) -> dict:
         """A finished read's load row (the page-cache budget is charged here)."""
+        if self.read_hook is not None:
+            self.read_hook()
         finished = time.perf_counter_ns()
         issued = started if issued_ns is None else issued_ns
         if not self.direct and self.budget is not None:

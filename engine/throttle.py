@@ -15,7 +15,7 @@ Linux only, as root. Two hierarchies:
 The throttle is not a slow pipe: both are the kernel's blk-throttle, which grants a whole
 slice's bytes (throtl_slice, 100 ms) at the slice's start, so reads pass at full speed until
 the slice's allowance is spent and then wait for the next slice. `BURST_S` is that slice; the
-simulator models the same mechanism (sim.throttle.SliceThrottle).
+simulator models the same mechanism (sim.token_bucket.SliceThrottle).
 
 Setting up moves this process into a fresh cgroup (engine.cgroups); leaving moves it back and
 removes the group, on normal exit, on an exception (Ctrl-C included) and at interpreter exit.

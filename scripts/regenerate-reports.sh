@@ -6,7 +6,7 @@
 # tiny-trained-wide benchmarks take longer: commands in reports/bench/README.md).
 # Run on a quiet machine: timings in traces and benchmarks are only as good as the machine.
 # Simulator-only reports (reports/paper, reports/sweeps, reports/sim) don't depend on it:
-#   uv run python reports/paper/generate.py; uv run ssdmoe sim sweep scenarios/grids/NAME.toml
+#   uv run python reports/paper/predict_paper.py; uv run ssdmoe sim sweep scenarios/grids/NAME.toml
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=0

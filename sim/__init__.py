@@ -20,9 +20,9 @@ schema as a measured one.
                      back after an MLX call or a wait that let go of it
   compute_stream.py  the accelerator's command stream (on a CPU backend: a thread on the cores;
                      a bounded queue: async eval returns once little is left queued)
-  main_thread.py     the main thread's process: graph build, fills, syncs, waits
-  prefill.py         a prefill step: whole-layer loads overlapping the layers' compute
-  readers.py         reader threads: processes on one first-in first-out queue (the engine's)
+  main_thread.py     the main thread's process: graph build, fills, syncs, waits; a prefill
+                     step's whole-layer loads overlapping the layers' compute
+  reader_threads.py  reader threads: processes on one first-in first-out queue (the engine's)
   loads.py           a load and its cost by where its bytes are (page cache, device) + CPU work,
                      a cold read's kernel CPU running beside its device time
   storage.py         the device, closed form (queue depth, latency, shared bandwidth)
@@ -31,9 +31,9 @@ schema as a measured one.
                      speedup curve): processor sharing over the requests' latency
   read_overlap.py    that curve fitted to the engine's own concurrent cold bundle reads
   bisection.py       where a decreasing function crosses a target (the fits that run the sim)
-  throttle.py        a read throttle in front of it: the kernel's blk-throttle (a slice's
+  token_bucket.py    a read throttle in front of it: the kernel's blk-throttle (a slice's
                      bytes at full speed, then a wait) or a token bucket (a cloud disk)
-  memory.py          RAM budget: OS, engine, app caches; the page cache gets what is left
+  memory_budget.py   RAM budget: OS, engine, app caches; the page cache gets what is left
   swap.py            oversubscription: the engine's paged-out memory faulted back in
   lru.py             byte-bounded LRU; page_cache.py (OS page cache), caches.py (the bundle
                      LRU, the staged path's per-layer slot tables)
@@ -42,22 +42,23 @@ schema as a measured one.
                      reuse and skew (and their scaling with K) fitted to captured traces
   record.py          simulated run -> trace tables; replay.py: run_scenario()
   sweep.py           grids of scenarios in worker processes -> Parquet + PNG (`sim sweep`;
-                     sweep_plot.py draws the PNGs);
+                     sweep_outputs.py writes the Parquet, the PNGs and the README);
                      sweep_ray.py: the same points as Ray tasks (`--backend ray`)
   compare.py         a measured trace replayed with its engine config, side by side
   model_profile.py   a model profile from a converted model's manifest (`sim profile-model`)
-  calibration_values.py  fits and profile writers for `ssdmoe calibrate` (the measuring is
-                     calibration/: storage_probes.py, compute_probes.py,
-                     concurrent_reads.py, machine.py)
+  key_reference.py   docs/simulator.md from the dataclasses' key metadata (`sim keys`)
+  profile_toml.py    profile files as commented TOML (each value with how it was obtained;
+                     calibration/profile_values.py turns `ssdmoe calibrate`'s measurements
+                     into values)
 
 What models what (engine module -> sim module); both sides share contract/ (EngineConfig, path
 names, thresholds) and traces/ (the schema, load sources):
   engine/generate.py (decode loop, lookahead)      main_thread.py, compute_stream.py
   engine/fill_points.py (deferred routing syncs)   main_thread.py (fills)
-  engine/readers.py (reader threads, help_reads)   readers.py, gil.py
+  engine/readers.py (reader threads, help_reads)   reader_threads.py, gil.py
   engine/store.py (reads, cold/warm, budget),      loads.py (bundle_reads: 1 bundled, one
     engine/read_plan.py (vectored reads),            per slice stacked), page_cache.py,
-    engine/manifest.py (layout)                      storage.py, shared_device.py, throttle.py
+    engine/manifest.py (layout)                      storage.py, shared_device.py, token_bucket.py
                                                    (engine/throttle.py), model_profile.py
   engine/paths/exact.py                            policies.py Exact (path "exact")
   engine/paths/hot.py                              policies.py Hot (path "hot"), lru.py
@@ -67,7 +68,7 @@ names, thresholds) and traces/ (the schema, load sources):
     predicted fills)                                 _staged_layer)
   engine/prerouter.py, engine/layer_lead.py        policies.py StagedTokenLead, StagedLayerLead
                                                    (lead "token" / "layer")
-  engine/paths/whole_layer.py (prefill)            prefill.py
-  engine/memory.py (RSS, MLX bytes)                memory.py, swap.py
+  engine/paths/whole_layer.py (prefill)            main_thread.py (prefill_step)
+  engine/memory.py (RSS, MLX bytes)                memory_budget.py, swap.py
   engine/lora.py (adapter bytes, build)            model_profile.lora_profile, main_thread.py
 """

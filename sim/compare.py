@@ -23,7 +23,7 @@ vocabulary (sim.policies):
   extra.throttle                        throttle_read_mbps / throttle_read_iops, and
                                         throttle_kind blk-throttle (engine.throttle's v1 and v2
                                         mechanisms are both the kernel's blk-throttle,
-                                        sim.throttle)
+                                        sim.token_bucket)
   extra.machine (an emulated machine:   cpuset: cpu_cores = its core count; cpu_quota F: cpu_cores =
   engine.machine_limits)                min(cores, F) (CFS bandwidth as a fluid share of a core);
                                         memory: the page cache holds what the group's limit leaves
@@ -275,7 +275,7 @@ def with_page_cache(sc: Scenario, budget_bytes: int, notes: list[str],
     if not kernel:
         sc = dataclasses.replace(sc, hardware=dataclasses.replace(sc.hardware,
                                                                   page_cache_policy="lru"))
-    from sim.memory import budget
+    from sim.memory_budget import budget
 
     if paged and paged > sc.model.bundle_bytes:
         bundles = int(budget_bytes // paged)
@@ -494,14 +494,14 @@ def _reader_decode_loads(trace: Trace):
 
 def reader_waits_per_step(trace: Trace) -> float:
     """Loads per decode step that the main thread waited for while a reader thread read them
-    (each pays the thread hand-off: sim.readers)."""
+    (each pays the thread hand-off: sim.reader_threads)."""
     steps, loads = _reader_decode_loads(trace)
     return loads.filter(loads["waited"]).height / steps if steps else 0.0
 
 
 def reader_start_ms(trace: Trace) -> float | None:
     """Median ms from a decode load's issue to its start on a reader thread that was idle when
-    it was issued (its previous load had finished): the wake-up sim.readers models, plus what
+    it was issued (its previous load had finished): the wake-up sim.reader_threads models, plus what
     the main thread did between creating the ticket and queueing it. None without such loads."""
     import numpy as np
 

@@ -42,7 +42,7 @@ import simpy
 from sim.idle_slowdown import IdleSlowdown
 from sim.sharing import ProcessorSharing
 
-READER_THREAD = "reader"  # reader threads are named reader0, reader1, ... (sim.readers)
+READER_THREAD = "reader"  # reader threads are named reader0, reader1, ... (sim.reader_threads)
 
 
 def weighted_shares(weights: Mapping[int, float], capacity: float) -> dict[int, float]:

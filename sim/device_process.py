@@ -1,7 +1,7 @@
 """The storage device as SimPy processes and resources: the reference model that sim.storage's
 closed form stands in for.
 
-A read passes the throttle (sim.throttle: blk-throttle or a token bucket, FIFO), takes one of
+A read passes the throttle (sim.token_bucket: blk-throttle or a token bucket, FIFO), takes one of
 `queue_depth` service slots (a Resource: FIFO when all are busy), pays the device latency, then
 takes the one transfer pipe (a Resource of capacity 1) for bytes / bandwidth, and frees both.
 The simulator runs the closed form (sim.storage.Device: one arithmetic step per read instead
@@ -15,7 +15,7 @@ from collections.abc import Generator
 
 import simpy
 
-from sim.throttle import Throttle, admitted
+from sim.token_bucket import Throttle, admitted
 
 
 class DeviceProcess:

@@ -13,7 +13,7 @@ class SimFigures:
     routing_s: float  # building the routing input
     sim_steps_per_s: float | None  # forward steps simulated per second of sim_core_s
     decode_steps: int
-    page_cache_capacity_bytes: int  # what memory leaves the page cache (sim.memory)
+    page_cache_capacity_bytes: int  # what memory leaves the page cache (sim.memory_budget)
     page_cache_bytes: int  # expert bytes cached at the end
     page_cache_hit_rate: float | None
     lru_capacity_bytes: int  # the app cache (bundle LRU or slots as one LRU)
@@ -28,7 +28,7 @@ class SimFigures:
     swap_fault_bytes: int
     build_ms_per_step: float | None  # decode steps' mean, as `trace summary` splits them
     eval_ms_per_step: float | None
-    memory: dict[str, int] = field(default_factory=dict)  # sim.memory.MemoryBudget.as_dict
+    memory: dict[str, int] = field(default_factory=dict)  # sim.memory_budget.MemoryBudget.as_dict
     warnings: list[str] = field(default_factory=list)  # oversubscription and the like
 
     def as_dict(self, memory: bool = True) -> dict:

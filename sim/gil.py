@@ -19,9 +19,8 @@ the wake-up. A woken waiter that finds the lock taken sleeps again until the nex
 Only a waiter that has waited CPython's switch interval (5 ms) makes the holder drop it for
 it: then the lock is its own at the holder's next release (CPython drops it at the next check of
 its eval loop, at most one Python segment earlier; the sim's segments are a layer's build,
-well under the interval). Measured (2026-12-04): a reader's cold bundle read beside a main
-thread running 1 ms of Python per 0.19 ms asleep landed 1.97 slices per window asleep
-(slices_per_used_window in a scratch probe), its first a median 0.055 ms after the release.
+well under the interval). The measurements behind this are in
+reports/validation/history.md.
 
 Taking it back (`take_back`): MLX's eval and async_eval and a wait on a reader's event let go of
 the lock while they block, so the main thread returning from one runs Python again only once it

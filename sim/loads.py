@@ -33,7 +33,7 @@ pread per tensor slice and each takes the GIL back, so with the GIL modelled a c
 slice by slice (`_by_syscall`), and slices under a page share it (sim.page_cache): those
 mechanisms stay for traces of that layout and do nothing at bundle_reads 1.
 `read_hold_ms` (Scenario) holds every expert read that long first, as calibration.stall_probe's
-sleep does: no CPU, the GIL let go (its replays, reports/validation/stall_probe.py); with
+sleep does: no CPU, the GIL let go (its replays, reports/validation/stall_curves.py); with
 `read_hold_busy` the hold is that much CPU on the reading thread, the GIL let go, as the probe's
 busy hold (reports/validation/busy_stall_probe.py).
 All of it is CPU time on the host's shared cores (sim.cpu), so a load slows down when graph

@@ -39,16 +39,17 @@ t's fill points. Per decode step t (a window of wall time, as the engine's trace
   building in it, eval = the rest net of blocked (fill host work included).
 
 Per prefill step: whole-layer loads, layer L+1's load overlapping layer L's compute
-(sim.prefill).
+(MainThread.prefill_step).
 
 The main thread is one SimPy process; the others are sim.compute_stream (the accelerator, or on
-a CPU backend a compute thread on the host's cores), sim.readers (reader threads) and the storage
-device; graph building, fills, copies and faults ask sim.cpu for CPU time. With the hardware's
-lazy_compute, work queued by the synchronous loop or a prefill starts only at the next sync; a
-sync that finds work queued or running costs sync_overhead_ms more. Times are seconds.
+a CPU backend a compute thread on the host's cores), sim.reader_threads (reader threads) and the
+storage device; graph building, fills, copies and faults ask sim.cpu for CPU time. With the
+hardware's lazy_compute, work queued by the synchronous loop or a prefill starts only at the next
+sync; a sync that finds work queued or running costs sync_overhead_ms more. Times are seconds.
 Blocked time = main thread waiting on (or itself performing) expert loads (a wait on a reader's
-load includes the hardware's thread hand-off, handoff_ms: sim.readers); eval time = waiting on
-the accelerator; build time = graph building (and, in the synchronous loop, slot rewrites).
+load includes the hardware's thread hand-off, handoff_ms: sim.reader_threads); eval time =
+waiting on the accelerator; build time = graph building (and, in the synchronous loop, slot
+rewrites).
 """
 from __future__ import annotations
 
@@ -61,13 +62,12 @@ from sim.compute_stream import ComputeStream
 from sim.cpu import Cores
 from sim.loads import Fetcher, Load
 from sim.policies import Policy
-from sim.prefill import whole_layer_prefill
-from sim.readers import INLINE_WARM_BYTES, ReaderThreads
+from sim.reader_threads import INLINE_WARM_BYTES, ReaderThreads
 from sim.record import StepLog
 from sim.scenario import Scenario
 from sim.stall_wake import StallWake
 from sim.swap import Swap
-from traces.schema import DEMAND, PREFETCH
+from traces.schema import DEMAND, PREFETCH, WHOLE_LAYER
 
 MAIN_THREAD = "main"
 
@@ -498,12 +498,39 @@ class MainThread:
                      cpu=cpu - self.cpu_seen, main_cpu=main_cpu - self.main_cpu_seen)
         self.cpu_seen, self.main_cpu_seen = cpu, main_cpu
 
+    def prefill_step(self, step: int, request: int, tokens: int) -> Generator:
+        """A prefill step: every layer's experts as one whole-layer load (the engine's
+        whole-layer path), layer L+1's load issued as layer L's compute is queued so the two
+        overlap. Compute is the larger of the tokens' FLOPs and the bytes the layer touches."""
+        start = self.env.now
+        self.begin_step()
+        m = self.sc.model
+        layer_bytes = self.experts * self.bundle_bytes
+        # distinct experts a layer's tokens touch (expected, uniform routing)
+        touched = self.experts * (1 - (1 - self.sc.k / self.experts) ** tokens)
+        compute = max(tokens * 2 * m.active_params / m.layers / self.flops,
+                      (m.resident_bytes / m.layers + touched * self.bundle_bytes) / self.mem_bw)
+
+        def whole(layer: int) -> Generator:
+            return self.new_load(step, layer, -1, -1, layer_bytes, m.whole_layer_reads,
+                                 WHOLE_LAYER)
+
+        upcoming = yield from whole(0)
+        for layer in range(self.layers):
+            yield from self.cpu(self.build_s)
+            yield from self.wait(upcoming)
+            self.compute.submit(compute + self.swap.layer_fault_s(self.env.now))
+            if layer + 1 < self.layers:
+                upcoming = yield from whole(layer + 1)  # overlaps this layer's compute
+        yield from self.gpu_sync()
+        self.record_step(step, request, "prefill", tokens, start)
+
     def run(self, plan: list[tuple[str, int, int, int]]) -> Generator:
         """plan: (phase, tokens, request, routing row) per step, in order."""
         built = False  # lookahead: this decode step's graph was built in the previous window
         for step, (phase, tokens, request, row) in enumerate(plan):
             if phase == "prefill":
-                yield from whole_layer_prefill(self, step, request, tokens)
+                yield from self.prefill_step(step, request, tokens)
                 built = False
             elif self.lookahead:
                 nxt = plan[step + 1] if step + 1 < len(plan) else None

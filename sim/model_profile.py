@@ -288,7 +288,7 @@ def lora_profile(adapter_dir: Path | None) -> dict[str, tuple[Any, str]]:
 
 
 def model_toml(values: dict[str, tuple[Any, str]], name: str, header: list[str]) -> str:
-    from sim.calibration_values import toml_text
+    from sim.profile_toml import toml_text
 
     order = tuple(k for k in MODEL_KEYS if k in values)
     desc = (f"{name}: {values['layers'][0]} layers x {values['experts'][0]} experts, "

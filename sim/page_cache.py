@@ -1,7 +1,8 @@
 """The OS page cache over the expert files: an LRU (or Linux's two lists, sim.two_list_lru,
 Hardware.page_cache_policy) of bundle ranges (a bundle is the unit; finer
 page granularity would cost events and buys nothing at bundle-sized reads). Capacity comes from
-sim.memory.budget. With O_DIRECT the engine bypasses it: every read is cold and nothing is kept.
+sim.memory_budget.budget. With O_DIRECT the engine bypasses it: every read is cold and nothing is
+kept.
 
 One exception to the bundle as the unit: tensor slices smaller than a page share their page with
 the same slice of the other experts of their page group (the model profile's

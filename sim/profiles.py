@@ -28,7 +28,7 @@ from sim.scenario import (
     ModelProfile,
     Scenario,
 )
-from sim.throttle import THROTTLE_KINDS
+from sim.token_bucket import THROTTLE_KINDS
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
 OPTIONAL = {"description", "whole_layer_reads", "bundle_reads", "unembed_bytes",

@@ -11,10 +11,9 @@ the fit does not move what a single read costs (latency, bandwidth and the read'
 where the storage probes put them); it moves only how concurrent reads share the device.
 
 Why not the 4 KiB O_DIRECT speedup the storage probes measure: the engine's reads are buffered
-preads of a bundle's tensor slices, and on this machine's virtual disk two of them in flight
-overlapped far less (a read alone 0.83 ms, two at once 1.10 ms each, three 1.36, four 1.56,
-scratch run of 2026-12-04) than two 4 KiB reads do (1.54x the rate of one), so the simulated
-reads inside decode came out 20-30% short wherever reader threads read cold.
+reads of whole bundles, and concurrent reads of that size overlap far less on a device than
+small O_DIRECT ones do; with the small reads' curve the simulated reads inside decode came out
+short wherever reader threads read cold (reports/validation/history.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ export --chrome` and comparisons read simulated runs exactly like measured ones.
 A load read as p pieces becomes p load rows (bytes split, times split evenly; with readahead only
 the first piece of a cold bundle is cold); the main thread's wait goes on the last piece, which
 ends when the load does. Step counters (loads, cold loads, bytes) count the loads issued in the
-step. Memory columns are the engine's allocation model (sim.memory), rss is unknown (-1).
+step. Memory columns are the engine's allocation model (sim.memory_budget), rss is unknown (-1).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from sim.loads import Load
-from sim.memory import MemoryBudget
+from sim.memory_budget import MemoryBudget
 from traces.schema import LOAD_COLUMNS, ROUTING_COLUMNS, STEP_COLUMNS
 
 

@@ -22,17 +22,17 @@ from sim.gil import Gil
 from sim.idle_slowdown import IdleSlowdown
 from sim.loads import Fetcher
 from sim.main_thread import MainThread
-from sim.memory import MemoryBudget, budget
+from sim.memory_budget import MemoryBudget, budget
 from sim.page_cache import PageCache
 from sim.policies import make_policy
-from sim.readers import ReaderThreads
+from sim.reader_threads import ReaderThreads
 from sim.record import loads_frame, routing_frame, steps_frame
 from sim.routing_input import RoutingInput, from_trace, synthetic
 from sim.scenario import GIB, Scenario
 from sim.shared_device import SharedDevice
 from sim.storage import Device
 from sim.swap import Swap
-from sim.throttle import make_throttle
+from sim.token_bucket import make_throttle
 from traces.reader import Trace
 from traces.run_info import RunInfo
 from traces.schema import LOADS, ROUTING, SCHEMA_VERSION, STEPS

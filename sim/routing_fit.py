@@ -233,7 +233,7 @@ def check(trace: Trace, fit: RoutingFit, scenario: str, page_cache_fraction: flo
     """Replay the trace's routing and the fitted generator's through one scenario, its
     page cache `page_cache_fraction` of the expert bytes: decode bytes and loads per step,
     page-cache hit rate (by load) and app-cache hit rate, side by side."""
-    from sim.memory import budget
+    from sim.memory_budget import budget
     from sim.profiles import apply_overrides, load_scenario
     from sim.replay import run_scenario
     from sim.routing_input import from_trace

@@ -8,7 +8,8 @@ Units are in the field names: *_gib (2^30 bytes), *_bytes, *_gbps (10^9 bytes pe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
 
 from contract.engine_config import PATHS
 
@@ -31,141 +32,320 @@ RENAMED = {
 }
 
 
+def key(default: Any = MISSING, *, help: str, obtain: str = "") -> Any:
+    """A profile or scenario key: its default and what docs/simulator.md says of it (what it
+    means, and how to obtain it; the unit is in the name). A list or dict default is copied
+    per instance."""
+    meta = {"help": help, "obtain": obtain}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    if default is MISSING:
+        return field(metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass
 class Hardware:
     name: str
-    ram_gib: float  # physical memory
-    os_reserve_gib: float  # what the OS and other processes keep: never page cache for us
-    ssd_bandwidth_gbps: float  # device transfer rate, shared by all requests in flight
-    ssd_latency_ms: float  # fixed device time per request (overlaps across the queue depth)
-    queue_depth: int  # requests the device serves at once
-    load_overhead_ms: float  # CPU per load on the thread doing it (syscall, array, bookkeeping)
-    cold_overhead_ms: float  # extra CPU per cold load (page faults, VM mapping), beyond the device
-    memcpy_gbps: float  # page-cache -> app copy rate; 0 means free (folded into load_overhead_ms)
-    readahead: bool  # a cold read brings the whole bundle in (later pieces of it are warm)
-    cpu_factor: float  # graph-build time = model build_ms_per_layer x this
-    mem_bandwidth_gbps: float  # accelerator memory bandwidth: decode compute roofline
-    compute_tflops: float  # accelerator throughput: prefill compute roofline
-    slot_update_ms: float  # in-place rewrite of one staged slot (incr_stack), main thread
+    ram_gib: float = key(
+        help="physical memory",
+        obtain="the machine's RAM (calibrate reads it; a spec sheet for another machine)")
+    os_reserve_gib: float = key(
+        help="what the OS and other processes keep: never page cache for us",
+        obtain=("RAM minus what is available to processes (calibrate reads it from the OS; for "
+                "another machine, its OS's footprint)"))
+    ssd_bandwidth_gbps: float = key(
+        help="device transfer rate, shared by all requests in flight",
+        obtain=("measured by `ssdmoe calibrate` (O_DIRECT sequential reads); a spec sheet or a "
+                "benchmark for another device"))
+    ssd_latency_ms: float = key(
+        help="fixed device time per request (overlaps across the queue depth)",
+        obtain="measured by `ssdmoe calibrate` (O_DIRECT 4 KiB reads at queue depth 1)")
+    queue_depth: int = key(
+        help="requests the device serves at once",
+        obtain="measured by `ssdmoe calibrate` (throughput against reads in flight)")
+    load_overhead_ms: float = key(
+        help="CPU per load on the thread doing it (syscall, array, bookkeeping)",
+        obtain="measured by `ssdmoe calibrate` (the engine's store reading a warm bundle)")
+    cold_overhead_ms: float = key(
+        help="extra CPU per cold load (page faults, VM mapping), beyond the device",
+        obtain=("measured by `ssdmoe calibrate` (cold against warm reads, beyond the device "
+                "time)"))
+    memcpy_gbps: float = key(
+        help="page-cache -> app copy rate; 0 means free (folded into load_overhead_ms)",
+        obtain="measured by `ssdmoe calibrate` (warm reads against size)")
+    readahead: bool = key(
+        help="a cold read brings the whole bundle in (later pieces of it are warm)",
+        obtain="the engine reads with POSIX_FADV_RANDOM: false on every machine it runs on")
+    cpu_factor: float = key(
+        help="graph-build time = model build_ms_per_layer x this",
+        obtain=("measured by `ssdmoe calibrate` (graph building against the model profile's "
+                "reference)"))
+    mem_bandwidth_gbps: float = key(
+        help="accelerator memory bandwidth: decode compute roofline",
+        obtain=("measured by `ssdmoe calibrate` (the expert kernel); a spec sheet for an "
+                "accelerator"))
+    compute_tflops: float = key(
+        help="accelerator throughput: prefill compute roofline",
+        obtain="measured by `ssdmoe calibrate`; a spec sheet for an accelerator")
+    slot_update_ms: float = key(
+        help="in-place rewrite of one staged slot (incr_stack), main thread",
+        obtain="measured by `ssdmoe calibrate` (the staged path's slot rewrite)")
     description: str = ""
     # Optional (measured by `ssdmoe calibrate`; the defaults keep the plain roofline model):
-    expert_gbps: float = 0.0  # rate the expert kernel consumes bundle bytes; 0 = mem_bandwidth
-    expert_overhead_ms: float = 0.0  # fixed accelerator time of one layer's expert computation
-    sync_overhead_ms: float = 0.0  # extra accelerator time per host sync that finds work queued
-    lazy_compute: bool = False  # in the synchronous decode loop and prefill, queued work runs
-    # only when the main thread syncs (MLX evaluates lazily and those loops have no async eval):
-    # graph building never overlaps compute. The lookahead loop (Scenario.lookahead) is never lazy
-    throttle_read_mbps: float = 0.0  # block-I/O read throttle in MB/s (10^6); 0 = none
-    throttle_read_iops: float = 0.0  # read requests/s throttle; 0 = none
-    throttle_burst_s: float = 0.1  # blk-throttle's slice, or the token bucket's burst (s)
-    page_cache_policy: str = "lru"  # which bundles the OS page cache keeps: "lru", or
-    # "linux-two-list" (Linux's active/inactive lists with workingset detection,
-    # sim.two_list_lru). An engine page-cache budget drops by recency itself: lru (sim compare)
-    throttle_kind: str = "blk-throttle"  # the kernel's throttle (engine.throttle), or
-    # "token-bucket" (a cloud disk's burst credits): sim.throttle
-    handoff_ms: float = 0.0  # thread hand-off the main thread pays per load it waits on that a
-    # reader thread performs (the event set, the main thread's wake-up and the GIL)
-    gil_handoff_ms: float = 0.0  # a thread that slept on the GIL runs this long after the holder
-    # lets go (its wake-up; sim.gil), when the scenario models the GIL
-    cold_read_cpu_ms: float = 0.0  # a cold bundle read's CPU on the reading thread (its
-    # kernel work: submitting and completing the requests, pages, the copy); what the load's
-    # modelled CPU leaves out runs beside its device time (sim.loads). 0 = not measured
-    cold_read_cpu_us_per_page: float = 0.0  # a cold read's CPU per 4 KiB page it brings in
-    # (page allocation, page-cache insertion, the copy); with it, cold_read_cpu_ms is the
-    # per-request part and a cold read costs that + pages x this. 0 = the per-bundle figure
-    # alone, scaled by bytes
-    reader_wake_ms: float = 0.0  # a reader thread idle on the queue starts the load handed to
-    # it this late (its wake-up, a core, the GIL): sim.readers
-    compute_factor: float = 1.0  # accelerator time inside decode / as the roofline figures above
-    # give it (fitted by `ssdmoe validate` from its calibration configurations; 1 = as measured)
-    cpu_cores: float = 0.0  # host cores shared by graph building, readers' copies and faults and
-    # (compute_on_cpu) the compute thread (sim.cpu); 0 = not modelled: no thread waits for a core
-    compute_on_cpu: bool = False  # the accelerator is the host CPU (MLX's CPU backend): compute
-    # work takes a core like any other thread
-    background_cores: float = 0.0  # cores other processes keep busy (a shared machine)
-    reader_cpu_weight: float = 1.0  # a reader thread's weight on the shared cores against the
-    # other threads' 1 (sim.cpu): the kernel serves a thread waking for a short burst first
-    # (calibration.sched_probe); 1 = plain processor sharing
-    core_wait_ms: float = 0.0  # a thread back from the device that finds every core busy waits
-    # this long for one (calibration.core_wait_probe; sim.cpu); 0 = never
-    page_cache_floor_gib: float = 0.0  # file pages the kernel keeps before it pages out the
-    # engine's own memory (sim.swap); below it an oversubscribed engine faults
-    queue_speedup: list[float] = field(default_factory=list)  # device request rate with n
-    # reads in flight over one's, n = 1, 2, ... (sim.shared_device); empty: queue_depth slots
-    refused_warm_ms: float = 0.0  # main-thread cost of asking whether a demand miss is wholly
-    # in the page cache and being refused (engine.readers: small bundles, help_reads)
-    stall_points_ms: list[float] = field(default_factory=list)  # a fill's blocked time at
-    # which the waits below were measured in the lookahead decode loop (sim.stall_wake; empty:
-    # not modelled)
-    stall_wake_main_ms: list[float] = field(default_factory=list)  # the main thread's wait for
-    # a core after that stall, before it runs again (calibration.stall_probe)
-    stall_wake_compute_ms: list[float] = field(default_factory=list)  # the compute thread's,
-    # idle through the stall, before it runs the next work it is handed
-    busy_stall_points_ms: list[float] = field(default_factory=list)  # a fill's blocked time
-    # with the host kept busy (the reading thread's CPU, not a sleep) at which the growth below
-    # was measured in the lookahead loop (calibration.stall_probe's busy hold; empty: none)
-    busy_stall_compute_ms: list[float] = field(default_factory=list)  # eval grown per such
-    # fill: the compute thread's next work runs late or slow, not waiting for a core
-    sync_stall_points_ms: list[float] = field(default_factory=list)  # the same curve measured
-    sync_stall_wake_main_ms: list[float] = field(default_factory=list)  # in the synchronous
-    sync_stall_wake_compute_ms: list[float] = field(default_factory=list)  # loop (empty: none)
-    idle_util_points: list[float] = field(default_factory=list)  # the share of recent time
-    # any of the process's threads ran (0-1, the kernel's 32 ms average) at which the slowdown
-    # below was measured (sim.idle_slowdown; empty: not modelled)
-    idle_slowdown: list[float] = field(default_factory=list)  # extra CPU time per CPU second
-    # of work started at that share (calibration.idle_probe), in the lookahead decode loop
-    sync_idle_util_points: list[float] = field(default_factory=list)  # the same curve in the
-    sync_idle_slowdown: list[float] = field(default_factory=list)  # synchronous loop
-    queue_ahead_ms: float = math.inf  # compute left queued when a non-blocking eval returns
-    # (sim.compute_stream's bounded queue: MLX blocks while > 10 tasks are in flight, one
-    # operation each on its CPU backend); inf = the host never waits (Metal command buffers)
+    expert_gbps: float = key(0.0,
+        help="rate the expert kernel consumes bundle bytes; 0 = mem_bandwidth",
+        obtain="measured by `ssdmoe calibrate` (the expert kernel's rate on bundle bytes)")
+    expert_overhead_ms: float = key(0.0,
+        help="fixed accelerator time of one layer's expert computation",
+        obtain="measured by `ssdmoe calibrate` (the expert kernel's fixed time)")
+    sync_overhead_ms: float = key(0.0,
+        help="extra accelerator time per host sync that finds work queued",
+        obtain="measured by `ssdmoe calibrate` (a host sync with work queued)")
+    lazy_compute: bool = key(False,
+        help=("in the synchronous decode loop and prefill, queued work runs only when the main "
+              "thread syncs (MLX evaluates lazily and those loops have no async eval): graph "
+              "building never overlaps compute. The lookahead loop (Scenario.lookahead) is never "
+              "lazy"),
+        obtain="true for MLX (lazy evaluation); calibrate writes it")
+    throttle_read_mbps: float = key(0.0,
+        help="block-I/O read throttle in MB/s (10^6); 0 = none",
+        obtain="the emulated machine's --read-mbps, or a cloud disk's rate")
+    throttle_read_iops: float = key(0.0,
+        help="read requests/s throttle; 0 = none",
+        obtain="the emulated machine's --read-iops, or a cloud disk's rate")
+    throttle_burst_s: float = key(0.1,
+        help="blk-throttle's slice, or the token bucket's burst (s)",
+        obtain="the kernel's blk-throttle slice (0.1 s), or a cloud disk's burst")
+    page_cache_policy: str = key("lru",
+        help=("which bundles the OS page cache keeps: 'lru', or 'linux-two-list' (Linux's "
+              "active/inactive lists with workingset detection, sim.two_list_lru). An engine "
+              "page-cache budget drops by recency itself: lru (sim compare)"),
+        obtain=("measured by `ssdmoe calibrate` (Linux without multi-generational LRU: "
+                "linux-two-list; else lru)"))
+    throttle_kind: str = key("blk-throttle",
+        help=("the kernel's throttle (engine.throttle), or 'token-bucket' (a cloud disk's burst "
+              "credits): sim.token_bucket"),
+        obtain="blk-throttle for the kernel's throttle; token-bucket for a cloud disk")
+    handoff_ms: float = key(0.0,
+        help=("thread hand-off the main thread pays per load it waits on that a reader thread "
+              "performs (the event set, the main thread's wake-up and the GIL)"),
+        obtain=("measured by `ssdmoe calibrate` (a reader's load waited on against the same load "
+                "inline); refit inside decode by `ssdmoe validate`"))
+    gil_handoff_ms: float = key(0.0,
+        help=("a thread that slept on the GIL runs this long after the holder lets go (its "
+              "wake-up; sim.gil), when the scenario models the GIL"),
+        obtain=("measured by `ssdmoe calibrate` (a thread's wake-up after the GIL holder lets "
+                "go)"))
+    cold_read_cpu_ms: float = key(0.0,
+        help=("a cold bundle read's CPU on the reading thread (its kernel work: submitting and "
+              "completing the requests, pages, the copy); what the load's modelled CPU leaves "
+              "out runs beside its device time (sim.loads). 0 = not measured"),
+        obtain="measured by `ssdmoe calibrate` (the reading thread's CPU per cold read)")
+    cold_read_cpu_us_per_page: float = key(0.0,
+        help=("a cold read's CPU per 4 KiB page it brings in (page allocation, page-cache "
+              "insertion, the copy); with it, cold_read_cpu_ms is the per-request part and a "
+              "cold read costs that + pages x this. 0 = the per-bundle figure alone, scaled by "
+              "bytes"),
+        obtain="measured by `ssdmoe calibrate` (cold reads' CPU against pages)")
+    reader_wake_ms: float = key(0.0,
+        help=("a reader thread idle on the queue starts the load handed to it this late (its "
+              "wake-up, a core, the GIL): sim.reader_threads"),
+        obtain="measured by `ssdmoe calibrate`; refit inside decode by `ssdmoe validate`")
+    compute_factor: float = key(1.0,
+        help=("accelerator time inside decode / as the roofline figures above give it (fitted by "
+              "`ssdmoe validate` from its calibration configurations; 1 = as measured)"),
+        obtain=("fitted by `ssdmoe validate` on its calibration configurations (1: as "
+                "calibrated)"))
+    cpu_cores: float = key(0.0,
+        help=("host cores shared by graph building, readers' copies and faults and "
+              "(compute_on_cpu) the compute thread (sim.cpu); 0 = not modelled: no thread waits "
+              "for a core"),
+        obtain=("the machine's cores (calibrate reads them; an emulated machine's --cpus or "
+                "--cpu-quota)"))
+    compute_on_cpu: bool = key(False,
+        help=("the accelerator is the host CPU (MLX's CPU backend): compute work takes a core "
+              "like any other thread"),
+        obtain="true where MLX computes on the CPU (calibrate reads the backend)")
+    background_cores: float = key(0.0,
+        help="cores other processes keep busy (a shared machine)",
+        obtain="cores other processes keep busy (a shared machine's load)")
+    reader_cpu_weight: float = key(1.0,
+        help=("a reader thread's weight on the shared cores against the other threads' 1 "
+              "(sim.cpu): the kernel serves a thread waking for a short burst first "
+              "(calibration.sched_probe); 1 = plain processor sharing"),
+        obtain="measured by `ssdmoe calibrate` (calibration.sched_probe)")
+    core_wait_ms: float = key(0.0,
+        help=("a thread back from the device that finds every core busy waits this long for one "
+              "(calibration.core_wait_probe; sim.cpu); 0 = never"),
+        obtain="measured by `ssdmoe calibrate` (calibration.core_wait_probe)")
+    page_cache_floor_gib: float = key(0.0,
+        help=("file pages the kernel keeps before it pages out the engine's own memory "
+              "(sim.swap); below it an oversubscribed engine faults"),
+        obtain=("the kernel's floor of file pages before it pages out anonymous memory (min_free "
+                "and the watermarks on Linux)"))
+    queue_speedup: list[float] = key([],
+        help=("device request rate with n reads in flight over one's, n = 1, 2, ... "
+              "(sim.shared_device); empty: queue_depth slots"),
+        obtain=("measured by `ssdmoe calibrate` (calibration.concurrent_reads, fitted by "
+                "sim.read_overlap)"))
+    refused_warm_ms: float = key(0.0,
+        help=("main-thread cost of asking whether a demand miss is wholly in the page cache and "
+              "being refused (engine.readers: small bundles, help_reads)"),
+        obtain="measured by `ssdmoe calibrate` (an RWF_NOWAIT read refused)")
+    stall_points_ms: list[float] = key([],
+        help=("a fill's blocked time at which the waits below were measured in the lookahead "
+              "decode loop (sim.stall_wake; empty: not modelled)"),
+        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe)")
+    stall_wake_main_ms: list[float] = key([],
+        help=("the main thread's wait for a core after that stall, before it runs again "
+              "(calibration.stall_probe)"),
+        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe)")
+    stall_wake_compute_ms: list[float] = key([],
+        help=("the compute thread's, idle through the stall, before it runs the next work it is "
+              "handed"),
+        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe)")
+    busy_stall_points_ms: list[float] = key([],
+        help=("a fill's blocked time with the host kept busy (the reading thread's CPU, not a "
+              "sleep) at which the growth below was measured in the lookahead loop "
+              "(calibration.stall_probe's busy hold; empty: none)"),
+        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe, busy holds)")
+    busy_stall_compute_ms: list[float] = key([],
+        help=("eval grown per such fill: the compute thread's next work runs late or slow, not "
+              "waiting for a core"),
+        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe, busy holds)")
+    sync_stall_points_ms: list[float] = key([],
+        help="the same curve measured",
+        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe, synchronous loop)")
+    sync_stall_wake_main_ms: list[float] = key([],
+        help="in the synchronous",
+        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe, synchronous loop)")
+    sync_stall_wake_compute_ms: list[float] = key([],
+        help="loop (empty: none)",
+        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe, synchronous loop)")
+    idle_util_points: list[float] = key([],
+        help=("the share of recent time any of the process's threads ran (0-1, the kernel's 32 "
+              "ms average) at which the slowdown below was measured (sim.idle_slowdown; empty: "
+              "not modelled)"),
+        obtain="measured by `ssdmoe calibrate` (calibration.idle_probe)")
+    idle_slowdown: list[float] = key([],
+        help=("extra CPU time per CPU second of work started at that share "
+              "(calibration.idle_probe), in the lookahead decode loop"),
+        obtain="measured by `ssdmoe calibrate` (calibration.idle_probe)")
+    sync_idle_util_points: list[float] = key([],
+        help="the same curve in the",
+        obtain="measured by `ssdmoe calibrate` (calibration.idle_probe, synchronous loop)")
+    sync_idle_slowdown: list[float] = key([],
+        help="synchronous loop",
+        obtain="measured by `ssdmoe calibrate` (calibration.idle_probe, synchronous loop)")
+    queue_ahead_ms: float = key(math.inf,
+        help=("compute left queued when a non-blocking eval returns (sim.compute_stream's "
+              "bounded queue: MLX blocks while > 10 tasks are in flight, one operation each on "
+              "its CPU backend); inf = the host never waits (Metal command buffers)"),
+        obtain=("measured by `ssdmoe calibrate` (MLX's CPU backend blocks with ~10 tasks queued; "
+                "inf on Metal)"))
 
 
 @dataclass
 class ModelProfile:
     name: str
-    layers: int
-    experts: int
-    k: int  # the model's native top-K (a scenario may run another K)
-    bundle_bytes: int  # one expert's slices of its layer's tensors
-    resident_bytes: int  # non-expert weights, always in memory and read every token
-    active_params: float  # parameters touched per token (prefill FLOPs = 2 x this per token)
-    kv_bytes_per_token: int
-    consumer_first: int  # layers consumer_first..consumer_last stream by prediction
-    consumer_last: int  # (-1, -1) when the model has no heads; owners are consumers - 1
-    heads: int  # prediction heads evaluated per step (may own one past the last consumer)
-    head_bytes: int  # weights of one head
-    build_ms_per_layer: float  # CPU graph building per decoder layer on the reference CPU
-    head_build_ms: float  # CPU graph building per head
-    whole_layer_reads: int = 9  # reads per whole-layer load at prefill (bundled layout: one
-    # vectored read per IOV_MAX iovecs; stacked: one per tensor)
-    bundle_reads: int = 1  # device requests of a cold bundle read without readahead: one per
-    # range (bundled layout: one contiguous range, one read; stacked: one pread per slice)
-    device_bundle_bytes: int = 0  # bytes a cold bundle read moves from the device: its ranges
-    # rounded out to whole pages, as the kernel reads them (0: bundle_bytes)
-    shared_page_reads: int = 0  # of bundle_reads, the slices smaller than a page that share it
-    # with the same slice of the other experts of their page group: no device request while
-    # that page is cached (sim.page_cache)
-    page_group: int = 1  # experts a shared page holds (expert e's group: e // page_group)
-    # routing statistics fitted to traces (sim.routing_fit, `sim profile-model --trace`), one
-    # entry per K the model was captured at; synthetic routing at another K interpolates
-    # linearly between them (the nearest outside), when a scenario says routing_stats = "model"
-    routing_k: list[int] = field(default_factory=list)  # empty: not fitted
-    routing_reuse: list[float] = field(default_factory=list)  # adjacent-token reuse
-    routing_skew: list[float] = field(default_factory=list)  # Zipf popularity
-    routing_recall: list[float] = field(default_factory=list)  # multi-token reuse
-    routing_recall_window: list[int] = field(default_factory=list)  # ... tokens back
-    unembed_bytes: int = 0  # the output projection's share of resident_bytes, read once per
-    # step after the last layer (0: spread over the layers with the rest)
-    lora_bytes: int = 0  # the recovery LoRA's weights (engine.lora), held and read every token
-    # beside each layer's attention when a scenario serves it (Scenario.lora)
-    lora_build_ms: float = 0.0  # CPU graph building the adapter adds per decoder layer
-    fill_ms_per_layer: float = 0.0  # the lookahead decode loop's main-thread work at each
-    # layer's fill point that compute waits on: handing the gather and the walk to the next
-    # router over (mx.async_eval: MLX prepares and dispatches each operation on the calling
-    # thread; on a CPU backend the queue is nearly empty then) and the fill's host work; not
-    # in the synchronous loop, whose measured compute already holds its dispatch
-    # (sim.main_thread.dispatch)
+    layers: int = key(
+        help="decoder layers with routed experts",
+        obtain="the manifest (`ssdmoe sim profile-model MODEL`)")
+    experts: int = key(
+        help="routed experts per layer",
+        obtain="the manifest")
+    k: int = key(
+        help="the model's native top-K (a scenario may run another K)",
+        obtain="the run's --top-k (0: the model's)")
+    bundle_bytes: int = key(
+        help="one expert's slices of its layer's tensors",
+        obtain="the manifest")
+    resident_bytes: int = key(
+        help="non-expert weights, always in memory and read every token",
+        obtain="the manifest")
+    active_params: float = key(
+        help="parameters touched per token (prefill FLOPs = 2 x this per token)",
+        obtain="the manifest")
+    kv_bytes_per_token: int = key(
+        help="KV cache bytes one token adds",
+        obtain="the model's config (layers, KV heads, head size)")
+    consumer_first: int = key(
+        help="layers consumer_first..consumer_last stream by prediction",
+        obtain="the prerouter heads (prerouter.json)")
+    consumer_last: int = key(
+        help="(-1, -1) when the model has no heads; owners are consumers - 1",
+        obtain="the prerouter heads (prerouter.json)")
+    heads: int = key(
+        help="prediction heads evaluated per step (may own one past the last consumer)",
+        obtain="the prerouter heads (prerouter.json)")
+    head_bytes: int = key(
+        help="weights of one head",
+        obtain="the prerouter heads' weights")
+    build_ms_per_layer: float = key(
+        help="CPU graph building per decoder layer on the reference CPU",
+        obtain="measured by `ssdmoe calibrate` on the model (graph building per layer)")
+    head_build_ms: float = key(
+        help="CPU graph building per head",
+        obtain="measured by `ssdmoe calibrate` on the model")
+    whole_layer_reads: int = key(9,
+        help=("reads per whole-layer load at prefill (bundled layout: one vectored read per "
+              "IOV_MAX iovecs; stacked: one per tensor)"),
+        obtain="the manifest's layout (IOV_MAX iovecs per vectored read)")
+    bundle_reads: int = key(1,
+        help=("device requests of a cold bundle read without readahead: one per range (bundled "
+              "layout: one contiguous range, one read; stacked: one pread per slice)"),
+        obtain="the manifest's layout (bundled: 1)")
+    device_bundle_bytes: int = key(0,
+        help=("bytes a cold bundle read moves from the device: its ranges rounded out to whole "
+              "pages, as the kernel reads them (0: bundle_bytes)"),
+        obtain="the manifest's layout (ranges rounded to pages)")
+    shared_page_reads: int = key(0,
+        help=("of bundle_reads, the slices smaller than a page that share it with the same slice "
+              "of the other experts of their page group: no device request while that page is "
+              "cached (sim.page_cache)"),
+        obtain="the manifest's layout (stacked slices smaller than a page)")
+    page_group: int = key(1,
+        help=("experts a shared page holds (expert e's group: e // page_group) routing "
+              "statistics fitted to traces (sim.routing_fit, `sim profile-model --trace`), one "
+              "entry per K the model was captured at; synthetic routing at another K "
+              "interpolates linearly between them (the nearest outside), when a scenario says "
+              "routing_stats = 'model'"),
+        obtain="the manifest's layout")
+    routing_k: list[int] = key([],
+        help="empty: not fitted",
+        obtain="captured traces (`ssdmoe sim profile-model --trace`)")
+    routing_reuse: list[float] = key([],
+        help="adjacent-token reuse",
+        obtain="captured traces (sim.routing_fit)")
+    routing_skew: list[float] = key([],
+        help="Zipf popularity",
+        obtain="captured traces (sim.routing_fit)")
+    routing_recall: list[float] = key([],
+        help="multi-token reuse",
+        obtain="captured traces (sim.routing_fit)")
+    routing_recall_window: list[int] = key([],
+        help="... tokens back",
+        obtain="captured traces (sim.routing_fit)")
+    unembed_bytes: int = key(0,
+        help=("the output projection's share of resident_bytes, read once per step after the "
+              "last layer (0: spread over the layers with the rest)"),
+        obtain="the manifest")
+    lora_bytes: int = key(0,
+        help=("the recovery LoRA's weights (engine.lora), held and read every token beside each "
+              "layer's attention when a scenario serves it (Scenario.lora)"),
+        obtain="the adapter's weights (lora/)")
+    lora_build_ms: float = key(0.0,
+        help="CPU graph building the adapter adds per decoder layer",
+        obtain="measured by `ssdmoe calibrate` on the model with its adapter")
+    fill_ms_per_layer: float = key(0.0,
+        help=("the lookahead decode loop's main-thread work at each layer's fill point that "
+              "compute waits on: handing the gather and the walk to the next router over "
+              "(mx.async_eval: MLX prepares and dispatches each operation on the calling thread; "
+              "on a CPU backend the queue is nearly empty then) and the fill's host work; not in "
+              "the synchronous loop, whose measured compute already holds its dispatch "
+              "(sim.main_thread.dispatch)"),
+        obtain="fitted inside decode by `ssdmoe validate` (calibration configurations)")
     description: str = ""
 
     def is_consumer(self, layer: int) -> bool:
@@ -187,55 +367,121 @@ class Scenario:
     name: str
     hardware: Hardware
     model: ModelProfile
-    path: str = "staged"  # the engine's decode path: exact | hot | staged (sim.policies)
-    k: int = 0  # experts per token; 0 = the model's native K
-    lead: str = "none"  # staged path: none (the router, on demand) | token (prediction heads,
-    # one token ahead, one flush per step) | layer (same token, lead_layers ahead)
-    lead_layers: int = 1  # lead "layer": how many layers ahead (the engine's layer lead: 1)
-    decode_steps: int = 200
-    prefill_tokens: int = 0  # 0 = no prefill step
-    context_tokens: int = 0  # KV cache already held (memory only)
-    lru_bytes: int = 0  # bundle LRU shared by all layers: the hot path's budget; behind the
-    # staged path's slots, the paper's engine's bundle LRU (ours has none: 0); exact: none
-    readers: int = 0  # reader threads; 0 = every load runs synchronously on the main thread
-    demand_pieces: int = 1  # reads per bundle on the demand path (tensor-wise partial reads)
-    prefetch_pieces: int = 1  # reads per bundle on the prefetch path
-    prediction_is_routing: bool = True  # prerouter: the predicted set is executed (no fallback)
-    prediction_accuracy: float = 1.0  # fraction of routed experts predicted (when not in trace)
-    o_direct: bool = False  # bypass the page cache: every read is cold
-    stager_dup_views: bool = False  # stager keeps bundle and stacked views (paper: ~0.45 GiB @K=8)
-    staged_headroom: int = -1  # staged slots per layer = K + this; -1 = K (EngineConfig's
-    # default: room to stage the next call's set while the last call's is in use)
-    cold_fill_compute_ms: float = 0.0  # the compute thread's next work runs this much later after
-    # a fill that waited on a cold load (fitted inside decode by ssdmoe validate per decode loop,
-    # notes cold_fill_compute_ms.in_decode and .sync; 0 = nothing beyond sim.stall_wake's curves)
-    budget_evict_ms: float = 0.0  # CPU per bundle the engine's page-cache budget drops (fadvise
-    # DONTNEED on its ranges, engine.store), on the reading thread after its read: only where the
-    # page cache is the engine's emulated budget (sim compare); 0 for a real OS page cache
-    read_hold_ms: float = 0.0  # a wait inside every expert read, no CPU and the GIL let go
-    # (calibration.stall_probe's arms sleep this long in each read: its replays)
-    read_hold_busy: bool = False  # the hold is CPU on the reading thread's core instead, the
-    # GIL let go (the stall probe's busy hold: reports/validation/busy_stall_probe.py)
-    gil: bool = False  # the engine's threads share Python's interpreter lock (sim.gil): graph
-    # building and fill work on the main thread, each load's Python bookkeeping on its reader
-    help_reads: bool = True  # the main thread does a needed read no reader has started yet, and
-    # of a fill point's misses reads the first itself (EngineConfig.help_reads, engine.readers)
-    lookahead: bool = False  # decode loop of our engine's staged path (engine.generate): step
-    # t+1's graph is built while step t computes, step t's work runs as soon as queued and each
-    # layer's fill (router sync, loads) is done as that layer of step t+1 is built. False: the
-    # synchronous loop (the paper's engine; ours on the exact and hot paths). sim.main_thread
-    lora: bool = False  # serve the model's recovery LoRA, unmerged (its bytes and build time
-    # from the model profile: lora_bytes, lora_build_ms)
-    runtime_gib: float = 0.0  # other unreclaimable engine memory (activations, allocator slack)
-    routing_stats: str = "scenario"  # synthetic routing from overlap/skew below ("scenario"),
-    # or from the model profile's statistics fitted to traces, at this scenario's K ("model")
-    overlap: float = 0.25  # synthetic routing: adjacent-token expert reuse
-    skew: float = 0.0  # synthetic routing: per-layer expert popularity skew
-    recall: float = 0.0  # synthetic routing: share of fresh draws copied from recent tokens
-    recall_window: int = 16  # ... from the sets of this many last tokens
-    seed: int = 0
+    path: str = key("staged",
+        help="the engine's decode path: exact | hot | staged (sim.policies)",
+        obtain="the engine preset's decode path (EngineConfig)")
+    k: int = key(0,
+        help="experts per token; 0 = the model's native K",
+        obtain="the run's --top-k (0: the model's native K)")
+    lead: str = key("none",
+        help=("staged path: none (the router, on demand) | token (prediction heads, one token "
+              "ahead, one flush per step) | layer (same token, lead_layers ahead)"),
+        obtain="the engine config (--lead, --prerouter)")
+    lead_layers: int = key(1,
+        help="lead 'layer': how many layers ahead (the engine's layer lead: 1)",
+        obtain="the engine config")
+    decode_steps: int = key(200,
+        help="decode steps simulated",
+        obtain="the run")
+    prefill_tokens: int = key(0,
+        help="0 = no prefill step",
+        obtain="the run")
+    context_tokens: int = key(0,
+        help="KV cache already held (memory only)",
+        obtain="the run")
+    lru_bytes: int = key(0,
+        help=("bundle LRU shared by all layers: the hot path's budget; behind the staged path's "
+              "slots, the paper's engine's bundle LRU (ours has none: 0); exact: none"),
+        obtain="the engine config (--hot-mb)")
+    readers: int = key(0,
+        help="reader threads; 0 = every load runs synchronously on the main thread",
+        obtain="the engine config (--readers)")
+    demand_pieces: int = key(1,
+        help="reads per bundle on the demand path (tensor-wise partial reads)",
+        obtain="the paper's engine: tensor-wise reads (ours: 1)")
+    prefetch_pieces: int = key(1,
+        help="reads per bundle on the prefetch path",
+        obtain="the paper's engine (ours: 1)")
+    prediction_is_routing: bool = key(True,
+        help="prerouter: the predicted set is executed (no fallback)",
+        obtain="the prerouter's design (the paper's: true)")
+    prediction_accuracy: float = key(1.0,
+        help="fraction of routed experts predicted (when not in trace)",
+        obtain="the prerouter heads' measured recall (`ssdmoe eval`)")
+    o_direct: bool = key(False,
+        help="bypass the page cache: every read is cold",
+        obtain="the engine config (--o-direct)")
+    stager_dup_views: bool = key(False,
+        help="stager keeps bundle and stacked views (paper: ~0.45 GiB @K=8)",
+        obtain="the paper's engine")
+    staged_headroom: int = key(-1,
+        help=("staged slots per layer = K + this; -1 = K (EngineConfig's default: room to stage "
+              "the next call's set while the last call's is in use)"),
+        obtain="the engine config")
+    cold_fill_compute_ms: float = key(0.0,
+        help=("the compute thread's next work runs this much later after a fill that waited on a "
+              "cold load (fitted inside decode by ssdmoe validate per decode loop, notes "
+              "cold_fill_compute_ms.in_decode and .sync; 0 = nothing beyond sim.stall_wake's "
+              "curves)"),
+        obtain="fitted inside decode by `ssdmoe validate`")
+    budget_evict_ms: float = key(0.0,
+        help=("CPU per bundle the engine's page-cache budget drops (fadvise DONTNEED on its "
+              "ranges, engine.store), on the reading thread after its read: only where the page "
+              "cache is the engine's emulated budget (sim compare); 0 for a real OS page cache"),
+        obtain="fitted inside decode by `ssdmoe validate`; 0 for a real OS page cache")
+    read_hold_ms: float = key(0.0,
+        help=("a wait inside every expert read, no CPU and the GIL let go "
+              "(calibration.stall_probe's arms sleep this long in each read: its replays)"),
+        obtain="the stall probe's arms (their replays)")
+    read_hold_busy: bool = key(False,
+        help=("the hold is CPU on the reading thread's core instead, the GIL let go (the stall "
+              "probe's busy hold: reports/validation/busy_stall_probe.py)"),
+        obtain="the stall probe's busy arms")
+    gil: bool = key(False,
+        help=("the engine's threads share Python's interpreter lock (sim.gil): graph building "
+              "and fill work on the main thread, each load's Python bookkeeping on its reader"),
+        obtain="true for the Python engine")
+    help_reads: bool = key(True,
+        help=("the main thread does a needed read no reader has started yet, and of a fill "
+              "point's misses reads the first itself (EngineConfig.help_reads, engine.readers)"),
+        obtain="the engine config (EngineConfig.help_reads)")
+    lookahead: bool = key(False,
+        help=("decode loop of our engine's staged path (engine.generate): step t+1's graph is "
+              "built while step t computes, step t's work runs as soon as queued and each "
+              "layer's fill (router sync, loads) is done as that layer of step t+1 is built. "
+              "False: the synchronous loop (the paper's engine; ours on the exact and hot "
+              "paths). sim.main_thread"),
+        obtain="the engine config (--lookahead)")
+    lora: bool = key(False,
+        help=("serve the model's recovery LoRA, unmerged (its bytes and build time from the "
+              "model profile: lora_bytes, lora_build_ms)"),
+        obtain="the engine config (--lora)")
+    runtime_gib: float = key(0.0,
+        help="other unreclaimable engine memory (activations, allocator slack)",
+        obtain="the engine's measured memory beyond weights and caches (run.json)")
+    routing_stats: str = key("scenario",
+        help=("synthetic routing from overlap/skew below ('scenario'), or from the model "
+              "profile's statistics fitted to traces, at this scenario's K ('model')"),
+        obtain="scenario or model")
+    overlap: float = key(0.25,
+        help="synthetic routing: adjacent-token expert reuse",
+        obtain="a what-if, or captured traces")
+    skew: float = key(0.0,
+        help="synthetic routing: per-layer expert popularity skew",
+        obtain="a what-if, or captured traces")
+    recall: float = key(0.0,
+        help="synthetic routing: share of fresh draws copied from recent tokens",
+        obtain="a what-if, or captured traces")
+    recall_window: int = key(16,
+        help="... from the sets of this many last tokens",
+        obtain="a what-if, or captured traces")
+    seed: int = key(0,
+        help="the synthetic routing's seed",
+        obtain="the run")
     source: str = ""  # file the scenario came from (for error messages and run.json)
-    notes: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str] = key({},
+        help="what each fitted value came from (key -> how)",
+        obtain="written by `ssdmoe validate` (what each fitted value came from)")
 
     def __post_init__(self) -> None:
         if self.k == 0:

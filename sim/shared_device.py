@@ -19,7 +19,7 @@ from collections.abc import Generator
 import simpy
 
 from sim.sharing import ProcessorSharing
-from sim.throttle import Throttle, admitted
+from sim.token_bucket import Throttle, admitted
 
 
 class _Latency(ProcessorSharing):

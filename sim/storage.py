@@ -5,7 +5,7 @@ and one shared transfer pipe at `bandwidth` bytes/s.
     transfer start x = max(s + latency, pipe free)
     finish         f = x + bytes / bandwidth
 
-A read throttle (sim.throttle: the kernel's blk-throttle or a token bucket, bytes and/or
+A read throttle (sim.token_bucket: the kernel's blk-throttle or a token bucket, bytes and/or
 requests) may stand in front of the queue: a request enters service no earlier than the
 throttle lets it through.
 
@@ -13,7 +13,7 @@ So latency overlaps across the queue depth while bytes share the bandwidth: effe
 grows with request size and queue depth and saturates at `bandwidth`. With queue_depth 1 it is a
 plain FIFO server with deterministic service latency + bytes/bandwidth (an M/D/1 queue under
 Poisson arrivals). The device itself is FIFO, as NVMe queues are: demand-before-prefetch priority
-lives in the engine's software queue (sim.readers), not here.
+lives in the engine's software queue (sim.reader_threads), not here.
 
 Completion times are computed arithmetically when a request is submitted (no SimPy events per
 read), which is exact as long as requests arrive in nondecreasing time order; `read` asserts it.
@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from sim.throttle import Throttle, admitted
+from sim.token_bucket import Throttle, admitted
 
 EPS_S = 1e-12
 

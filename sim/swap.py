@@ -1,5 +1,5 @@
 """Oversubscribed memory: what happens when the engine, the OS and the page cache's floor do not
-fit in RAM together (sim.memory).
+fit in RAM together (sim.memory_budget).
 
 The page cache gives way first, down to the floor the kernel keeps for file pages
 (`page_cache_floor_gib`). Past that the kernel pages out the engine's own (anonymous) memory, a

@@ -72,7 +72,7 @@ def bench(
         "(summary recomputed from its raw rounds); runs nothing.")] = None,
 ) -> None:
     """Benchmark resident mlx-lm against the streaming presets on one model."""
-    from engine.bench import (
+    from engine.bench.benchmark import (
         ARMS,
         PROMPTS,
         BenchSpec,
@@ -83,7 +83,7 @@ def bench(
         resummarize,
         run_bench,
     )
-    from engine.bench_plot import plot
+    from engine.bench.plot import plot
     from engine.loader import open_manifest
 
     if from_json is not None:

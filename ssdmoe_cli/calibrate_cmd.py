@@ -56,7 +56,7 @@ def calibrate(
                            "size, and its queue_depth.json is written)")
         if not (model / "manifest.json").is_file():
             raise BadInput(f"{model}: not a converted model (no manifest.json; ssdmoe convert)")
-        from calibration.queue_depth import measure, summary
+        from calibration.queue_depth_probe import measure, summary
 
         typer.echo(summary(measure(model, scratch)))
         return
@@ -71,8 +71,8 @@ def calibrate(
     if scratch is not None and not scratch.is_dir():
         raise BadInput(f"--dir {scratch}: not a directory")
 
-    from calibration.run import calibrate as run
-    from sim.calibration_values import as_dict, hardware_toml, write_hardware
+    from calibration.calibrate import calibrate as run
+    from calibration.profile_values import as_dict, hardware_toml, write_hardware
     from sim.model_profile import model_toml, write_model
 
     cal = run(model, scratch, quick=quick)
@@ -168,7 +168,7 @@ def _write_scenario(path: Path, hardware: str, model: str, cal: Any, command: st
         lines.append(f'"build_ms_per_layer.{p}" = "{v:.4f}"  # {PRESET_NOTES.get(p, p)}')
     lines.append(f'"build_ms_per_layer.pure" = "{c.build_ms_per_layer:.4f}"  # graph building '
                  "only (the model profile's value)")
-    from sim.calibration_values import direct_cold_overhead
+    from calibration.profile_values import direct_cold_overhead
 
     direct = direct_cold_overhead(cal.storage, c, cal.hardware)
     if direct is not None:

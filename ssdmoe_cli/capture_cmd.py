@@ -239,7 +239,7 @@ def _overhead(model_dir, engine, texts, max_tokens, rounds, report, progress):
     from rich.console import Console
     from rich.table import Table
 
-    from engine.trace_overhead import measure_overhead
+    from engine.bench.trace_overhead import measure_overhead
     from traces.run_info import machine_info, package_versions
 
     err = Console(stderr=True)

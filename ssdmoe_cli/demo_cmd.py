@@ -19,6 +19,10 @@ DEFAULT_PROMPT = "The with statement is used to wrap the execution of a block"
 DEMO_MBPS = 15.0  # below on-demand's cold-read demand at a 1/4 page cache (~40 MB/s here)
 DEMO_HEAD_STEPS = 200  # quick heads for the demo (the full training: 600 steps on 256
 DEMO_HEAD_WINDOWS = 64  # windows, ~6 min here)
+# The fixture build on an idle 2-core x86 machine (reports/fixtures/tiny-trained.json: 3.45 s
+# per training step uncontended, 120 steps, plus the corpus, tokenizer and routing report)
+IDLE_BUILD_MIN_2_CORES = 7.5
+REST_OF_DEMO_MIN = 3.0  # convert, generate, quick heads, two captures and their simulations
 
 
 def register(app: typer.Typer) -> None:
@@ -49,7 +53,8 @@ def demo(
     source = models / "tiny-trained"
     converted = models / "tiny-trained-stream"
     if not (source / "fixture.json").is_file():
-        typer.echo(f"[1/5] building the tiny-trained fixture into {source} (offline, minutes)")
+        typer.echo(f"[1/5] building the tiny-trained fixture into {source}, offline: "
+                   f"{first_run_estimate()}")
         # In a child process: training re-executes itself with OpenBLAS preloaded, and its
         # memory must not count in the generation's peak RSS below.
         force = ["--force"] if source.exists() else []
@@ -77,6 +82,20 @@ def demo(
         _validate_short(converted, trace.with_name(trace.name + "-validate"))
 
 
+def first_run_estimate() -> str:
+    """How long the first demo takes here, from the idle 2-core figure scaled by this
+    machine's cores and its load now (a busy machine shares its cores with the build)."""
+    import os
+
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    slower = (2 / min(cores, 2)) * (1 + load / cores)
+    minutes = IDLE_BUILD_MIN_2_CORES * slower + REST_OF_DEMO_MIN
+    return (f"the first demo takes about {minutes:.0f} minutes on this machine ({cores} cores, "
+            f"load {load:.1f}; {IDLE_BUILD_MIN_2_CORES + REST_OF_DEMO_MIN:.0f} on an idle "
+            "2-core machine), most of it training; a progress bar with the time left follows")
+
+
 def _validate_short(model: Path, out: Path) -> None:
     """The validation in short: on-demand and the prerouter (token lead) under a page-cache
     budget of 1/4 of the expert bytes and, where it can be set, a read throttle below
@@ -85,7 +104,7 @@ def _validate_short(model: Path, out: Path) -> None:
     from rich.table import Table
 
     from engine.throttle import ThrottleSpec, ThrottleUnavailable, check_available
-    from validation import run
+    from validation import matrix_run as run
     from validation.matrix import Config
 
     storage = f"{DEMO_MBPS:g}mbps"

@@ -1,5 +1,5 @@
 """`ssdmoe eval MODEL`: quality under predicted routing, and what each LoRA phase recovers
-(engine.quality). Prints a table; writes JSON + Markdown under reports/quality/. MLX is
+(engine.train.quality). Prints a table; writes JSON + Markdown under reports/quality/. MLX is
 imported inside the command body only."""
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ def eval_model(
     from ssdmoe_cli.train_cmds import fast_blas, heads_dir, teacher_dir
 
     fast_blas()
-    from engine import quality
     from engine.loader import load_resident, open_manifest, routed_at
     from engine.lora import read_provenance
     from engine.prerouter import Prerouter
-    from engine.train_heads import corpus_tokens
-    from engine.train_lora import default_out, load_teacher
+    from engine.train import quality
+    from engine.train.heads import corpus_tokens
+    from engine.train.recovery_lora import default_out, load_teacher
 
     model = Path(model)
     manifest = routed_at(open_manifest(model, verify=False), top_k)

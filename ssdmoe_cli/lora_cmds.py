@@ -1,5 +1,5 @@
 """`ssdmoe lora merge-loss MODEL --lora DIR`: how much of the adapter survives merging into the
-int4 base and re-quantizing (engine.merge_loss). MLX is imported inside the command body."""
+int4 base and re-quantizing (engine.train.merge_loss). MLX is imported inside the command body."""
 
 from __future__ import annotations
 
@@ -35,11 +35,11 @@ def merge_loss(
     import mlx.core as mx
 
     from engine import lora as adapters
-    from engine import merge_loss as ml
     from engine.fixtures.train_loop import window_batches
     from engine.loader import load_resident, open_manifest, routed_at
     from engine.prerouter import Prerouter
-    from engine.train_heads import corpus_tokens, forward_prerouted
+    from engine.train import merge_loss as ml
+    from engine.train.heads import corpus_tokens, forward_prerouted
 
     model = Path(model)
     spec, _ = adapters.read(lora)

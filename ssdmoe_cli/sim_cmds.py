@@ -125,7 +125,8 @@ def sweep(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from sim.sweep import BACKENDS, check_grid, load_grid, results_frame, run_grid, write_outputs
+    from sim.sweep import BACKENDS, check_grid, load_grid, results_frame, run_grid
+    from sim.sweep_outputs import write_outputs
 
     if workers is not None and workers < 1:
         raise BadInput(f"--workers: must be >= 1, got {workers}")
@@ -268,3 +269,21 @@ def profile_model(
     header = [f"{out.stem}: derived from {model_dir}/manifest.json by `{cmd}`."]
     write_model(out, model_toml(values, out.stem, header))
     print(f"wrote {out}")
+
+
+@app.command("keys")
+def keys(
+    write: Annotated[Path | None, typer.Option(
+        "--write", help="Write the reference to this file (docs/simulator.md) instead of "
+        "printing it.")] = None,
+) -> None:
+    """Every hardware, model and scenario key: unit, meaning, default, how to obtain it."""
+    from sim.key_reference import markdown
+
+    text = markdown()
+    if write is None:
+        typer.echo(text, nl=False)
+        return
+    write.parent.mkdir(parents=True, exist_ok=True)
+    write.write_text(text)
+    typer.echo(f"wrote {write}")

@@ -54,7 +54,7 @@ def heads(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from engine.loader import load_resident
-    from engine.train_heads import HeadsConfig, corpus_tokens, train_heads
+    from engine.train.heads import HeadsConfig, corpus_tokens, train_heads
 
     lm, tokenizer = load_resident(model, top_k=top_k)
     if not all(hasattr(layer, "mlp") and hasattr(layer.mlp, "gate")
@@ -67,7 +67,7 @@ def heads(
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[loss]}"), console=Console(stderr=True))
     with bar:
-        task = bar.add_task("heads (recording first)", total=steps, loss="")
+        task = bar.add_task("heads (recording first)", total=steps, loss="", rate="")
 
         def advance(step: int, loss: float) -> None:
             bar.update(task, completed=step, description="heads", loss=f"kl {loss:.3f}")
@@ -130,7 +130,7 @@ def _lora_phase(phase: str, model: Path, out: Path | None, prerouter: Path | Non
     fast_blas()
     from engine.fixtures.train_loop import progress_bar
     from engine.loader import open_manifest
-    from engine.train_lora import LoraTrainConfig, default_out, run_phase
+    from engine.train.recovery_lora import LoraTrainConfig, default_out, run_phase
 
     model = Path(model)
     if text is not None and not text.is_file():
@@ -140,7 +140,7 @@ def _lora_phase(phase: str, model: Path, out: Path | None, prerouter: Path | Non
     out = Path(out) if out is not None else default_out(model, phase, k)
     heads = Path(prerouter) if prerouter is not None else heads_dir(model, top_k)
     bar = progress_bar()
-    task = bar.add_task(phase, total=config.steps, loss="")
+    task = bar.add_task(phase, total=config.steps, loss="", rate="")
 
     started = []
 

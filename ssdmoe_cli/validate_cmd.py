@@ -39,7 +39,7 @@ def _model_name(model: Path) -> str:
 
 def _calibrate(model: Path, out: Path) -> dict:
     """`ssdmoe calibrate` into this machine's profiles (what `sim compare` reads)."""
-    from validation.run import cli
+    from validation.matrix_run import cli
 
     name = _model_name(model)
     hw = Path("scenarios/hardware/this-machine.toml")
@@ -66,7 +66,7 @@ def _heads(model: Path, train: bool) -> Path | None:
         return heads
     if not train:
         return None
-    from validation.run import cli
+    from validation.matrix_run import cli
 
     _say(f"validate: training prerouter heads into {heads} (ssdmoe train heads, ~6 min)")
     if subprocess.run(cli("train", "heads", str(model))).returncode != 0:
@@ -167,7 +167,7 @@ def _refit_from_isolated(scenario: Path, fit_file: Path) -> None:
     the first fit started from, before anything is compared: the fit is a few correction rounds
     of coupled figures, not a fixed point, so starting from where it ended walks it further on
     every rerun, and the same traces would not give the same report."""
-    from validation.calibration import write_note
+    from validation.decode_fits import write_note
 
     if not (scenario.is_file() and fit_file.is_file()):
         return
@@ -184,7 +184,7 @@ def _transfer(machines: Path, model: Path, out: Path, fresh: bool, calibrate: bo
     from engine.machine_limits import MachineLimits, check_available
     from engine.throttle import ThrottleSpec
     from validation import transfer as tr
-    from validation.run import Plan, prompts_file
+    from validation.matrix_run import Plan, prompts_file
 
     plan = tr.load_machines(machines)
     tr.check_models(plan)
@@ -228,9 +228,9 @@ def _transfer(machines: Path, model: Path, out: Path, fresh: bool, calibrate: bo
 
 def _profile_fitter(scenario: Path, fit_file: Path, fitted: dict):
     """fit(calibration results): the calibration configurations fit the scenario's per-path
-    costs (validation.calibration); the fit file keeps the isolated-loop figures of the first
+    costs (validation.decode_fits); the fit file keeps the isolated-loop figures of the first
     fit as `before` (a resumed run starts from them again: `_refit_from_isolated`)."""
-    from validation.calibration import fit
+    from validation.decode_fits import fit
 
     def fit_profile(cal_results: list[dict]) -> None:
         if not scenario.is_file():
@@ -294,7 +294,8 @@ def validate(
 
     from sim.profiles import load_hardware
     from traces.regime import heldout_overlap
-    from validation import report, run
+    from validation import matrix_run as run
+    from validation import report
     from validation.matrix import default_matrix, load_matrix
 
     if transfer is not None:

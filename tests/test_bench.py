@@ -10,7 +10,7 @@ import json
 import pytest
 
 from contract.errors import BadInput
-from engine.bench import add_bounds, parse_bytes, summarize_arm
+from engine.bench.benchmark import add_bounds, parse_bytes, summarize_arm
 
 
 def test_parse_bytes():
@@ -54,7 +54,7 @@ def test_an_arm_the_memory_limit_killed():
     summary says so and carries no figures; the streaming arm's ratios to it are absent rather
     than infinite; the table shows the kill. Killed in one round of three: the other two make
     the medians and the killed round's tok/s is 0 in the per-round list."""
-    from engine.bench import markdown_table
+    from engine.bench.benchmark import markdown_table
 
     killed = {"arm": "resident", "killed": "out of memory (SIGKILL under the memory limit)"}
     resident = summarize_arm([killed] * 3)

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 from contract.errors import BadInput
-from engine.trace_overhead import summarize
+from engine.bench.trace_overhead import summarize
 from traces.reader import read_trace
 
 PROMPTS = [{"prompt": "def add(a, b):\n    return"}, {"prompt": "Once upon a time"}]

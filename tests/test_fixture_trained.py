@@ -155,3 +155,27 @@ def test_cli_force_replaces_a_model_directory(monkeypatch, capsys, tmp_path):
     assert not (out_dir / "model-00001-of-00002.safetensors").exists()
     assert json.loads((out_dir / "config.json").read_text())["model_type"]
     assert not (tmp_path / ".model.building").exists()
+
+
+def test_the_build_shows_its_progress_off_a_terminal(tmp_path, capfd):
+    """Off a terminal (a log, CI, a pipe) rich draws no live bar, so the build prints its
+    phases and lines with the step, tokens/s and the time left."""
+    build_tiny_trained(tmp_path / "p", seed=0, steps=STEPS, progress=True, **TINY)
+    err = capfd.readouterr().err
+    assert "tiny-trained: assembling the corpus" in err and "tokenizer" in err
+    lines = [line for line in err.splitlines() if line.startswith("tiny-trained seed 0: step")]
+    assert lines[0].startswith(f"tiny-trained seed 0: step 1 of {STEPS},")
+    assert lines[-1].startswith(f"tiny-trained seed 0: step {STEPS} of {STEPS},")
+    assert all("tok/s" in line and "left" in line for line in lines)
+    assert "routing on held-out text" in err
+
+
+def test_plain_progress_lines_come_every_tenth_or_minute(capsys):
+    from engine.fixtures.train_loop import PlainProgress
+
+    p = PlainProgress("x", 100, every_s=1e9)
+    for done in range(1, 101):
+        p.update(done, 1000.0, 2.0)
+    steps = [int(line.split("step ")[1].split(" ")[0])
+             for line in capsys.readouterr().err.splitlines()]
+    assert steps == [1, 11, 21, 31, 41, 51, 61, 71, 81, 91, 100]

@@ -1,6 +1,7 @@
 """Layers point one way: the error types live in a leaf (`contract`) that imports nothing of
-ours, no engine, simulator, traces, validation or server module imports the CLI, and the server
-sits above the engine (nothing below imports it)."""
+ours, every package imports only the layers below it (the CLI at the top), no module imports
+one that imports it back (the import graph of every module has no circle), the server sits
+above the engine (nothing below imports it)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,79 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
+# What each package may import of ours (itself included): the layers below it.
+ALLOWED = {
+    "contract": {"contract"},
+    "traces": {"contract", "traces"},
+    "engine": {"contract", "traces", "engine"},
+    "sim": {"contract", "traces", "sim"},
+    "server": {"contract", "traces", "engine", "server"},
+    "calibration": {"contract", "traces", "engine", "sim", "calibration"},
+    "validation": {"contract", "traces", "engine", "sim", "calibration", "validation"},
+    "ssdmoe_cli": set(OURS),
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in OURS:
+        for f in (ROOT / package).rglob("*.py"):
+            parts = f.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def _module_imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ours that `name` imports anywhere in it (inside functions and
+    TYPE_CHECKING blocks too): each import resolved to the deepest module that exists."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    wanted = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            wanted |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            wanted.add(base)
+            wanted |= {f"{base}.{a.name}" for a in node.names}
+    found = set()
+    for w in wanted:
+        while w and w not in modules:
+            w = w.rpartition(".")[0]
+        if w and w != name:
+            found.add(w)
+    return found
+
+
+def test_every_package_imports_only_the_layers_below_it():
+    assert set(ALLOWED) == set(OURS)
+    for package in OURS:
+        for f in sorted((ROOT / package).rglob("*.py")):
+            mine = _imports(f) & set(OURS)
+            assert mine <= ALLOWED[package], (f, mine - ALLOWED[package])
+
+
+def test_the_import_graph_has_no_circle():
+    modules = _modules()
+    graph = {m: _module_imports(m, f, modules) for m, f in modules.items()}
+    done: set[str] = set()
+
+    def visit(m: str, path: list[str]) -> None:
+        if m in path:
+            raise AssertionError("import circle: " + " -> ".join(path[path.index(m):] + [m]))
+        if m in done:
+            return
+        for n in sorted(graph[m]):
+            if not (m.startswith(n + ".") and n in modules):  # a module's own package
+                visit(n, path + [m])
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m, [])
+
+
 def test_contract_is_a_leaf():
     """The contract (errors, thresholds, EngineConfig) imports nothing of ours but itself, and
     no MLX or SimPy: engine and simulator both stand on it."""
@@ -39,10 +113,9 @@ def test_engine_and_simulator_share_one_vocabulary():
     import contract.engine_config as contract_config
     import sim.compare
     import sim.main_thread
-    import sim.prefill
     import traces.schema as schema
 
-    sources = (sim.main_thread.DEMAND, sim.main_thread.PREFETCH, sim.prefill.WHOLE_LAYER)
+    sources = (sim.main_thread.DEMAND, sim.main_thread.PREFETCH, sim.main_thread.WHOLE_LAYER)
     assert sources == schema.LOAD_SOURCES
     assert sim.compare.HOT_FRACTION is contract_config.HOT_FRACTION
     assert sim.compare.SYNC_AT_BUILD is contract_config.SYNC_AT_BUILD
@@ -114,4 +187,4 @@ def test_engine_and_simulator_import_neither_each_other():
     for package in ("contract", "engine", "sim", "traces", "server"):
         for f in sorted((ROOT / package).rglob("*.py")):
             assert not _imports(f) & {"calibration", "validation"}, f
-    assert not _imports(ROOT / "sim" / "calibration_values.py") & {"os", "mmap", "threading"}
+    assert not _imports(ROOT / "calibration" / "profile_values.py") & {"os", "mmap", "threading"}

@@ -1,98 +1,27 @@
-"""The prerouter (engine.prerouter): the head's math against the paper's concatenated one-hot
-form computed in numpy, the warm start, the double shift (layer N's head at token t routes
-layer N+1 at token t+1) checked on recorded decode calls, every path giving the same tokens
-under prerouting, staging without host syncs of the router, per-request reset, head training,
-and bad input."""
+"""Decoding with the prerouter (engine.prerouter): the double shift (layer N's head at token t
+routes layer N+1 at token t+1) checked on recorded decode calls, every path giving the same
+tokens under prerouting, the resident model fed the same routing and a whole-sequence
+reference, staging without host syncs of the router, per-request reset, loads labelled with
+their step, and the simulator replaying such a trace. The heads themselves:
+test_prerouter_heads.py."""
 
 from __future__ import annotations
 
 import json
-import math
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from layer_reference import stacked_reference
 from mlx.utils import tree_flatten
+from prerouter_helpers import PROMPT, _heads, _np_head
 
 from contract.engine_config import EngineConfig
 from contract.errors import BadInput
 from engine.generate import generate
 from engine.loader import load_resident, load_streaming, streaming_blocks
 from engine.manifest import read_manifest
-from engine.prerouter import Prerouter, PrerouterHead, PrerouterSpec, owners_for, router_weight
-from engine.train_heads import HeadsConfig, train_heads
-
-PROMPT = "Prediction as routing: def g(n): return n * 2"
-
-
-def _np_onehot(inds: np.ndarray, experts: int) -> np.ndarray:
-    out = np.zeros(inds.shape[:-1] + (experts,))
-    np.put_along_axis(out, inds.astype(np.int64), 1.0, axis=-1)
-    return out
-
-
-def _np_head(head: PrerouterHead, x, inds, prev) -> np.ndarray:
-    """fc2(gelu(fc1(u))) + skip(u) on u = concat(x, onehot(t), onehot(t-1)), float64."""
-    e, h = head.experts, head.hidden
-    u = np.concatenate([x, _np_onehot(inds, e),
-                        _np_onehot(prev, e) if prev is not None else np.zeros(x.shape[:-1] + (e,))],
-                       axis=-1)
-    w = np.concatenate([np.array(head.proj.weight), np.array(head.table).T], axis=1)  # [H+E, D+2E]
-    z = u @ w.T.astype(np.float64) + np.array(head.proj.bias)
-    gelu = np.vectorize(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))
-    a = gelu(z[..., :h])
-    return a @ np.array(head.fc2.weight).T + np.array(head.fc2.bias) + z[..., h:]
-
-
-def _spec(m) -> PrerouterSpec:
-    return PrerouterSpec(owners=owners_for(m.moe_layers), dims=m.config["hidden_size"],
-                         experts=m.num_experts, top_k=m.top_k, hidden=16)
-
-
-def _heads(root: Path, out: Path, seed: int = 0) -> Path:
-    """Warm-started heads, then perturbed so that they differ from the next router."""
-    m = read_manifest(root)
-    eng = load_streaming(root)
-    model = eng.model
-    routers = {i: router_weight(b.gate) for i, b in streaming_blocks(model).items()}
-    eng.close()
-    pre = Prerouter.warm_started(_spec(m), routers, seed=seed)
-    rng = np.random.default_rng(seed)
-    for n in pre.spec.owners:
-        head = pre.head(n)
-        head.fc2.weight = mx.array(rng.normal(0, 0.5, head.fc2.weight.shape).astype(np.float32))
-        head.table = head.table + mx.array(rng.normal(0, 0.5, head.table.shape)
-                                           .astype(np.float32))
-    pre.save(out)
-    return out
-
-
-def test_head_equals_the_concatenated_onehot_form():
-    mx.random.seed(3)
-    head = PrerouterHead(dims=24, experts=10, hidden=12)
-    head.table = mx.random.normal(head.table.shape)
-    head.proj.bias = mx.random.normal(head.proj.bias.shape)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((5, 24)).astype(np.float32)
-    inds = np.stack([rng.choice(10, 3, replace=False) for _ in range(5)]).astype(np.uint32)
-    prev = np.stack([rng.choice(10, 3, replace=False) for _ in range(5)]).astype(np.uint32)
-    for p in (prev, None):
-        got = np.array(head(mx.array(x), mx.array(inds), None if p is None else mx.array(p)))
-        want = _np_head(head, x.astype(np.float64), inds, p)
-        assert np.allclose(got, want, rtol=1e-4, atol=1e-4), p is None
-
-
-def test_warm_started_head_is_the_next_router():
-    mx.random.seed(0)
-    router = mx.random.normal((10, 24))
-    head = PrerouterHead(dims=24, experts=10, hidden=12)
-    head.warm_start(router)
-    x = mx.random.normal((4, 24))
-    inds = mx.array(np.tile(np.arange(3, dtype=np.uint32), (4, 1)))
-    got = head(x, inds, inds + 3)
-    assert np.allclose(np.array(got), np.array(x @ router.T), atol=1e-5)
+from engine.prerouter import Prerouter, owners_for
 
 
 def test_decode_routes_consumers_by_the_previous_tokens_head(tiny_random_converted, tmp_path):
@@ -225,92 +154,13 @@ def test_new_request_starts_without_predictions(tiny_random_converted, tmp_path)
     assert a == b
 
 
-def test_train_heads_improves_on_the_warm_start(tiny_random_converted):
-    model, _ = load_resident(tiny_random_converted)
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, model.args.vocab_size, 40 * 33).astype(np.int32)
-    cfg = HeadsConfig(hidden=32, steps=80, batch=256, lr=3e-3, seq_len=32, train_windows=40,
-                      eval_windows=40)
-    pre = train_heads(model, tokens, tokens, cfg)
-    rep = pre.spec.report
-    assert pre.spec.owners == owners_for(list(range(len(model.model.layers))))
-    assert rep["heldout"]["kl_mean"] < 0.8 * rep["heldout_before"]["kl_mean"]
-    assert rep["heldout"]["head_recall_mean"] > rep["heldout_before"]["head_recall_mean"]
-    assert rep["history"][-1]["loss"] < rep["history"][0]["loss"]
-
-
-def test_cli_train_heads_then_generate(tiny_random_converted, model_copy, tmp_path, ssdmoe):
-    root = model_copy(tiny_random_converted)
-    text = tmp_path / "t.txt"
-    text.write_text("\n\n".join(f"paragraph {i}: the quick brown fox {i * 7} jumps" * 8
-                                for i in range(60)))
-    args = ("train", "heads", str(root), "--text", str(text), "--steps", "5", "--hidden", "8",
-            "--train-windows", "4", "--eval-windows", "2")
-    r = ssdmoe(*args)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.strip().splitlines()[-1])["out"] == str(root / "prerouter")
-    meta = json.loads((root / "prerouter" / "prerouter.json").read_text())
-    assert meta["report"]["heldout"]["per_head"] and meta["hidden"] == 8
-    r = ssdmoe(*args)
-    assert r.returncode == 2 and "already exists" in r.stderr
-    r = ssdmoe("generate", str(root), "--prompt", "the quick", "--max-tokens", "4", "--preset",
-               "staged", "--prerouter", str(root / "prerouter"), "--json")
-    assert r.returncode == 0, r.stderr
-    assert len(json.loads(r.stdout)["tokens"]) == 4
-
-
-def test_bad_prerouter_input(tiny_random_converted, tmp_path, ssdmoe):
-    with pytest.raises(BadInput, match="prerouter.json: no such file"):
-        load_streaming(tiny_random_converted,
-                       config=EngineConfig.from_preset("staged", prerouter=str(tmp_path / "x")))
-    m = read_manifest(tiny_random_converted)
-    spec = _spec(m)
-    spec.dims += 8  # heads for another model
-    Prerouter(spec).save(tmp_path / "other")
-    with pytest.raises(BadInput, match="heads are for"):
-        load_streaming(tiny_random_converted, config=EngineConfig.from_preset(
-            "staged", prerouter=str(tmp_path / "other")))
-    heads = _heads(tiny_random_converted, tmp_path / "pre")
-    (heads / "prerouter.safetensors").write_bytes(b"not safetensors")
-    with pytest.raises(BadInput, match="does not match"):
-        Prerouter.load(heads)
-    (heads / "prerouter.json").write_text("{")
-    with pytest.raises(BadInput, match="not a prerouter description"):
-        Prerouter.load(heads)
-    r = ssdmoe("bench", str(tiny_random_converted), "--arms", "resident,staged-prerouter",
-               "--prerouter", str(tmp_path / "none"))
-    assert r.returncode == 2 and "no prerouter heads" in r.stderr
-
-
-def test_stacked_heads_equal_each_head():
-    """The one-flush batched form equals running each head on its own, with and without a
-    previous token."""
-    from engine.prerouter import StackedHeads
-
-    mx.random.seed(5)
-    spec = PrerouterSpec(owners=[0, 1, 2], dims=16, experts=8, top_k=2, hidden=6)
-    pre = Prerouter(spec)
-    for n in spec.owners:
-        pre.head(n).table = mx.random.normal(pre.head(n).table.shape)
-        pre.head(n).proj.bias = mx.random.normal(pre.head(n).proj.bias.shape)
-    stacked = StackedHeads(pre)
-    x = mx.random.normal((3, 16))
-    ids = mx.array([[0, 5], [2, 3], [7, 1]], dtype=mx.uint32)
-    prev = mx.array([[4, 6], [0, 0], [3, 2]], dtype=mx.uint32)
-    rows = mx.concatenate([prev[0:1], stacked.no_prev(1, 2), prev[2:3]])
-    got = np.array(stacked(x, ids, rows))
-    want = [pre.head(0)(x[0:1], ids[0:1], prev[0:1]), pre.head(1)(x[1:2], ids[1:2], None),
-            pre.head(2)(x[2:3], ids[2:3], prev[2:3])]
-    assert np.allclose(got, np.array(mx.concatenate(want)), atol=1e-5)
-
-
 def test_engine_decode_equals_the_sequence_forward_under_predicted_routing(
         tiny_random_converted, tmp_path):
     """forward_prerouted (the training-side reference: whole sequence at once, mlx-lm's
     resident experts) and the engine (token by token, staged slots, one flush per step)
     implement prediction-as-routing separately; from a one-token prompt (which routes itself,
     as position 0 does there) they give the same greedy tokens and close logits."""
-    from engine.train_heads import forward_prerouted
+    from engine.train.heads import forward_prerouted
 
     heads = _heads(tiny_random_converted, tmp_path / "pre", seed=4)
     eng = load_streaming(tiny_random_converted, config=EngineConfig.from_preset(

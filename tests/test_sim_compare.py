@@ -136,7 +136,7 @@ def test_page_cache_budget_becomes_the_simulated_page_cache(captured, tiny_rando
     from engine.paths.kernel import alloc_stack, row_views
     from engine.store import ExpertStore
     from sim.compare import paged_bundle_bytes
-    from sim.memory import budget
+    from sim.memory_budget import budget
 
     copy = tmp_path / "t"
     shutil.copytree(captured, copy)

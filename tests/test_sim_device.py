@@ -9,7 +9,7 @@ import simpy
 
 from sim.device_process import DeviceProcess
 from sim.storage import Device
-from sim.throttle import make_throttle
+from sim.token_bucket import make_throttle
 
 
 def _arrivals(seed: int, n: int, rate: float) -> tuple[np.ndarray, np.ndarray]:

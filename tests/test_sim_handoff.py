@@ -11,7 +11,7 @@ from sim_helpers import MB, hardware, model, routing_input, scenario, uniform_ro
 from contract.errors import BadInput
 from sim.compare import blocked_past_loads_ms
 from sim.profiles import apply_overrides, load_hardware
-from sim.readers import INLINE_WARM_BYTES
+from sim.reader_threads import INLINE_WARM_BYTES
 from sim.replay import run_scenario
 
 # one cold bundle read on an idle device: latency + bytes / bandwidth + load + cold overhead

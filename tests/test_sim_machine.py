@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sim.compare import scenario_for
-from sim.memory import budget
+from sim.memory_budget import budget
 from traces.reader import read_trace
 
 TRACE = (Path(__file__).resolve().parents[1] / "reports" / "validation" / "traces"

@@ -49,7 +49,7 @@ def test_the_m2_os_reserve_leaves_the_prerouter_arm_the_page_cache_floor():
     """The M2's OS reserve is derived, not fitted (reports/paper, section 1): its page cache sat at
     the kernel's floor beside the prerouter engine's peak (the digest's 2.9 GiB plus the KV of a
     1,000-token run at 20 KiB/token), and the engine did not page."""
-    from sim.memory import budget
+    from sim.memory_budget import budget
     from sim.scenario import GIB
 
     kv_gib = 1000 * 20 * 1024 / GIB

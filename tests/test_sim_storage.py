@@ -10,7 +10,7 @@ from sim_helpers import hardware
 from sim.cpu import Cores
 from sim.loads import Fetcher, Load
 from sim.page_cache import PageCache
-from sim.readers import ReaderThreads
+from sim.reader_threads import ReaderThreads
 from sim.storage import Device
 from traces.schema import DEMAND, PREFETCH
 

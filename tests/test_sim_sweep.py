@@ -9,7 +9,8 @@ import pytest
 from contract.errors import BadInput
 from sim.profiles import load_scenario
 from sim.replay import run_scenario
-from sim.sweep import EXTRA_KEYS, load_grid, results_frame, run_grid, write_outputs
+from sim.sweep import EXTRA_KEYS, load_grid, results_frame, run_grid
+from sim.sweep_outputs import write_outputs
 from traces.schema import SUMMARY_KEYS
 
 HW = """

@@ -1,4 +1,4 @@
-"""The simulated read throttles (sim.throttle, in front of sim.storage.Device), against
+"""The simulated read throttles (sim.token_bucket, in front of sim.storage.Device), against
 hand-worked sequences: the token bucket (demand below the rate passes untouched, demand above it
 is held to the rate after one burst, requests pass in arrival order) and the kernel's
 blk-throttle (a slice's allowance at full speed, then a wait for the next slice)."""
@@ -14,7 +14,7 @@ from contract.errors import BadInput
 from sim.compare import compare
 from sim.profiles import load_hardware
 from sim.storage import Device
-from sim.throttle import SliceThrottle, TokenBucket, make_throttle
+from sim.token_bucket import SliceThrottle, TokenBucket, make_throttle
 from traces.reader import read_trace
 
 MB = 1e6
@@ -70,7 +70,7 @@ def test_iops_bucket_counts_requests():
     assert last == pytest.approx(1.0)
 
 
-# blk-throttle (sim.throttle.SliceThrottle), hand-worked from block/blk-throttle.c's rules: the
+# blk-throttle (sim.token_bucket.SliceThrottle), hand-worked from block/blk-throttle.c's rules: the
 # allowance is rate x the slice's elapsed time rounded up to whole slices; a request that does
 # not fit waits for its excess at the rate plus the rest of the rounded slice.
 

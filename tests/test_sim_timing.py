@@ -100,7 +100,7 @@ def test_a_served_adapter_costs_its_bytes_and_build_time_by_hand():
     """lora=true: each layer's attention also reads lora_bytes / layers, each layer's graph
     takes lora_build_ms more to build, and the engine holds lora_bytes more; lora=false (the
     same profile) costs nothing."""
-    from sim.memory import budget
+    from sim.memory_budget import budget
 
     m = model(layers=4, experts=16, k=2, resident_bytes=200 * MB, build_ms_per_layer=1.0,
               lora_bytes=40 * MB, lora_build_ms=0.25)

@@ -1,7 +1,8 @@
-"""Training phases 2 and 3 (engine.train_lora) and the merge loss (engine.merge_loss): the
-reverse-KL loss against numpy, the cached student forward against the whole-sequence one,
-deterministic and resumable runs, refusals that keep checkpoints, and the merge survival's
-closed forms (a delta far below the int4 step is erased, one far above survives)."""
+"""Training phases 2 and 3 (engine.train.recovery_lora) and the merge loss
+(engine.train.merge_loss): the reverse-KL loss against numpy, the cached student forward
+against the whole-sequence one, deterministic and resumable runs, refusals that keep
+checkpoints, and the merge survival's closed forms (a delta far below the int4 step is
+erased, one far above survives)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from mlx_lm.tuner.lora import LoRALinear
 
 from contract.errors import BadInput
 from engine import lora
-from engine import merge_loss as ml
 from engine.loader import load_resident
 from engine.prerouter import Prerouter
-from engine.train_heads import PreroutedState, forward_prerouted
-from engine.train_lora import LoraTrainConfig, reverse_kl_topk, run_phase
+from engine.train import merge_loss as ml
+from engine.train.heads import PreroutedState, forward_prerouted
+from engine.train.recovery_lora import LoraTrainConfig, reverse_kl_topk, run_phase
 
 SMALL = dict(steps=4, batch=2, seq_len=24, prompt_len=4, sequences=4, checkpoint_every=2)
 

@@ -185,7 +185,7 @@ def default_matrix(quick: bool = False, throttles: list[str] | None = None) -> M
     # their loads inside decode; and the staged path with heads, every expert in the page
     # cache: it fits the heads' graph building; and the staged path with the layer lead,
     # every expert in the page cache: it fits that lead's own hand-over per fill point
-    # (validation.calibration)
+    # (validation.decode_fits)
     calibration = [Config(path=p, page_cache="all", role="calibration")
                    for p in ("on-demand", "hot", "staged", "staged-token", "staged-layer")]
     calibration += [Config(path=p, page_cache="1/2", role="calibration")

@@ -1,7 +1,7 @@
 """How much of a validation run's decode error the noise of its measured side can explain.
 
 Each held-out configuration's rounds are drawn again with replacement (the bootstrap) and their
-median decode tok/s taken, as validation.run takes it, once per draw; every configuration is
+median decode tok/s taken, as validation.matrix_run takes it, once per draw; every configuration is
 redrawn in every draw, so each draw gives one median and one p90 over the configurations:
   floor       |error| of a prediction equal to each configuration's observed median against
               the redrawn medians: what the rounds' noise alone makes of the summary figures,

@@ -1,5 +1,5 @@
 """The validation report: Markdown, JSON and PNGs from the per-configuration results
-(validation.run). Errors are absolute percentage errors of simulated against measured; the
+(validation.matrix_run). Errors are absolute percentage errors of simulated against measured; the
 summary takes the held-out configurations only (the calibration configuration is shown, marked,
 and left out). For the worst configuration the measured and simulated timelines of one decode
 step are drawn side by side, and the component (graph build, evaluation, blocked on loads)
@@ -17,8 +17,8 @@ import numpy as np
 
 from validation import plots
 from validation.labels import LABELS
+from validation.matrix_run import METRICS
 from validation.noise import noise_summary
-from validation.run import METRICS
 
 COMPONENTS = ("build_ms_per_step", "eval_ms_per_step", "blocked_ms_per_step")
 
@@ -232,7 +232,7 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None, out: Path) -> 
                   "route alike: decoding is seeded). The rounds' decode tok/s: the last column "
                   "below.", ""]
     if doc.get("fitted"):
-        lines += [f"What the calibration configurations fitted (`validation/calibration.py`, "
+        lines += [f"What the calibration configurations fitted (`validation/decode_fits.py`, "
                   f"written to `{doc.get('scenario')}`): each path's main-thread cost per layer, "
                   "the accelerator's time, a warm and a cold load's cost, a reader's wake-up "
                   "and its hand-off, measured inside decode "

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import BadInput, read_toml_table
-from engine.bench import expert_bytes
+from engine.bench.benchmark import expert_bytes
 from validation.matrix import PAGE_CACHE, Config
-from validation.run import cli
+from validation.matrix_run import cli
 
 MACHINE_KEYS = ("cpus", "cpu_quota", "page_cache", "page_cache_share", "read_mbps",
                 "read_iops", "description")

@@ -53,7 +53,7 @@ def main() -> None:
                  "models/tiny-trained-stream)")
 
     from contract.engine_config import EngineConfig
-    from engine.bench import PROMPTS, load_prompts
+    from engine.bench.benchmark import PROMPTS, load_prompts
     from engine.generate import generate
     from engine.loader import load_resident, load_streaming
 

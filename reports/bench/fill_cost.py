@@ -39,7 +39,7 @@ def main() -> None:
 
     import engine.readers
     from contract.engine_config import EngineConfig
-    from engine.bench import PROMPTS, load_prompts
+    from engine.bench.benchmark import PROMPTS, load_prompts
     from engine.generate import generate
     from engine.loader import load_resident, load_streaming
 

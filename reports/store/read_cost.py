@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from engine.manifest import TENSOR_NAMES, read_manifest  # noqa: E402
-from engine.store import PAGE, ExpertStore, _libc  # noqa: E402
+from engine.platform import _libc  # noqa: E402
+from engine.store import PAGE, ExpertStore  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
 ARMS = ("before", "mincore", "rwf_nowait")

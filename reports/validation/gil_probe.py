@@ -77,7 +77,7 @@ def measure(arm: tuple[float, float] | None, reads: int, seed: int,
     simulation models itself: it is given the sleep as it lasts alone)."""
     import numpy as np
 
-    from calibration.compute_probes import _one_row_views
+    from calibration.bundle_views import one_row_views
     from engine.loader import open_manifest
     from engine.store import ExpertStore
 
@@ -89,7 +89,7 @@ def measure(arm: tuple[float, float] | None, reads: int, seed: int,
     alone = _spells(arm, graph, 200)[1] if arm is not None else []
     with ExpertStore(manifest) as store:
         store.drop_until_cold()
-        views = _one_row_views(store, manifest.moe_layers)
+        views = one_row_views(store, manifest.moe_layers)
         picks = [(int(rng.choice(manifest.moe_layers)), int(rng.integers(manifest.num_experts)))
                  for _ in range(reads)]
         done = threading.Event()

@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 MODEL = ROOT / "models" / "tiny-trained-stream"
 PROMPTS = HERE / "prompts.jsonl"
 LEADS = ("none", "layer")
-MAX_TOKENS, TEMP, SEED = 96, 1.0, 0  # validate's capture settings (validation.run.capture)
+MAX_TOKENS, TEMP, SEED = 96, 1.0, 0  # validate's capture settings (validation.matrix_run.capture)
 FIGURES = ("decode_tok_s", "build_ms", "eval_ms", "blocked_ms")
 
 

@@ -1,7 +1,7 @@
 """Measured vs simulated expert loads of validation configurations, by thread and cold/warm:
 loads per decode step, median and mean duration, time queued before a thread started the load,
 and the main thread's mean wait; and the median delay from a load's issue to its start on a
-reader thread that was idle (its wake-up, sim.readers). Prints a table per configuration;
+reader thread that was idle (its wake-up, sim.reader_threads). Prints a table per configuration;
 writes loads_by_thread.json.
 
     uv run python reports/validation/loads_by_thread.py hot-pc25-unthrottled staged-pc25-unthrottled

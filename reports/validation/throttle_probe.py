@@ -1,7 +1,7 @@
 """What the kernel's read throttle does to decode, beyond holding reads to its rate.
 
 1. From the committed validation traces (no capture): per throttled configuration, the share of
-   decode steps with a stall over 20 ms, measured and simulated (sim.throttle's blk-throttle
+   decode steps with a stall over 20 ms, measured and simulated (sim.token_bucket's blk-throttle
    model), those steps' blocked time and the evaluation of the steps without one.
 2. Captures (Linux, root, for the throttle): the staged path at a 1/4 page cache, unthrottled
    and at 15 MB/s, arms rotated over rounds, each its own `ssdmoe capture` process that reads

@@ -70,7 +70,7 @@ DEFAULT_ARMS = ("resident", "on-demand", "hot", "staged")
 STREAMING = {"on-demand": "on-demand", "hot": "hot", "staged": "staged",
              "staged-oracle": "staged", "staged-layer": "staged", "staged-prerouter": "staged",
              "staged-prerouter-lora": "staged"}
-PROMPTS = Path(__file__).resolve().parents[1] / "traces" / "prompts" / "default.jsonl"
+PROMPTS = Path(__file__).resolve().parents[2] / "traces" / "prompts" / "default.jsonl"
 BEFORE = "@before"  # suffix of an arm run on BenchSpec.before (the same model converted otherwise)
 
 
@@ -392,7 +392,7 @@ def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
         "temp": spec.temp, "seed": spec.seed, "limits": limits_of(spec).to_dict(),
         "prerouter": spec.prerouter or str(Path(spec.model) / "prerouter"),
         "lora": spec.lora}))
-    cmd = [sys.executable, "-m", "engine.bench_arm", str(spec_file), str(out_file)]
+    cmd = [sys.executable, "-m", "engine.bench.arm", str(spec_file), str(out_file)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=spec.timeout_s)
     except subprocess.TimeoutExpired:

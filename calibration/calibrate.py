@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.compute_probes import DEFAULT_MODEL
-from sim.calibration_values import ComputeResult
+from calibration.profile_values import ComputeResult
 
 
 def default_model(workdir: Path | None = None) -> tuple[Path, str]:
@@ -32,7 +32,7 @@ def default_model(workdir: Path | None = None) -> tuple[Path, str]:
 class Calibration:
     model_dir: Path
     model_label: str
-    storage: Any  # sim.calibration_values.StorageResult
+    storage: Any  # calibration.profile_values.StorageResult
     compute: ComputeResult
     engine: dict[str, Any]
     hardware: dict[str, tuple[Any, str]]  # Hardware key -> (value, how)
@@ -50,10 +50,10 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
     from calibration.core_wait_probe import core_wait_how, measure_core_wait
     from calibration.idle_probe import ARMS, measure_idle_slowdown
     from calibration.machine import facts
+    from calibration.profile_values import hardware_values, now_text
     from calibration.sched_probe import BURST_MS, PERIOD_MS, measure_reader_weight
     from calibration.stall_probe import measure_stall_wake
     from calibration.storage_probes import measure_storage
-    from sim.calibration_values import hardware_values, now_text
     from sim.model_profile import profile_from_manifest
 
     t0 = time.perf_counter()
@@ -112,7 +112,7 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
                 "sleeps of " + ", ".join(f"{s:g} ms every {n} steps" for s, n in ARMS if n)
                 + f" vs none, page cache warm, {found.rounds} rounds rotated")
     if (model_dir / "manifest.json").is_file():
-        from calibration.queue_depth import measure as measure_queue_depth
+        from calibration.queue_depth_probe import measure as measure_queue_depth
 
         measure_queue_depth(model_dir, scratch, rounds=1 if quick else 3,
                             depths=(1, 2) if quick else (1, 2, 3, 4, 6, 8))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import BadInput
-from engine.bench import expert_files, warm_files  # MLX-free helpers
+from engine.bench.benchmark import expert_files, warm_files  # MLX-free helpers
 from traces.regime import DECODE_SEED, DECODE_TEMP
 from traces.writer import write_json_atomic
 from validation.matrix import PAGE_CACHE, Config

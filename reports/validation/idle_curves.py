@@ -9,7 +9,7 @@ run-queue wait, timeslices).
 profile (the keys `idle_util_points`, `idle_slowdown` and their `sync_` twins), for
 re-predicting traces captured before calibrate measured them.
 
-    uv run python reports/validation/idle_probe.py [--rounds 3] [--hardware PATH]
+    uv run python reports/validation/idle_curves.py [--rounds 3] [--hardware PATH]
 
 Prints a table per loop; writes idle_probe.json next to this file.
 """
@@ -62,7 +62,7 @@ def main() -> int:
         sys.exit(str(err))
     if curves is None:
         sys.exit("idle probe: needs Linux (/proc/self/schedstat)")
-    out: dict = {"command": "uv run python reports/validation/idle_probe.py"
+    out: dict = {"command": "uv run python reports/validation/idle_curves.py"
                  + (f" --rounds {args.rounds}" if args.rounds != ROUNDS else ""),
                  "date": date, "arms": [list(a) for a in ARMS], "loops": {}}
     for loop, c in curves.items():
@@ -91,7 +91,7 @@ def main() -> int:
                               "threads_per_step": arms}
         if args.hardware is not None:
             prefix = "sync_" if loop == "sync" else ""
-            how = f"reports/validation/idle_probe.py, {date}, {loop} loop ({c.preset} preset)"
+            how = f"reports/validation/idle_curves.py, {date}, {loop} loop ({c.preset} preset)"
             set_key(args.hardware, f"{prefix}idle_util_points", c.util,
                     f"calibration.idle_probe ({how}): the kernel's 32 ms average of 'a thread "
                     "runs' at a step after a sleep")

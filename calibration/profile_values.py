@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.profile_toml import toml_text
 from sim.scenario import HARDWARE_KEYS
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -346,7 +347,7 @@ def compute_values(c: ComputeResult, active_params: float | None = None
         out["reader_wake_ms"] = (round(max(c.reader_wake_ms, 0.0), 4), (
             f"the same {c.handoff_reps} requests, from the submit to the idle reader's start "
             f"(queue put, its wake-up and claim); 10th percentile {c.reader_wake_p10_ms:.4f} "
-            "ms. The sim starts a load handed to an idle reader this late (sim.readers)"))
+            "ms. The sim starts a load handed to an idle reader this late (sim.reader_threads)"))
     if c.refused_warm_ms == c.refused_warm_ms:  # not nan
         out["refused_warm_ms"] = (round(max(c.refused_warm_ms, 0.0), 4), (
             f"engine store, read_bundle_if_warm on a cold bundle of {c.model} (10th "
@@ -421,31 +422,6 @@ def _size(n: int) -> str:
 
 
 # ---------------------------------------------------------------------------------- writers
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, float):
-        return repr(round(v, 6))
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return str(v)
-
-
-def toml_text(header: list[str], values: dict[str, tuple[Any, str]], order: tuple[str, ...],
-              description: str) -> str:
-    """A profile file: header comment lines, description, then `key = value  # how`."""
-    lines = [f"# {h}" if h else "#" for h in header]
-    lines.append(f"description = {_toml_value(description)}")
-    width = max(len(f"{k} = {_toml_value(values[k][0])}") for k in order) + 2
-    for key in order:
-        value, how = values[key]
-        text = f"{key} = {_toml_value(value)}"
-        lines.append(f"{text:<{width}}# {how}" if how else text)
-    return "\n".join(lines) + "\n"
 
 
 def hardware_values(st: StorageResult, c: ComputeResult, machine: dict[str, tuple[Any, str]], *,

@@ -34,7 +34,7 @@ import numpy as np
 
 from engine.fixtures.train_loop import set_recall, window_batches
 from engine.prerouter import Prerouter
-from engine.train_heads import forward_prerouted
+from engine.train.heads import forward_prerouted
 
 
 @dataclass
@@ -101,7 +101,7 @@ def teacher_forced(rows: list[Row], teacher: Row, tokens: np.ndarray, cfg: EvalC
 def greedy_agreement(rows: list[Row], teacher: Row, tokens: np.ndarray,
                      cfg: EvalConfig) -> dict[str, float]:
     """Each row's greedy continuation of held-out prompts against the teacher's."""
-    from engine.train_lora import prompts_from, sample, student_forward, teacher_forward
+    from engine.train.recovery_lora import prompts_from, sample, student_forward, teacher_forward
 
     prompts = prompts_from(tokens, cfg.prompts, cfg.prompt_len, 0, 5, "held-out text")
     total = cfg.prompt_len + cfg.greedy_tokens
@@ -135,8 +135,8 @@ def heads_recall(model: nn.Module, pre: Prerouter, tokens: np.ndarray, cfg: Eval
     """The heads' held-out recall@K of the next layer's true routing on the base model's own
     hidden states, with the reuse baseline (as `train heads` reports it)."""
     from engine.prerouter import router_weight
-    from engine.train_heads import evaluate as evaluate_heads
-    from engine.train_heads import record
+    from engine.train.heads import evaluate as evaluate_heads
+    from engine.train.heads import record
 
     data = record(model, tokens, cfg.seq_len, cfg.windows, cfg.batch)
     layers = model.model.layers

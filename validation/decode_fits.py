@@ -81,8 +81,8 @@ decode they are larger, which is what the held-out configurations then test.
                               isolation by calibrate's no-op requests (0.02-0.05 ms); in decode
                               the traces show 0.1-0.35 ms, and without it the simulated readers
                               claimed at once what the engine's main thread reads itself
-With several rounds each measured figure is its median over the rounds (validation.run).
-validation.run repeats the fit (FIT_ROUNDS): with shared cores the simulated times are not
+With several rounds each measured figure is its median over the rounds (validation.matrix_run).
+validation.matrix_run repeats the fit (FIT_ROUNDS): with shared cores the simulated times are not
 linear in these figures. Device figures (latency, bandwidth, queue depth, throttle) are never
 fitted here but the latency (above); the held-out configurations (other page caches, paths,
 throttles, K) predict them.
@@ -362,7 +362,7 @@ def fit_budget_evict(results: list[dict[str, Any]],
     A cold read's own time is fit_latency's alone. This was fit_cold, and it fitted
     cold_overhead_ms too, from the same configuration's blocked time per cold load, which is
     mostly that read: both corrected the read's gap from one comparison, so it was corrected
-    twice, and the repeated fit (validation.run.FIT_ROUNDS) swung between too long and too
+    twice, and the repeated fit (validation.matrix_run.FIT_ROUNDS) swung between too long and too
     short instead of settling (cold overhead 0.27, 0.14, 0.31 ms and latency 0.063, 0.040,
     0.055 over the three passes of the 17:36 run, which left the simulated blocked time long in
     every configuration that reads on demand, the fitting one included). Both sit inside the

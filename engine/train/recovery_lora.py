@@ -31,9 +31,9 @@ import numpy as np
 
 from contract.errors import BadInput
 from engine import lora
-from engine.lora_checkpoint import Checkpoint, atomic_text
 from engine.prerouter import Prerouter
-from engine.train_heads import PreroutedState, forward_prerouted
+from engine.train.heads import PreroutedState, forward_prerouted
+from engine.train.lora_checkpoint import Checkpoint, atomic_text
 
 PHASES = ("sft", "distill")
 Progress = Callable[[str, int, int, str], None]  # (stage, done, total, note)
@@ -274,7 +274,7 @@ def run_phase(model_dir: Path, cfg: LoraTrainConfig, heads_dir: Path, teacher_di
     from engine.loader import load_resident, open_manifest, routed_at
     from engine.manifest import MANIFEST_FILE, sha256_file
     from engine.prerouter import WEIGHTS
-    from engine.train_heads import corpus_tokens
+    from engine.train.heads import corpus_tokens
 
     manifest = routed_at(open_manifest(model_dir), top_k)
     k = manifest.top_k

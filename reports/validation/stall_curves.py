@@ -11,7 +11,7 @@ out. Per arm (medians over rounds): build, eval and blocked ms per decode step, 
 simulated, and per step the CPU time, run-queue wait and timeslices of the main thread and
 MLX's compute thread.
 
-    uv run python reports/validation/stall_probe.py [--loop sync] [--delays 0,0.5,1,2,4]
+    uv run python reports/validation/stall_curves.py [--loop sync] [--delays 0,0.5,1,2,4]
         [--rounds 3]
 
 Writes stall_probe.json (lookahead) or stall_probe-sync.json next to this file. Linux only
@@ -81,7 +81,7 @@ def run(delays: list[float], rounds: int, loop: str) -> dict:
                 "simulated": _simulated(r, settings, []),
                 "simulated_no_curve": _simulated(r, settings, _no_curve(loop)),
                 "threads": r.threads})
-    return {"command": "uv run python reports/validation/stall_probe.py "
+    return {"command": "uv run python reports/validation/stall_curves.py "
                        + ("--loop sync " if loop == "sync" else "")
                        + f"--delays {','.join(f'{d:g}' for d in delays)} --rounds {rounds}",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

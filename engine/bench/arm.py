@@ -1,5 +1,5 @@
-"""One `ssdmoe bench` arm, in its own process (engine.bench spawns `python -m
-engine.bench_arm SPEC OUT`): load the model the arm's way, warm up, reset the peaks, run the
+"""One `ssdmoe bench` arm, in its own process (engine.bench.benchmark spawns `python -m
+engine.bench.arm SPEC OUT`): load the model the arm's way, warm up, reset the peaks, run the
 prompts, and write the arm's figures as JSON. The arms are described in engine.bench."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.bench import STREAMING
+from engine.bench.benchmark import STREAMING
 
 
 def _rss_peak() -> int:

@@ -1,5 +1,6 @@
-"""A sweep's plot per axis: the grid's metric against one axis, a line per combination of its
-other text-valued axes, the numeric ones held (sim.sweep writes them beside results.parquet)."""
+"""A sweep's outputs beside its results: results.parquet, a plot per axis (the grid's metric
+against one axis, a line per combination of its other text-valued axes, the numeric ones
+held) and a README with the command, the grid and the results table."""
 
 from __future__ import annotations
 
@@ -71,3 +72,60 @@ def plot_axis(grid: Grid, frame, axis: str, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def write_outputs(grid: Grid, frame, out: Path, command: str) -> list[Path]:
+    """results.parquet, one PNG per axis, README.md (command, grid, results table)."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "results.parquet"]
+    frame.write_parquet(written[0])
+    for axis in grid.axes:
+        png = out / f"{axis.replace('.', '_')}.png"
+        plot_axis(grid, frame, axis, png)
+        written.append(png)
+    readme = out / "README.md"
+    readme.write_text(readme_text(grid, frame, command, [p.name for p in written[1:]]))
+    written.append(readme)
+    return written
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "-"
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.4g}"
+    return str(value)
+
+
+def readme_text(grid: Grid, frame, command: str, pngs: list[str]) -> str:
+    axes = list(grid.axes) + (["seed"] if grid.seeds is not None else [])
+    shown = ["decode_tok_s", "blocked_ms_per_step", "loads_per_step", "cold_fraction",
+             "mib_per_step", "page_cache_bytes"]
+    ok = frame.filter(frame["status"] == STATUS_OK).height
+    lines = [
+        f"# Sweep {grid.name}",
+        "",
+        grid.description or "",
+        "",
+        f"Produced by `{command}` from `{grid.source}` (base scenario `{grid.scenario}`"
+        + (f", fixed `--set {' '.join(grid.sets)}`" if grid.sets else "")
+        + (f", routing replayed from `{grid.trace}`" if grid.trace else ", synthetic routing")
+        + f"). {frame.height} points, {ok} ok, {frame.height - ok} failed.",
+        "",
+        "Files: `results.parquet` (one row per point: axis values, status, error, every "
+        "`trace summary` metric and the simulator figures), "
+        + ", ".join(f"`{p}`" for p in pngs) + f" ({grid.metric} against each axis).",
+        "",
+        "| " + " | ".join(axes + ["status"] + shown) + " |",
+        "|" + "---|" * (len(axes) + 1 + len(shown)),
+    ]
+    for r in frame.iter_rows(named=True):
+        cells = [_cell(r[a]) for a in axes] + [r["status"] if r["error"] is None
+                                               else f"failed: {r['error']}"]
+        cells += [_cell(r[k] / 2**30 if k.endswith("_bytes") and r[k] is not None else r[k])
+                  for k in shown]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "(page_cache_bytes in GiB.)", ""]
+    return "\n".join(lines)

@@ -1,0 +1,289 @@
+"""Measurements turned into profile values (calibration.profile_values), by hand and in closed
+form: the storage fit recovers the costs it was built from, simulated loads cost what the engine
+measured, the device's speedup curve, reads per bundle, the written profile round-trips, and the
+probes' curves survive the trip."""
+
+from __future__ import annotations
+
+import pytest
+from sim_helpers import hardware, model, routing_input, scenario, uniform_routing
+
+from calibration.profile_values import (
+    MIB,
+    ComputeResult,
+    StorageResult,
+    hardware_toml,
+    hardware_values,
+    linear_fit,
+    storage_values,
+    write_hardware,
+)
+from sim.profiles import load_hardware
+from sim.replay import run_scenario
+
+SIZES = [4096, 65536, MIB, 4 * MIB]
+# what calibration.machine.facts() reads on a machine, fixed here
+
+
+MACHINE = {"ram_gib": (16.0, "given"), "os_reserve_gib": (2.5, "given"),
+           "cpu_cores": (2, "given"), "compute_on_cpu": (True, "given")}
+
+
+def storage(a_w=0.004, memcpy=8.0, a_c=0.09, bw=1.5, latency=0.05) -> StorageResult:
+    """Exactly linear read times: warm = a_w + s/memcpy, cold = a_c + s/bw + s/memcpy (ms)."""
+    warm = [a_w + s / (memcpy * 1e9) * 1e3 for s in SIZES]
+    cold = [a_c + s / (bw * 1e9) * 1e3 + s / (memcpy * 1e9) * 1e3 for s in SIZES]
+    return StorageResult(SIZES, cold, warm, latency, 1.8, {1: 0.8, 2: 1.3, 4: 1.35, 8: 1.36},
+                         "/tmp", 1 << 20)
+
+
+def compute(**over) -> ComputeResult:
+    values = dict(model="m", layers=4, experts=16, bundle_bytes=100_000, resident_bytes=2_000_000,
+                  glu_ms={1: 0.3, 2: 0.5, 4: 0.9, 8: 1.7}, build_ms_per_layer=0.2,
+                  engine_build_ms_per_layer=0.6, non_moe_ms=4.0, step_ms=7.6, sync_ms=0.25,
+                  synced_compute_ms=8.6, path_build_ms_per_layer={"exact": 0.6},
+                  prefill_ms=100.0, prefill_tokens=64, warm_bundle_ms=0.08,
+                  cold_bundle_ms=0.9, cold_bundles=10, handoff_ms=0.04, handoff_p10_ms=0.03,
+                  handoff_reps=100)
+    values.update(over)
+    return ComputeResult(**values)
+
+
+def assert_profile_round_trip(tmp_path, key: str, value: float, how: dict[str, str],
+                              bad: float, message: str) -> None:
+    """A measured hardware figure (`key`, with the ComputeResult fields `how`) reaches the
+    profile with its source, loads back, is left out when not measured, and a value out of
+    its range (`bad`) is one clear line matching `message`."""
+    from calibration.profile_values import hardware_toml, write_hardware
+    from contract.errors import BadInput
+
+    values = hardware_values(storage(), compute(**{key: value}, **how), MACHINE,
+                             active_params=1e6)
+    assert values[key][0] == value
+    assert all(text in values[key][1] for text in how.values())
+    path = write_hardware(tmp_path / "cal.toml",
+                          hardware_toml(values, "cal", "now", "ssdmoe calibrate"))
+    assert getattr(load_hardware(str(path)), key) == value
+    assert key not in hardware_values(storage(), compute(), MACHINE, active_params=1e6)
+    broken = tmp_path / "bad.toml"
+    broken.write_text(path.read_text().replace(f"{key} = {value}", f"{key} = {bad}"))
+    with pytest.raises(BadInput, match=message):
+        load_hardware(str(broken))
+
+
+def test_linear_fit_is_exact_on_a_line():
+    a, b = linear_fit([1, 2, 4, 8], [0.1 + 0.2 * x for x in (1, 2, 4, 8)])
+    assert a == pytest.approx(0.1) and b == pytest.approx(0.2)
+
+
+def test_storage_fit_recovers_the_costs_it_was_built_from():
+    v = storage_values(storage())
+    assert v["memcpy_gbps"][0] == pytest.approx(8.0, rel=1e-3)
+    assert v["ssd_bandwidth_gbps"][0] == pytest.approx(1.5, rel=1e-3)
+    assert v["ssd_latency_ms"][0] == pytest.approx(0.05)
+    assert v["queue_depth"][0] == 2  # 1.3 GB/s is within 90% of the best 1.36
+    # no engine bundle figures: per-range intercepts x 9 ranges
+    assert v["load_overhead_ms"][0] == pytest.approx(9 * 0.004, abs=1e-4)
+    assert v["cold_overhead_ms"][0] == pytest.approx(9 * (0.09 - 0.004) - 0.05, abs=1e-4)
+
+
+def test_simulated_loads_cost_what_the_engine_measured():
+    """With engine bundle reads, the sim's warm and cold load of that bundle (QD1, main thread)
+    take exactly the measured times: the bundle's 9 ranges are 9 device requests, as the
+    engine's store reads them."""
+    c = compute()
+    values = hardware_values(storage(), c, MACHINE, active_params=1e6)
+    hw = load_hardware_from(values)
+    assert values["cold_overhead_ms"][0] == pytest.approx(
+        0.9 - 0.08 - (9 * 0.05 + 100_000 / 1.5e9 * 1e3), abs=1e-4)
+    m = model(layers=1, experts=16, k=1, bundle_bytes=c.bundle_bytes, build_ms_per_layer=0.0,
+              bundle_reads=9)
+    # every step routes expert 0 then 1 alternately: 2 cold loads, then warm ones (page cache)
+    routing = routing_input(uniform_routing(40, 1, 2, 1, seed=1))
+    sc = scenario(hw=hw, m=m, path="hot", lru_bytes=c.bundle_bytes, readers=0, decode_steps=40)
+    loads = run_scenario(sc, routing=routing).trace.loads
+    ms = ((loads["finished_ns"] - loads["started_ns"]) / 1e6).to_list()
+    cold = [t for t, is_cold in zip(ms, loads["cold"].to_list(), strict=True) if is_cold]
+    warm = [t for t, is_cold in zip(ms, loads["cold"].to_list(), strict=True) if not is_cold]
+    assert cold and warm
+    assert all(t == pytest.approx(c.cold_bundle_ms, abs=1e-4) for t in cold)  # 4-decimal profile
+    assert all(t == pytest.approx(c.warm_bundle_ms, abs=1e-4) for t in warm)
+
+
+def test_small_reads_give_the_device_speedup_curve():
+    st = storage()
+    assert "queue_speedup" not in storage_values(st)  # not measured: the slot model
+    st.small_iops = {1: 20_000.0, 2: 30_000.0, 3: 36_000.0, 5: 50_000.0}  # 4 missing
+    curve, how = storage_values(st)["queue_speedup"]
+    assert curve == [1.0, 1.5, 1.8] and "4 KiB" in how
+
+
+def test_concurrent_bundle_reads_fit_the_speedup_curve():
+    """With the engine's concurrent cold bundle reads measured, queue_speedup is the curve
+    under which the sim's own reads at n threads take what the engine's took, relative to a
+    read alone (here 1.2x and 1.22x at two and three threads: at three the read's CPU on two
+    cores sets most of it); past three threads it grows as the probe's curve does."""
+    from sim.read_overlap import simulated_read_ms
+
+    st = storage()
+    st.small_iops = {1: 20_000.0, 2: 30_000.0, 3: 36_000.0, 4: 40_000.0}
+    walls = {1: 1.0, 2: 1.2, 3: 1.22}
+    c = compute(concurrent_read_ms=walls, cold_read_cpu_ms=0.45, cold_read_wall_ms=0.9,
+                gil_handoff_ms=0.01)
+    curve, how = hardware_values(st, c, MACHINE, active_params=1e6)["queue_speedup"]
+    assert len(curve) == 4 and curve[0] == 1.0 and 1.0 < curve[1] < curve[2]
+    assert curve[3] == pytest.approx(curve[2] * 2.0 / 1.8, abs=1e-3)
+    assert "2: 1.200" in how and "4 KiB" in how
+    hw = load_hardware_from(hardware_values(st, c, MACHINE, active_params=1e6))
+    alone = simulated_read_ms(hw, curve, 1, c.bundle_bytes, 9)
+    for n in (2, 3):
+        ratio = simulated_read_ms(hw, curve, n, c.bundle_bytes, 9) / alone
+        assert ratio == pytest.approx(walls[n], rel=0.01)
+    # not measured: the 4 KiB probe's curve, as before
+    assert hardware_values(st, compute(), MACHINE, active_params=1e6)["queue_speedup"][0] == [
+        1.0, 1.5, 1.8, 2.0]
+
+
+def test_fits_use_the_measured_models_reads_per_bundle():
+    """A model whose bundle is 3 slices (not the streaming layout's 9): the warm load's fixed
+    cost is 3 pread intercepts, and the concurrent-read fit simulates 3-slice reads, so its
+    curve reproduces the measured ratios with 3 slices and not with 9."""
+    from sim.read_overlap import simulated_read_ms
+
+    st = storage()
+    st.small_iops = {1: 20_000.0, 2: 30_000.0, 3: 36_000.0, 4: 40_000.0}
+    walls = {1: 1.0, 2: 1.2}
+    c = compute(concurrent_read_ms=walls, cold_read_cpu_ms=0.45, cold_read_wall_ms=0.9,
+                gil_handoff_ms=0.01, bundle_reads=3)
+    c.warm_bundle_ms = float("nan")  # the per-size fit x reads per bundle sets load_overhead
+    values = hardware_values(st, c, MACHINE, active_params=1e6)
+    assert values["load_overhead_ms"][0] == pytest.approx(3 * 0.004, rel=1e-3)
+    hw = load_hardware_from(values)
+    curve = values["queue_speedup"][0]
+
+    def ratio(reads: int) -> float:
+        return (simulated_read_ms(hw, curve, 2, c.bundle_bytes, reads)
+                / simulated_read_ms(hw, curve, 1, c.bundle_bytes, reads))
+
+    assert ratio(3) == pytest.approx(1.2, rel=0.01)
+    assert ratio(9) != pytest.approx(1.2, rel=0.01)
+
+
+def load_hardware_from(values):
+    from sim.profiles import hardware_from_values
+
+    return hardware_from_values("cal", values)
+
+
+def test_written_profile_loads_and_round_trips(tmp_path):
+    values = hardware_values(storage(), compute(), MACHINE, active_params=2e6)
+    text = hardware_toml(values, "cal", "2026-01-01 00:00 UTC", "ssdmoe calibrate --out x")
+    path = write_hardware(tmp_path / "cal.toml", text)
+    hw = load_hardware(str(path))
+    for key, (value, how) in values.items():
+        assert getattr(hw, key) == pytest.approx(value), key
+        assert how  # every value says how it was measured
+    lines = [ln for ln in path.read_text().splitlines() if " = " in ln and
+             not ln.startswith(("#", "description"))]
+    assert len(lines) == len(values) and all("  # " in ln for ln in lines)
+    # compute: expert time = e0 + K x bundle / expert_gbps reproduces the glu fit
+    c = compute()
+    e_ms = lambda k: hw.expert_overhead_ms + k * c.bundle_bytes / (hw.expert_gbps * 1e9) * 1e3  # noqa: E731
+    assert e_ms(1) == pytest.approx(0.3, abs=0.02) and e_ms(8) == pytest.approx(1.7, abs=0.02)
+    assert c.resident_bytes / (hw.mem_bandwidth_gbps * 1e9) * 1e3 == pytest.approx(4.0)
+    assert hw.sync_overhead_ms == pytest.approx(0.25) and hw.lazy_compute is True
+    assert hw.compute_tflops == pytest.approx(2 * 2e6 * 64 / 0.1 / 1e12)
+    assert hw.handoff_ms == pytest.approx(0.04)  # the measured median round trip
+
+
+def test_unmeasured_handoff_is_left_out_of_the_profile():
+    values = hardware_values(storage(), compute(handoff_ms=float("nan")), MACHINE,
+                             active_params=2e6)
+    assert "handoff_ms" not in values
+    assert "reader_wake_ms" not in values  # compute() measured no wake-up either
+    values = hardware_values(storage(), compute(reader_wake_ms=0.03, reader_wake_p10_ms=0.02),
+                             MACHINE, active_params=2e6)
+    assert values["reader_wake_ms"][0] == pytest.approx(0.03)
+    assert "gil_handoff_ms" not in values
+    values = hardware_values(storage(), compute(gil_handoff_ms=0.02, gil_handoff_p90_ms=0.09,
+                                                gil_handoff_reps=40), MACHINE, active_params=2e6)
+    assert values["gil_handoff_ms"][0] == pytest.approx(0.02)
+    assert "cold_read_cpu_ms" not in values
+    values = hardware_values(storage(), compute(cold_read_cpu_ms=0.42, cold_read_wall_ms=0.84,
+                                                cold_read_reps=80), MACHINE, active_params=2e6)
+    assert values["cold_read_cpu_ms"][0] == pytest.approx(0.42)
+    assert "cold_read_cpu_us_per_page" not in values
+
+
+def test_cold_read_cpu_splits_into_per_request_and_per_page():
+    """cold_page_cpu read 15 pages in 0.05 ms and 240 in 0.275 ms: 1 us a page by hand. The
+    store's cold bundle read (0.42 ms, 15 pages) less its pages at that rate is the per-request
+    part: 0.405 ms. A negative slope (noise) leaves the per-bundle figure as it was."""
+    values = hardware_values(storage(), compute(cold_read_cpu_ms=0.42, cold_read_wall_ms=0.84,
+                                                cold_read_reps=80,
+                                                cold_page_cpu=(0.05, 0.275, 15, 240)),
+                             MACHINE, active_params=2e6)
+    assert values["cold_read_cpu_us_per_page"][0] == pytest.approx(1.0)
+    assert values["cold_read_cpu_ms"][0] == pytest.approx(0.405)
+    values = hardware_values(storage(), compute(cold_read_cpu_ms=0.42, cold_read_wall_ms=0.84,
+                                                cold_read_reps=80,
+                                                cold_page_cpu=(0.3, 0.2, 15, 240)),
+                             MACHINE, active_params=2e6)
+    assert "cold_read_cpu_us_per_page" not in values
+    assert values["cold_read_cpu_ms"][0] == pytest.approx(0.42)
+
+
+def test_a_profile_without_the_new_keys_still_loads(tmp_path):
+    values = hardware_values(storage(), compute(), MACHINE, active_params=2e6)
+    for key in ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
+                "handoff_ms"):
+        values.pop(key)
+    path = write_hardware(tmp_path / "old.toml", hardware_toml(values, "old", "t", "c"))
+    hw = load_hardware(str(path))
+    assert (hw.expert_gbps, hw.expert_overhead_ms, hw.sync_overhead_ms, hw.lazy_compute,
+            hw.handoff_ms) == (0.0, 0.0, 0.0, False, 0.0)
+
+
+def test_lazy_compute_closed_form():
+    """Lazy compute, free loads: a decode step = L x (build + attention + experts) + (L + 1)
+    syncs (one per router, one at the end), each sync_overhead_ms."""
+    L, b, s = 3, 0.5, 0.2
+    hw = hardware(lazy_compute=True, sync_overhead_ms=s, ssd_latency_ms=0.0,
+                  ssd_bandwidth_gbps=1e9, mem_bandwidth_gbps=1.0, expert_gbps=0.5,
+                  expert_overhead_ms=0.1)
+    m = model(layers=L, experts=16, k=2, bundle_bytes=100_000, resident_bytes=3_000_000,
+              build_ms_per_layer=b)
+    attn = 3_000_000 / L / 1e9 * 1e3
+    expert = 0.1 + 2 * 100_000 / 0.5e9 * 1e3
+    want = L * (b + attn + expert) + (L + 1) * s
+    sc = scenario(hw=hw, m=m, path="staged", decode_steps=20)
+    result = run_scenario(sc, routing=routing_input(uniform_routing(20, L, 16, 2, seed=2)))
+    assert result.metrics["step_ms_p50"] == pytest.approx(want, abs=2e-6)
+    eager = run_scenario(scenario(hw=hardware(sync_overhead_ms=0.0, ssd_latency_ms=0.0,
+                                              ssd_bandwidth_gbps=1e9, mem_bandwidth_gbps=1.0,
+                                              expert_gbps=0.5, expert_overhead_ms=0.1),
+                                  m=m, path="staged", decode_steps=20),
+                         routing=routing_input(uniform_routing(20, L, 16, 2, seed=2)))
+    # eager: each layer's build overlaps the previous layer's experts
+    assert eager.metrics["step_ms_p50"] == pytest.approx(want - (L + 1) * s - (L - 1) * b,
+                                                         abs=2e-6)
+
+
+def test_the_idle_probes_curves_round_trip_through_the_profile(tmp_path):
+    """calibrate writes calibration.idle_probe's curves, one per decode loop, and a profile
+    read back gives them to sim.idle_slowdown; an unmeasured curve is left out."""
+    from sim.idle_slowdown import IdleSlowdown
+
+    assert "idle_util_points" not in hardware_values(storage(), compute(), MACHINE,
+                                                     active_params=2e6)
+    c = compute(idle_util_points=[0.5, 0.75], idle_slowdown=[0.3, 0.0],
+                sync_idle_util_points=[0.6, 0.7], sync_idle_slowdown=[0.1, 0.0],
+                idle_how="sleeps of 60 ms every 3 steps")
+    values = hardware_values(storage(), c, MACHINE, active_params=2e6)
+    path = write_hardware(tmp_path / "cal.toml", hardware_toml(values, "cal", "t", "c"))
+    hw = load_hardware(str(path))
+    assert "60 ms every 3 steps" in values["idle_util_points"][1]
+    lookahead, sync = IdleSlowdown.for_loop(hw, True), IdleSlowdown.for_loop(hw, False)
+    lookahead.util = sync.util = 0.625
+    assert lookahead.factor() == pytest.approx(1.15)
+    assert sync.factor() == pytest.approx(1.075)
