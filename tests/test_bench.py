@@ -120,8 +120,8 @@ def test_bench_lora_arm_measures_the_adapter(tiny_random_converted, model_copy, 
                                              ssdmoe):
     """staged-prerouter-lora runs the adapter trained for the heads (the default), paired
     with staged-prerouter; its load time and bytes come back; --no-lora refuses the arm."""
+    from prerouter_helpers import _heads
     from test_lora import _rewrite, make_adapter
-    from test_prerouter import _heads
 
     from engine.manifest import sha256_file
 

@@ -92,7 +92,7 @@ def test_the_probe_divides_the_extra_wait_per_wake_by_the_chance_every_core_is_b
 
 
 def test_core_wait_round_trips_the_profile_and_a_bad_value_is_one_line(tmp_path):
-    from tests.test_calibrate import assert_profile_round_trip
+    from profile_helpers import assert_profile_round_trip
 
     assert_profile_round_trip(tmp_path, "core_wait_ms", 0.0771,
                               {"core_wait_how": "600 cold reads beside decode"}, -0.1,

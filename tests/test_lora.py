@@ -114,7 +114,7 @@ def test_every_preset_gives_the_resident_adapted_tokens(arch, arch_model, tmp_pa
 
 
 def test_adapter_works_with_heads_on_every_path(tiny_random_converted, tmp_path):
-    from test_prerouter import _heads
+    from prerouter_helpers import _heads
 
     heads = _heads(tiny_random_converted, tmp_path / "pre", seed=1)
     ad = make_adapter(tiny_random_converted, tmp_path / "ad", seed=2, scale_b=0.2)
@@ -196,7 +196,7 @@ def test_a_damaged_adapter_file_is_kept(tiny_random_converted, tmp_path):
 def test_generate_flags(tiny_random_converted, model_copy, tmp_path, ssdmoe):
     """--lora applies; --no-lora serves without; with --prerouter the adapter trained for
     those heads under MODEL/lora is the default."""
-    from test_prerouter import _heads
+    from prerouter_helpers import _heads
 
     root = model_copy(tiny_random_converted)
     heads = _heads(root, root / "prerouter", seed=1)

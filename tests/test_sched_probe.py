@@ -43,7 +43,7 @@ def test_the_probe_takes_the_median_beside_spinners_and_checks_the_floor(monkeyp
 
 
 def test_reader_weight_round_trips_the_profile(tmp_path):
-    from tests.test_calibrate import assert_profile_round_trip
+    from profile_helpers import assert_profile_round_trip
 
     assert_profile_round_trip(tmp_path, "reader_cpu_weight", 447.0,
                               {"reader_weight_how": "2 processes every 1.5 ms"}, 0.5,

@@ -292,9 +292,10 @@ def test_the_busy_curve_is_eval_grown_per_fill_by_stall(tmp_path):
     eval 5.5, blocked 8.5 (stall 1.5 per fill); 1 ms: eval 6.0, blocked 16 (stall 3.0): the
     curve is (1.5, 0.1), (3.0, 0.2). Written to the profile, it loads back; a profile whose
     busy curve has one value too few is one clear line."""
+    from profile_helpers import MACHINE, compute, storage
+
     from calibration.profile_values import hardware_toml, hardware_values, write_hardware
     from calibration.stall_probe import curve
-    from tests.test_calibrate import MACHINE, compute, storage
 
     held = [_run(0, 1.0, 5, 0, 0), _run(0.5, 8.5, 5, 0, 0), _run(1.0, 16.0, 5, 0, 0)]
     held[1].eval_ms, held[2].eval_ms = 5.5, 6.0

@@ -52,7 +52,7 @@ def test_cached_student_forward_equals_the_whole_sequence(tiny_random_converted,
     """Incremental calls with a KV cache and PreroutedState route each position as one call
     over the whole sequence does (the predictions cross call boundaries)."""
     from mlx_lm.models.cache import make_prompt_cache
-    from test_prerouter import _heads
+    from prerouter_helpers import _heads
 
     pre = Prerouter.load(_heads(tiny_random_converted, tmp_path / "pre", seed=3))
     model, _ = load_resident(tiny_random_converted)
@@ -69,7 +69,7 @@ def test_cached_student_forward_equals_the_whole_sequence(tiny_random_converted,
 
 @pytest.fixture
 def setup(tiny_random_converted, tiny_random_dir, tmp_path):
-    from test_prerouter import _heads
+    from prerouter_helpers import _heads
 
     heads = _heads(tiny_random_converted, tmp_path / "pre", seed=1)
     text = tmp_path / "t.txt"

@@ -371,7 +371,8 @@ def _probes_markdown(out: Path) -> list[str]:
             continue
         st = read_json_object(stall)
         loop = st.get("loop", "lookahead")
-        lines += [f"**Waking after a stall, {loop} loop** (`stall_probe.py`, `{st['command']}`, "
+        lines += [f"**Waking after a stall, {loop} loop** (`calibration/stall_probe.py`, "
+                  f"`{st['command']}`, "
                   f"{st['date']}): each expert read held for an injected delay, measured and "
                   "simulated with and without the loop's stall curve (sim.stall_wake); "
                   f"per-thread run-queue waits in `{name}`. Per decode step, ms:", "",
