@@ -33,7 +33,7 @@ def no_eos(tiny_random_converted) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def server(tiny_random_converted):
     srv = Server(tiny_random_converted, "--preset", "on-demand", "--max-tokens-limit", "5000",
-                 "--model-id", "tiny", "--max-queue", "1", "--request-timeout", "4",
+                 "--model-id", "tiny", "--max-queue", "1", "--request-timeout", "2",
                  "--body-timeout", "1")
     yield srv
     code, err = srv.stop()
