@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from importlib import import_module
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from engine.manifest import (
     LayerEntry,
     Manifest,
     TensorEntry,
+    bundle_checksums,
     read_manifest,
     verify_files,
     write_manifest,
@@ -276,8 +278,9 @@ def convert(src: Path, dst: Path, bits: int | None = None, group_size: int | Non
             entry = {k: TensorEntry(offsets[f"experts.0.{k}"], stride, list(shape), dt,
                                     nbytes_of(shape[1:], dt))
                      for k, (shape, dt) in stacked.items()}
-        entries[i] = LayerEntry(i, ARCHS[mt].moe_attr, rel, entry,
-                                sum(t.nbytes for t in entry.values()))
+        plain = LayerEntry(i, ARCHS[mt].moe_attr, rel, entry,
+                           sum(t.nbytes for t in entry.values()))
+        entries[i] = replace(plain, bundle_crc32=bundle_checksums(dst / rel, plain))
         del tensors
     mx.clear_cache()
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -77,6 +79,9 @@ class LayerEntry:
     file: str  # relative path
     tensors: dict[str, TensorEntry]
     bundle_bytes: int
+    # zlib crc32 of each expert's slices in file order (engine.store checks cold reads against
+    # them where asked); empty in manifests converted before they were written
+    bundle_crc32: tuple[int, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -132,9 +137,24 @@ class Manifest:
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("root")
-        d["layers"] = [asdict(self.layers[i]) for i in self.moe_layers]
+        d["layers"] = [{k: v for k, v in asdict(self.layers[i]).items()
+                        if k != "bundle_crc32" or v} for i in self.moe_layers]
         d["bundle_bytes"] = self.bundle_bytes
         return d
+
+
+def bundle_checksums(path: Path, entry: LayerEntry) -> tuple[int, ...]:
+    """zlib crc32 of each expert's slices of `entry`'s file, in file order (what
+    LayerEntry.bundle_crc32 records)."""
+    out = []
+    with open(path, "rb") as f:
+        for e in range(entry.experts):
+            crc = 0
+            for name in entry.names:
+                offset, length = entry.expert_range(name, e)
+                crc = zlib.crc32(os.pread(f.fileno(), length, offset), crc)
+            out.append(crc)
+    return tuple(out)
 
 
 def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
@@ -164,9 +184,14 @@ def _parse(d: dict, root: Path) -> Manifest:
             missing |= {f"{p}.biases" for p in PROJECTIONS} - set(tensors)
         if missing:
             raise KeyError(f"layer {e['layer']} lacks tensors {sorted(missing)}")
+        crcs = tuple(int(c) for c in e.get("bundle_crc32", ()))
+        experts = next(iter(tensors.values())).shape[0]
+        if crcs and len(crcs) != experts:
+            raise ValueError(f"layer {e['layer']}: {len(crcs)} bundle checksums for {experts} "
+                             "experts")
         layers[int(e["layer"])] = LayerEntry(
             layer=int(e["layer"]), module=e["module"], file=e["file"], tensors=tensors,
-            bundle_bytes=int(e["bundle_bytes"]),
+            bundle_bytes=int(e["bundle_bytes"]), bundle_crc32=crcs,
         )
     return Manifest(
         model_type=d["model_type"], config=d["config"], quantization=d["quantization"],

@@ -46,6 +46,7 @@ import os
 import threading
 import time
 import warnings
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -105,6 +106,9 @@ class ExpertStore:
         # called on the reading thread as each read ends, inside its started..finished span
         # (calibration's stall probe holds reads there: a slower device, the device left out)
         self.read_hook: Callable[[], None] | None = None
+        # check each cold bundle read against the manifest's crc32 (where it has them): a
+        # file changed underneath or bad bytes from the device fail the read, not the reply
+        self.verify_cold = False
         if page_cache_budget is not None:
             platform.require_page_drop("page-cache budget")
         self.platform = platform.current()
@@ -368,9 +372,27 @@ class ExpertStore:
         `emit`). `known_cold`: a `read_bundle_if_warm` found it not cached (the kernel may
         have started reading it since), so the row says cold."""
         ranges = self._bundle_ranges(layer, expert)
-        runs = self._runs(layer, expert, ranges, self._views(layer, into))
-        return self._load(layer, expert, ranges, runs, source, thread, issued_ns, waited, emit,
-                          cold=True if known_cold else None, step=step)
+        views = self._views(layer, into)
+        runs = self._runs(layer, expert, ranges, views)
+        row = self._load(layer, expert, ranges, runs, source, thread, issued_ns, waited, emit,
+                         cold=True if known_cold else None, step=step)
+        if self.verify_cold and row["cold"]:
+            self._check_crc(layer, expert, views)
+        return row
+
+    def _check_crc(self, layer: int, expert: int, views: list[np.ndarray]) -> None:
+        """Raise ExpertReadError when the bundle just read is not the bytes the manifest's
+        crc32 describes (no checksums: nothing to check)."""
+        crcs = self.manifest.layers[layer].bundle_crc32
+        if not crcs:
+            return
+        crc = 0
+        for view in views:
+            crc = zlib.crc32(view.view(np.uint8).reshape(-1), crc)
+        if crc != crcs[expert]:
+            raise self._fail(self._files[layer], layer, expert,
+                             f"crc32 {crc:08x} where the manifest has {crcs[expert]:08x} (the "
+                             "file changed, or the device returned bad bytes)")
 
     def read_bundle_if_warm(self, layer: int, expert: int, into: Mapping[str, np.ndarray], *,
                             source: str = DEMAND, thread: str = "main",

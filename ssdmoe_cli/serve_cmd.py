@@ -88,6 +88,9 @@ def serve(
         "beyond, it ends with a 408.")] = 600.0,
     body_timeout: Annotated[float, typer.Option(
         "--body-timeout", help="Seconds to receive a request's body.")] = 30.0,
+    verify_reads: Annotated[bool, typer.Option(
+        "--verify-reads/--no-verify-reads", help="Check every cold expert read against the "
+        "manifest's crc32 (models converted with checksums).")] = True,
     cors_origins: Annotated[list[str] | None, typer.Option(
         "--cors-origin", help="Origin allowed to call from a browser (repeat it; default: "
         "any, '*'; 'none' turns CORS off).")] = None,
@@ -117,6 +120,7 @@ def serve(
     engine = load_served(model, preset, prerouter, no_prerouter, lora, no_lora, top_k, trace,
                          force, readers=readers)
     config = engine.config
+    engine.store.verify_cold = verify_reads
     rec = None if trace is None else start_recorder(trace, engine)
     m = engine.manifest
     cfg = ServeConfig(
@@ -126,6 +130,7 @@ def serve(
         body_timeout_s=body_timeout, cors_origins=origins,
         created=int(m.path(MANIFEST_FILE).stat().st_mtime),
         metadata={"preset": config.preset, "prerouter": config.prerouter, "lora": config.lora,
+                  "verify_reads": verify_reads,
                   "top_k": m.top_k,
                   "fingerprint": sha256_file(m.path(MANIFEST_FILE))[:12]})
     worker = Worker(engine, rec, max_queue=max_queue)

@@ -7,6 +7,7 @@ what it was before the change."""
 from __future__ import annotations
 
 import os
+import zlib
 
 import pytest
 
@@ -65,3 +66,48 @@ def test_a_changed_file_is_refused_dropped_and_trusted_again_when_restored(
     watch.check()  # matches the manifest again: trusted, reopened
     assert _gen(eng) == before
     eng.close()
+
+
+def test_cold_reads_are_checked_against_the_manifests_crc32(tiny_random_converted, model_copy):
+    """The converter records each bundle's crc32; a store asked to verify cold reads fails a
+    bundle whose bytes changed (here with the modification time put back, which the file watch
+    cannot see) and reads the others as before; unasked, it reads the bad bytes."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from engine.manifest import read_manifest
+    from engine.store import ExpertReadError, ExpertStore
+
+    root = model_copy(tiny_random_converted)
+    m = read_manifest(root)
+    layer = m.moe_layers[1]
+    entry = m.layers[layer]
+    path = root / entry.file
+    tensors = load_file(str(path))  # the reference: the file's own tensors, by name
+    for e in range(entry.experts):
+        crc = 0
+        for name in entry.names:
+            crc = zlib.crc32(np.ascontiguousarray(tensors[f"experts.{e}.{name}"]).tobytes(), crc)
+        assert crc == entry.bundle_crc32[e]
+
+    offset, _ = entry.expert_range(entry.names[0], 5)
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(offset + 17)
+        byte = f.read(1)
+        f.seek(offset + 17)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    def read(store: ExpertStore, expert: int) -> dict:
+        buffers = {n: np.zeros(s, dtype=dt) for n, (s, dt) in store.expert_shapes(layer).items()}
+        store.drop_page_cache(layer)
+        return store.read_bundle(layer, expert, buffers, emit=False)
+
+    with ExpertStore(m) as store:
+        store.verify_cold = True
+        with pytest.raises(ExpertReadError, match=r"crc32 .* where the manifest has"):
+            read(store, 5)
+        assert read(store, 6)["cold"]
+        store.verify_cold = False
+        assert read(store, 5)["cold"]  # unchecked: the bad bytes come back
