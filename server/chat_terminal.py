@@ -73,13 +73,13 @@ def run(session: ChatSession, banner: str, history: Path | None = None) -> None:
             stop.clear()
             previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
             try:
-                reply, dropped = session.reply(
-                    line, lambda s: (out.write(escape(s)), out.flush()), stop.is_set) \
-                    if _fits(session, line, out) else (None, 0)
+                _, dropped = session.reply(
+                    line, lambda s: (out.write(escape(s)), out.flush()), stop.is_set)
+            except BadInput as err:  # the turn does not fit: checked before generating
+                out.write(f"({err})\n")
+                continue
             finally:
                 signal.signal(signal.SIGINT, previous)
-            if reply is None:
-                continue
             out.write(" (stopped)\n" if stop.is_set() else "\n")
             if dropped:
                 out.write(f"(the oldest {dropped} turn{'s' * (dropped > 1)} no longer fit the "
@@ -98,15 +98,6 @@ def _plain_input(out) -> str | None:
     out.flush()
     line = sys.stdin.readline()
     return line.rstrip("\n") if line else None
-
-
-def _fits(session: ChatSession, line: str, out) -> bool:
-    try:
-        session.fit(line)
-    except BadInput as err:
-        out.write(f"({err})\n")
-        return False
-    return True
 
 
 def _command(session: ChatSession, text: str) -> str:

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,6 +20,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+
+from server.serve_process import ServeProcess
 
 PROMPT = "def parse(argv):\n    "
 RSS_GROWTH_LIMIT = 0.05  # RSS after the last repetition within 5% of after the first
@@ -41,50 +40,9 @@ class LoadSpec:
     serve_args: list[str] = field(default_factory=list)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rss_kib(pid: int) -> int:
     out = subprocess.run(["ps", "-o", "rss=", "-p", str(pid)], capture_output=True, text=True)
     return int(out.stdout.strip() or 0)
-
-
-class ServeProcess:
-    """`ssdmoe serve` on a free loopback port, ready when /health answers."""
-
-    def __init__(self, spec: LoadSpec, timeout: float = 300.0):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        exe = Path(sys.executable).parent / "ssdmoe"
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "ssdmoe_cli"]
-        self.proc = subprocess.Popen(
-            [*cmd, "serve", str(spec.model), "--port", str(self.port), "--preset", spec.preset,
-             "--model-id", "m", "--max-tokens-limit", str(spec.max_tokens), *spec.serve_args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stderr.read().strip()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("server did not become ready")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 def _body(spec: LoadSpec, client: int, request: int, stream: bool = False) -> dict:
@@ -108,7 +66,8 @@ def _leave_mid_stream(url: str, body: dict) -> bool:
 
 def _slow_body(url: str, body: dict, seconds: float) -> str:
     raw = json.dumps(body).encode()
-    pieces = [raw[i:i + max(len(raw) // 8, 1)] for i in range(0, len(raw), max(len(raw) // 8, 1))]
+    size = max(len(raw) // 8, 1)
+    pieces = [raw[i:i + size] for i in range(0, len(raw), size)]
 
     def trickle():
         for piece in pieces:
@@ -126,7 +85,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run_load(spec: LoadSpec, say=print) -> dict:
-    server = ServeProcess(spec)
+    server = ServeProcess(spec.model, "--preset", spec.preset, "--model-id", "m",
+                          "--max-tokens-limit", str(spec.max_tokens), *spec.serve_args)
     try:
         jobs = [(c, r) for c in range(spec.clients) for r in range(spec.requests)]
         say(f"sequential reference: {len(jobs)} requests")
@@ -137,7 +97,7 @@ def run_load(spec: LoadSpec, say=print) -> dict:
             say(f"repetition {rep + 1}/{spec.repeats}: {spec.clients} clients x "
                 f"{spec.requests} requests, {spec.leavers} leaving mid-stream, 1 slow body")
             reps.append(_repetition(spec, server, jobs, want, slow_want))
-        code = server.stop()
+        code, _ = server.stop()
     finally:
         server.stop()
     rss = [r["rss_kib"] for r in reps]
@@ -200,6 +160,7 @@ def _repetition(spec: LoadSpec, server: ServeProcess, jobs: list, want: dict,
         time.sleep(0.05)
         pending = httpx.get(f"{server.url}/health", timeout=10).json()["pending"]
     ends = sorted(got.values(), key=lambda g: g[1])  # by the server's arrival number
+    latencies = [g[3] - g[2] for g in got.values()]
     return {
         "wall_s": wall, "errors": errors,
         "outputs_equal": not errors and {k: v[0] for k, v in got.items()} == want,
@@ -207,9 +168,8 @@ def _repetition(spec: LoadSpec, server: ServeProcess, jobs: list, want: dict,
         "pending_after": pending, "rss_kib": _rss_kib(server.proc.pid),
         "leavers_ok": leavers == [True] * spec.leavers,
         "slow_body_equal": slow == [slow_want],
-        "latencies_s": [g[3] - g[2] for g in got.values()],
-        "p50_s": _percentile([g[3] - g[2] for g in got.values()], 50),
-        "p99_s": _percentile([g[3] - g[2] for g in got.values()], 99),
+        "latencies_s": latencies,
+        "p50_s": _percentile(latencies, 50), "p99_s": _percentile(latencies, 99),
     }
 
 

@@ -31,8 +31,6 @@ def unit(name: str, kind: type | str) -> str:
     for suffix, text in UNITS:
         if name.endswith(suffix):
             return text
-    if name.endswith("_ms"):
-        return "ms"
     kind = str(kind)
     if "bool" in kind:
         return "true/false"

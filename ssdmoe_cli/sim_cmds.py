@@ -284,6 +284,9 @@ def keys(
     if write is None:
         typer.echo(text, nl=False)
         return
-    write.parent.mkdir(parents=True, exist_ok=True)
-    write.write_text(text)
+    try:
+        write.parent.mkdir(parents=True, exist_ok=True)
+        write.write_text(text)
+    except OSError as err:
+        raise BadInput(f"{write}: cannot write ({err.strerror})") from None
     typer.echo(f"wrote {write}")

@@ -25,3 +25,11 @@ def test_every_key_has_a_meaning_and_a_source():
             assert f.metadata.get("help"), (cls.__name__, f.name)
             assert f.metadata.get("obtain"), (cls.__name__, f.name)
             assert f"| `{f.name}` |" in markdown()
+
+
+def test_a_reference_that_cannot_be_written_is_one_line(tmp_path, ssdmoe):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = ssdmoe("sim", "keys", "--write", str(blocker / "simulator.md"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "cannot write" in lines[0], r.stderr
