@@ -4,8 +4,11 @@ uses both the engine and the simulator: calibration/ sits above both."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,18 +44,38 @@ class Calibration:
     seconds: float
 
 
+# --quick: few repetitions (seconds, for tests; noisy)
+QUICK_COMPUTE: dict[str, Any] = {"steps": 4, "warmup": 2, "ks": (1, 4), "glu_reps": 4,
+                                 "prefill_tokens": 16, "handoff_reps": 200, "presets": ()}
+
+
+@contextmanager
+def _cold_copy(model_dir: Path, scratch: Path) -> Iterator[Path | None]:
+    """Where the platform cannot drop a file's pages (macOS), a never-cached copy of the model
+    in `scratch` for the cold-read probes (calibration.uncached_copy), removed afterwards;
+    None where pages can be dropped."""
+    from engine import platform
+
+    if platform.current().can_drop_pages:
+        yield None
+        return
+    from calibration.uncached_copy import uncached_copy
+
+    root = Path(tempfile.mkdtemp(prefix=".ssdmoe-cold-", dir=scratch))
+    try:
+        yield uncached_copy(model_dir, root / "model")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
               quick: bool = False) -> Calibration:
     """Measure storage (scratch file in `scratch_dir`, default: next to the model) and the
     engine's compute on `model_dir` (default: models/tiny-trained-stream, else tiny-random);
     return hardware and model profile values with how each was measured."""
     from calibration.compute_probes import measure_compute
-    from calibration.core_wait_probe import core_wait_how, measure_core_wait
-    from calibration.idle_probe import ARMS, measure_idle_slowdown
     from calibration.machine import facts
     from calibration.profile_values import hardware_values, now_text
-    from calibration.sched_probe import BURST_MS, PERIOD_MS, measure_reader_weight
-    from calibration.stall_probe import measure_stall_wake
     from calibration.storage_probes import measure_storage
     from sim.model_profile import profile_from_manifest
 
@@ -66,51 +89,11 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
     if quick:
         storage = measure_storage(scratch, scratch_bytes=32 << 20, per_size=4, rounds=1,
                                   threads=(1, 2))
-        compute, engine = measure_compute(model_dir, steps=4, warmup=2, ks=(1, 4), glu_reps=4,
-                                          prefill_tokens=16, handoff_reps=200, presets=())
     else:
         storage = measure_storage(scratch)
-        compute, engine = measure_compute(model_dir)
-        curves = measure_stall_wake(model_dir)
-        for loop, stall in (curves or {}).items():
-            prefix = "sync_" if loop == "sync" else ""
-            setattr(compute, f"{prefix}stall_points_ms", stall.stall_ms)
-            setattr(compute, f"{prefix}stall_wake_main_ms", stall.main_ms)
-            setattr(compute, f"{prefix}stall_wake_compute_ms", stall.compute_ms)
-            if stall.busy_stall_ms:
-                compute.busy_stall_points_ms = stall.busy_stall_ms
-                compute.busy_stall_compute_ms = stall.busy_compute_ms
-                compute.busy_stall_how = (
-                    f"{', '.join(f'{d:g}' for d in stall.busy_delays_ms)} ms of warm preads "
-                    f"before each expert read vs none, page cache warm, {stall.rounds} rounds "
-                    "rotated, medians of paired rounds")
-            compute.stall_wake_how = (
-                f"{', '.join(f'{d:g}' for d in stall.delays_ms)} ms held before each expert "
-                f"read vs none, page cache warm, {stall.rounds} rounds rotated, medians of "
-                "paired rounds")
-        weight = measure_reader_weight()
-        if weight is not None:
-            compute.reader_cpu_weight = weight.weight
-            compute.reader_weight_how = (
-                f"{weight.cores} processes waking together every {PERIOD_MS:g} ms for "
-                f"{BURST_MS:g} ms of CPU beside {weight.cores} spinning ones on {weight.cores} "
-                f"cores, {weight.rounds} rounds: median burst rate {weight.rate:.4f} of a core "
-                f"({weight.alone_rate:.4f} without the spinners, {weight.bursts} bursts); "
-                "weighted sharing gives a burst w / (w + 1), so w = r / (1 - r), at most 1000; "
-                "plain sharing would give 1/2")
-        wait = measure_core_wait(model_dir, scratch)
-        if wait is not None:
-            compute.core_wait_ms = wait.wait_ms
-            compute.core_wait_how = core_wait_how(wait)
-        idle = measure_idle_slowdown(model_dir)
-        for loop, found in (idle or {}).items():
-            prefix = "sync_" if loop == "sync" else ""
-            setattr(compute, f"{prefix}idle_util_points", found.util)
-            setattr(compute, f"{prefix}idle_slowdown", found.slowdown)
-            compute.idle_points[loop] = found.points
-            compute.idle_how = (
-                "sleeps of " + ", ".join(f"{s:g} ms every {n} steps" for s, n in ARMS if n)
-                + f" vs none, page cache warm, {found.rounds} rounds rotated")
+    with _cold_copy(model_dir, scratch) as cold_copy:
+        compute, engine = measure_compute(model_dir, cold_copy=cold_copy,
+                                          **(QUICK_COMPUTE if quick else {}))
     if (model_dir / "manifest.json").is_file():
         from calibration.queue_depth_probe import measure as measure_queue_depth
 

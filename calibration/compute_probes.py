@@ -329,13 +329,15 @@ def direct_bundle_ms(converted: Path, n: int = 48) -> float:
 def refused_warm_ms(converted: Path, n: int = 48) -> float:
     """The main thread asking whether a cold bundle is wholly in the page cache and being told
     no (ExpertStore.read_bundle_if_warm returning None, as engine.readers does for each demand
-    miss of a small bundle before it hands the reads out); nan when no page could be dropped."""
+    miss of a small bundle before it hands the reads out); nan when no page could be dropped.
+    Where pages cannot be dropped (macOS), `converted` is calibration.uncached_copy's copy."""
+    from engine import platform
     from engine.loader import open_manifest
 
     manifest = open_manifest(converted, verify=False)
     rng = np.random.default_rng(4)
     with ExpertStore(manifest) as store:
-        if store.drop_until_cold() > 0:
+        if platform.current().can_drop_pages and store.drop_until_cold() > 0:
             return float("nan")
         layers = manifest.moe_layers
         views = one_row_views(store, layers)
@@ -352,16 +354,21 @@ def refused_warm_ms(converted: Path, n: int = 48) -> float:
 
 def cold_read_times(converted: Path, n: int = 96) -> tuple[list[float], list[float]]:
     """(thread CPU ms, wall ms) of each cold bundle read through the engine's store, on this
-    thread, after dropping the expert files' pages; random bundles, the warm repeats left
-    out. Empty when no page could be dropped."""
+    thread, after dropping the expert files' pages (where pages cannot be dropped, macOS:
+    calibration.uncached_copy's copy, read by the store opened uncached, F_NOCACHE); random
+    bundles, the warm repeats left out. Empty when no page could be dropped."""
+    from engine import platform
     from engine.loader import open_manifest
 
     manifest = open_manifest(converted, verify=False)
     rng = np.random.default_rng(5)
     cpu: list[float] = []
     wall: list[float] = []
-    with ExpertStore(manifest) as store:
-        if store.drop_until_cold() > 0:
+    uncached = not platform.current().can_drop_pages
+    with ExpertStore(manifest, o_direct=uncached) as store:
+        if uncached and not store.direct:
+            return [], []
+        if not uncached and store.drop_until_cold() > 0:
             return [], []
         layers = manifest.moe_layers
         views = one_row_views(store, layers)
@@ -384,24 +391,32 @@ def cold_page_cpu(converted: Path, n: int = 48) -> tuple[float, float, int, int]
     pages, their page counts): the kernel's CPU for a cold read grows with its pages (page
     allocation, page-cache insertion, the copy), which one bundle size cannot tell apart from
     the per-request part. Plain preads of the model's own layer files, at random page-aligned
-    offsets, each file's pages dropped first; medians of `n` reads per size. (nan, nan, 0, 0)
-    when no page could be dropped."""
+    offsets, each file's pages dropped first (macOS: uncached reads, F_NOCACHE, of
+    calibration.uncached_copy's copy: they skip the page cache's fill); medians of `n` reads
+    per size. (nan, nan, 0, 0) when no page could be dropped."""
+    import mmap
+
+    from engine import platform
     from engine.loader import open_manifest
 
     manifest = open_manifest(converted, verify=False)
     files = sorted({converted / manifest.layers[i].file for i in manifest.moe_layers})
     small = max(-(-manifest.bundle_bytes // 4096) * 4096, 4096)
     rng = np.random.default_rng(11)
+    p = platform.current()
     out: list[float] = []
     for size in (small, small * PAGE_SPAN):
         cpu: list[float] = []
-        buf = bytearray(size)
+        buf = mmap.mmap(-1, size)  # page-aligned, as uncached reads may need
         for i in range(n):
             f = files[i % len(files)]
-            fd = os.open(f, os.O_RDONLY)
             try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                fd = p.open_buffered(str(f)) if p.can_drop_pages else p.open_uncached(str(f))
+            except OSError:
+                break  # uncached reads refused by this filesystem
+            try:
+                if p.can_drop_pages:
+                    p.drop_pages(fd)
                 span = os.fstat(fd).st_size - size
                 if span < 0:
                     continue
@@ -411,6 +426,7 @@ def cold_page_cpu(converted: Path, n: int = 48) -> tuple[float, float, int, int]
                 cpu.append((time.thread_time_ns() - c0) / 1e6)
             finally:
                 os.close(fd)
+        buf.close()
         out.append(float(np.median(cpu)) if cpu else float("nan"))
     return out[0], out[1], small // 4096, small * PAGE_SPAN // 4096
 
@@ -420,13 +436,15 @@ class Runner:
     take turns (round robin): every configuration then sees the same machine load, which
     matters for differences between them (the sync overhead) on a shared machine."""
 
-    def __init__(self, converted: Path, *, path_factory=None, preset: str | None = None):
+    def __init__(self, converted: Path, *, path_factory=None, preset: str | None = None,
+                 o_direct: bool = False):
         from mlx_lm.models.cache import make_prompt_cache
 
         from contract.engine_config import EngineConfig
         from engine.loader import load_streaming
 
-        config = EngineConfig.from_preset(preset) if preset else None
+        config = EngineConfig.from_preset(preset or "on-demand", o_direct=True) if o_direct \
+            else EngineConfig.from_preset(preset) if preset else None
         self.engine = load_streaming(converted, verify=False, path_factory=path_factory,
                                      config=config)
         self.model, self.tok, self.store = self.engine.model, self.engine.tokenizer, \
@@ -506,16 +524,19 @@ def _prefill_ms(model, tokenizer, tokens: int, reps: int) -> float:
 def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
                     ks: tuple[int, ...] = (1, 2, 4, 8), glu_reps: int = 30,
                     prefill_tokens: int = 128, handoff_reps: int = 2000,
-                    presets: tuple[str, ...] = ("hot", "staged")) -> tuple[ComputeResult,
-                                                                      dict[str, Any]]:
+                    presets: tuple[str, ...] = ("hot", "staged"),
+                    cold_copy: Path | None = None) -> tuple[ComputeResult, dict[str, Any]]:
     """ComputeResult for the simulator, plus the engine-side figures (dict) for the profile
     comments and the model profile (main-thread CPU per layer of each decode path, cold/warm
-    bundle reads, prefill)."""
-    from calibration.concurrent_reads import concurrent_read_ms
+    bundle reads, prefill). Cold reads drop the expert files' pages; where a platform cannot
+    (macOS) they read `cold_copy` (calibration.uncached_copy) uncached instead, and without it
+    the cold figures are not measured."""
+    from engine import platform
     from engine.loader import open_manifest
 
     t_start = time.perf_counter()
     converted = Path(converted)
+    drop = platform.current().can_drop_pages
     manifest = open_manifest(converted, verify=False)
     layers = len(manifest.moe_layers)
     glu = glu_times(converted, ks, glu_reps)
@@ -536,25 +557,32 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         round_robin(runners, steps, warmup)
         prefill_ms = _prefill_ms(runners["resident"].model, runners["resident"].tok,
                                  prefill_tokens, reps=2) if prefill_tokens else 0.0
-        cold_runner = runners["exact"]
+        warm_exact = runners["exact"].times
         for name, r in runners.items():
             if name != "exact":
                 r.close()  # their readers' reads could land after the drop
-        warm_exact = cold_runner.times
-        cold_runner.times = StepTimes()
-        for _ in range(2):  # cold reads: page cache dropped after a fresh prompt
-            cold_runner.restart(drop=True)
-            cold_runner.step()
-            cold_runner.step()
-        cold_loads = cold_runner.times.loads
+        cold_loads: list[dict] = []
+        if drop or cold_copy is not None:
+            if drop:
+                cold_runner = runners["exact"]
+                cold_runner.times = StepTimes()
+            else:  # macOS: the never-cached copy, read uncached (F_NOCACHE)
+                runners["exact"].close()
+                cold_runner = runners["exact_uncached"] = Runner(
+                    cold_copy, path_factory=lambda s, i: TimedExact(s, i), o_direct=True)
+            for _ in range(2):  # cold reads: page cache dropped after a fresh prompt
+                cold_runner.restart(drop=drop)
+                cold_runner.step()
+                cold_runner.step()
+            cold_loads = cold_runner.times.loads
     finally:
         for r in runners.values():
             r.close()
     direct_ms = direct_bundle_ms(converted)
-    refused_ms = refused_warm_ms(converted)
-    read_cpu, read_wall = cold_read_times(converted)
-    page_cpu = cold_page_cpu(converted)
-    concurrent = concurrent_read_ms(converted)
+    cold_from = converted if drop else cold_copy
+    refused_ms = refused_warm_ms(cold_from) if cold_from else float("nan")
+    read_cpu, read_wall = cold_read_times(cold_from) if cold_from else ([], [])
+    page_cpu = cold_page_cpu(cold_from) if cold_from else (float("nan"), float("nan"), 0, 0)
     exact_extra = exact_extra_ms(converted)
     wake, handoff = handoff_times(handoff_reps)
     first_layer = manifest.layers[manifest.moe_layers[0]]
@@ -614,7 +642,6 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         cold_read_wall_ms=float(np.median(read_wall)) if read_wall else float("nan"),
         cold_read_reps=len(read_cpu),
         cold_page_cpu=page_cpu,
-        concurrent_read_ms=concurrent,
         queue_ahead_ms=float(np.median([left for _, left, _ in queue_samples])),
         async_blocked_ms=float(np.median([blocked for blocked, _, _ in queue_samples])),
         dispatch_ms=float(np.median([cpu for _, _, cpu in queue_samples])),

@@ -1,10 +1,13 @@
 """This machine's facts for its hardware profile: RAM, what the OS holds, the cores and where
-MLX computes, read from /proc and the platform module when calibrate runs."""
+MLX computes, read when calibrate runs: from /proc on Linux, from sysconf and `vm_stat` on
+macOS."""
 
 from __future__ import annotations
 
 import os
 import platform
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +26,31 @@ def machine_line() -> str:
             f"{mem / GIB:.1f} GiB RAM, python {platform.python_version()}")
 
 
-def ram_gib() -> float:
+def ram_gib() -> tuple[float, str]:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) * 1024 / GIB, 2)
+                return round(int(line.split()[1]) * 1024 / GIB, 2), "/proc/meminfo MemTotal"
     except OSError:
         pass
-    return 16.0
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return round(total / GIB, 2), "sysconf SC_PHYS_PAGES x SC_PAGE_SIZE"
+
+
+def darwin_held(vm_stat: str) -> int:
+    """Bytes the page cache cannot take on macOS, from `vm_stat`'s output: wired pages, the
+    compressor's, and anonymous (app) memory less its purgeable part. What is left (free,
+    file-backed, purgeable) is the kernel's to give to file pages."""
+    size = re.search(r"page size of (\d+) bytes", vm_stat)
+    pages = {m.group(1).strip().strip('"'): int(m.group(2))
+             for m in re.finditer(r"^(.+?):\s+(\d+)\.?\s*$", vm_stat, re.M)}
+    need = ("Pages wired down", "Pages occupied by compressor", "Anonymous pages",
+            "Pages purgeable")
+    if size is None or any(k not in pages for k in need):
+        raise ValueError("vm_stat: not the output expected (page size, wired, compressor, "
+                         "anonymous, purgeable)")
+    return int(size.group(1)) * (pages["Pages wired down"] + pages["Pages occupied by compressor"]
+                                 + max(pages["Anonymous pages"] - pages["Pages purgeable"], 0))
 
 
 def os_reserve() -> tuple[float, str]:
@@ -41,13 +61,25 @@ def os_reserve() -> tuple[float, str]:
             key, _, rest = line.partition(":")
             info[key] = int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
-        return 2.0, "assumption (no /proc/meminfo): OS and other processes"
+        return _darwin_reserve()
     if "MemTotal" not in info or "MemAvailable" not in info:
         return 2.0, "assumption (no MemAvailable in /proc/meminfo): OS and other processes"
     held = (info["MemTotal"] - info["MemAvailable"]) / GIB
     return round(held, 2), (f"/proc/meminfo MemTotal - MemAvailable when calibrate ran "
                             f"({held:.2f} GiB, this process included): memory the OS and "
                             "other processes hold and will not give to the page cache")
+
+
+def _darwin_reserve() -> tuple[float, str]:
+    try:
+        out = subprocess.run(["vm_stat"], capture_output=True, text=True, timeout=10,
+                             check=True).stdout
+        held = darwin_held(out) / GIB
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return 2.0, "assumption (neither /proc/meminfo nor vm_stat): OS and other processes"
+    return round(held, 2), (f"vm_stat when calibrate ran: wired + compressor + anonymous - "
+                            f"purgeable pages ({held:.2f} GiB, this process included): memory "
+                            "the OS and other processes hold and will not give to the page cache")
 
 
 def host_cpu() -> dict[str, tuple[Any, str]]:
@@ -94,6 +126,6 @@ def facts(os_reserve_gib: float | None = None) -> dict[str, tuple[Any, str]]:
     reserve, reserve_how = os_reserve()
     if os_reserve_gib is not None:
         reserve, reserve_how = os_reserve_gib, "given"
-    return {"ram_gib": (ram_gib(), "/proc/meminfo MemTotal"),
+    return {"ram_gib": ram_gib(),
             "os_reserve_gib": (reserve, reserve_how), **host_cpu(),
             "page_cache_policy": page_cache_policy()}

@@ -65,8 +65,6 @@ class StorageResult:
     scratch_bytes: int
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
-    small_iops: dict[int, float] = field(default_factory=dict)  # threads -> aggregate reads/s
-    # (O_DIRECT random 4 KiB, median of 3 rounds)
 
 
 # ---------------------------------------------------------------------------------- fits
@@ -130,30 +128,6 @@ class ComputeResult:
     async_blocked_ms: float = float("nan")  # median time that async_eval blocked
     dispatch_ms: float = float("nan")  # median main-thread CPU inside that async_eval: MLX
     # prepares and dispatches a layer's operations on the calling thread (nan: not measured)
-    stall_points_ms: list[float] = field(default_factory=list)  # calibration.stall_probe's
-    stall_wake_main_ms: list[float] = field(default_factory=list)  # curve in the lookahead
-    stall_wake_compute_ms: list[float] = field(default_factory=list)  # loop (empty: not measured)
-    sync_stall_points_ms: list[float] = field(default_factory=list)  # ... and in the
-    sync_stall_wake_main_ms: list[float] = field(default_factory=list)  # synchronous loop
-    sync_stall_wake_compute_ms: list[float] = field(default_factory=list)
-    stall_wake_how: str = ""  # the probe's arms
-    busy_stall_points_ms: list[float] = field(default_factory=list)  # the stall probe's busy
-    busy_stall_compute_ms: list[float] = field(default_factory=list)  # holds, lookahead loop
-    busy_stall_how: str = ""
-    reader_cpu_weight: float = float("nan")  # calibration.sched_probe (nan: not measured)
-    reader_weight_how: str = ""
-    core_wait_ms: float = float("nan")  # calibration.core_wait_probe (nan: not measured)
-    core_wait_how: str = ""
-    idle_util_points: list[float] = field(default_factory=list)  # calibration.idle_probe's
-    idle_slowdown: list[float] = field(default_factory=list)  # curve, lookahead loop
-    sync_idle_util_points: list[float] = field(default_factory=list)  # ... and synchronous
-    sync_idle_slowdown: list[float] = field(default_factory=list)
-    idle_how: str = ""  # the probe's arms
-    concurrent_read_ms: dict[int, float] = field(default_factory=dict)  # threads -> wall of
-    # one cold bundle read with that many reading at once, paired per round with the read alone
-    # (calibration.concurrent_reads)
-    idle_points: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # per loop:
-    # the probe's points before pooling (sleep, every, position, average, slowdown, steps)
     queue_ahead_reps: int = 0  # routers timed
     bundle_reads: int = BUNDLE_RANGES  # the measured model's preads per bundle (one per tensor
     # slice of its first MoE layer)
@@ -229,17 +203,6 @@ def storage_values(st: StorageResult, c: ComputeResult | None = None,
         "memcpy_gbps": (round(memcpy, 3), f"1 / slope of warm pread time vs size (warm ms: "
                         f"{warm_txt})"),
     }
-    iops = st.small_iops
-    if 1 in iops and iops[1] > 0:
-        from sim.read_overlap import counts_from_one
-
-        n_max = counts_from_one(iops)
-        curve = [1.0] + [round(iops[n] / iops[1], 3) for n in range(2, n_max + 1)]
-        txt = ", ".join(f"{n}: {iops[n]:.0f}" for n in range(1, n_max + 1))
-        out["queue_speedup"] = (curve, (
-            f"O_DIRECT random 4 KiB reads with n threads, aggregate reads/s over one thread's "
-            f"(median of 3 rounds; reads/s = {txt}): how far concurrent small reads overlap "
-            "(sim.shared_device)"))
     return out
 
 
@@ -255,11 +218,6 @@ def direct_cold_overhead(st: StorageResult, c: ComputeResult,
     dev = values["ssd_latency_ms"][0] + b / (values["ssd_bandwidth_gbps"][0] * 1e9) * 1e3
     copy = b / (memcpy * 1e9) * 1e3 if memcpy else 0.0
     return max(c.direct_bundle_ms - dev - copy - values["load_overhead_ms"][0], 0.0)
-
-
-# the hardware key prefix of each decode loop's probe curves, and the loop in words
-PROBE_LOOPS = (("", "the lookahead loop (hot preset)"),
-               ("sync_", "the synchronous loop (on-demand preset)"))
 
 
 def _rounded(values: list[float]) -> list[float]:
@@ -361,54 +319,6 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             f"{c.async_blocked_ms:.3f} ms): MLX blocks the caller while more than 10 tasks are "
             "in flight, one operation each on its CPU backend (the sim's bounded queue, "
             "sim.compute_stream)"))
-    for prefix, loop in PROBE_LOOPS:
-        points = getattr(c, f"{prefix}stall_points_ms")
-        if not points:
-            continue
-        out[f"{prefix}stall_points_ms"] = (_rounded(points), (
-            f"calibration.stall_probe in {loop} ({c.stall_wake_how}): a fill's extra blocked "
-            "time per injected delay"))
-        main, compute = (("the main thread's extra run-queue wait per such fill (/proc "
-                          "schedstat): it waits for a core after the stall (sim.stall_wake)",
-                          "MLX's compute thread's, idle through the stall (its CPU per step "
-                          "unchanged)") if not prefix else
-                         ("the growth of graph building per such fill: the main thread's wait "
-                          "for a core after the stall, as far as it lands on the step "
-                          "(sim.stall_wake)",
-                          "the growth of eval per such fill: MLX's compute thread's wait, as far "
-                          "as it lands on the step (its run-queue wait lands mostly beside it)"))
-        out[f"{prefix}stall_wake_main_ms"] = (
-            _rounded(getattr(c, f"{prefix}stall_wake_main_ms")), main)
-        out[f"{prefix}stall_wake_compute_ms"] = (
-            _rounded(getattr(c, f"{prefix}stall_wake_compute_ms")), compute)
-    if c.busy_stall_points_ms:
-        out["busy_stall_points_ms"] = (_rounded(c.busy_stall_points_ms), (
-            f"calibration.stall_probe's busy hold in the lookahead loop ({c.busy_stall_how}: "
-            "the reading thread re-reads warm pages, the GIL let go per pread): a fill's extra "
-            "blocked time per hold"))
-        out["busy_stall_compute_ms"] = (_rounded(c.busy_stall_compute_ms), (
-            "the growth of eval per such fill: the compute thread's next work after a stall "
-            "the host spent busy, its run-queue wait flat (sim.stall_wake, read at a stall's "
-            "busy part)"))
-    if c.reader_cpu_weight == c.reader_cpu_weight:  # not nan
-        out["reader_cpu_weight"] = (round(c.reader_cpu_weight, 1), (
-            f"calibration.sched_probe ({c.reader_weight_how}): a reader thread's weight on the "
-            "shared cores against the other threads' 1 (sim.cpu)"))
-    if c.core_wait_ms == c.core_wait_ms:  # not nan
-        out["core_wait_ms"] = (round(max(c.core_wait_ms, 0.0), 4), (
-            f"calibration.core_wait_probe ({c.core_wait_how}): a thread back from the device "
-            "that finds every core busy waits this long for one (sim.cpu.Cores.woken)"))
-    for prefix, loop in PROBE_LOOPS:
-        points = getattr(c, f"{prefix}idle_util_points")
-        if not points:
-            continue
-        out[f"{prefix}idle_util_points"] = (_rounded(points), (
-            f"calibration.idle_probe in {loop} ({c.idle_how}): the kernel's 32 ms average of "
-            "'a thread of the process runs' at a step after a sleep"))
-        out[f"{prefix}idle_slowdown"] = (_rounded(getattr(c, f"{prefix}idle_slowdown")), (
-            "that step's build + eval over the same capture's steps further from any sleep, "
-            "less 1: CPU work runs this much slower after the process idled "
-            "(sim.idle_slowdown)"))
     if active_params and c.prefill_ms > 0 and c.prefill_tokens:
         tflops = 2 * active_params * c.prefill_tokens / (c.prefill_ms / 1e3) / 1e12
         out["compute_tflops"] = (round(tflops, 6), (
@@ -440,37 +350,7 @@ def hardware_values(st: StorageResult, c: ComputeResult, machine: dict[str, tupl
                            "reader threads (no main-thread copy): the write is the load itself"),
         **compute_values(c, active_params),
     }
-    overlap = read_overlap_value(values, c)
-    if overlap is not None:
-        values["queue_speedup"] = overlap
     return values
-
-
-def read_overlap_value(values: dict[str, tuple[Any, str]],
-                       c: ComputeResult) -> tuple[list[float], str] | None:
-    """queue_speedup fitted to the engine's concurrent cold bundle reads (sim.read_overlap),
-    continued past the most threads measured by the O_DIRECT probe's curve; None when they
-    were not measured."""
-    from sim.profiles import hardware_from_values
-    from sim.read_overlap import extend, fit_speedup
-
-    walls = c.concurrent_read_ms
-    if len(walls) < 2 or 1 not in walls:
-        return None
-    hw = hardware_from_values("calibrating", values)
-    curve = fit_speedup(hw, walls, c.bundle_bytes, c.bundle_reads)
-    small = values.get("queue_speedup")
-    shape = small[0] if small else []
-    full = extend(curve, shape, max(len(shape), len(curve)))
-    walls_txt = ", ".join(f"{n}: {w:.3f}" for n, w in sorted(walls.items()))
-    shape_txt = ", ".join(f"{v:g}" for v in shape) if shape else "not measured"
-    return full, (
-        f"fitted so that the sim's cold bundle reads on n threads at once take as much longer "
-        f"than one alone as the engine's did (calibration.concurrent_reads, sim.read_overlap; "
-        f"ms per read at n threads, the read alone times the median ratio paired within a "
-        f"round = {walls_txt}); past {len(curve)} threads it grows "
-        f"as the O_DIRECT random 4 KiB probe's speedup ({shape_txt}), never falling "
-        "(sim.read_overlap.extend, sim.shared_device)")
 
 
 def hardware_toml(values: dict[str, tuple[Any, str]], name: str, when: str, command: str,

@@ -1,8 +1,9 @@
 """The device's throughput against reads in flight, with the engine's own read size (one
 bundle of the model), and the reader count chosen from it (engine.queue_depth). Reads are
-O_DIRECT at random aligned offsets of a scratch file beside the model, n threads at once
-(`os.preadv` lets the GIL go, so they really queue at the device); each depth's figure is the
-median over rounds, the depths rotated within a round so drift spreads over all of them."""
+uncached (O_DIRECT; F_NOCACHE on macOS) at random aligned offsets of a scratch file beside the
+model, n threads at once (`os.preadv` lets the GIL go, so they really queue at the device);
+each depth's figure is the median over rounds, the depths rotated within a round so drift
+spreads over all of them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from calibration.storage_probes import queue_throughput, write_scratch
 from contract.errors import BadInput
 from contract.thresholds import ALIGN
-from engine import queue_depth
+from engine import platform, queue_depth
 from engine.manifest import read_manifest
 
 DEPTHS = (1, 2, 3, 4, 6, 8)
@@ -59,11 +60,13 @@ def measure(model_dir: Path, scratch_dir: Path | None = None, depths: tuple[int,
         path.unlink(missing_ok=True)
     curve = {n: statistics.median(v) for n, v in runs.items() if v}
     if not curve:
-        raise BadInput(f"{scratch_dir}: O_DIRECT reads refused on this filesystem: the queue "
+        raise BadInput(f"{scratch_dir}: {platform.current().uncached} reads refused on this "
+                       "filesystem: the queue "
                        "depth cannot be measured here (--dir elsewhere, on the model's device)")
-    how = (f"O_DIRECT random reads of {size} bytes (the bundle, {read_bytes} bytes, rounded to "
-           f"{ALIGN}) at random aligned offsets of a {scratch_bytes // MIB} MiB scratch file in "
-           f"{scratch_dir}, {per_thread} per thread, median of {rounds} rounds, depths rotated")
+    how = (f"{platform.current().uncached} random reads of {size} bytes (the bundle, "
+           f"{read_bytes} bytes, rounded to {ALIGN}) at random aligned offsets of a "
+           f"{scratch_bytes // MIB} MiB scratch file in {scratch_dir}, {per_thread} per "
+           f"thread, median of {rounds} rounds, depths rotated")
     queue_depth.write(model_dir, curve, read_bytes, how)
     return QueueDepth(curve, read_bytes, queue_depth.choose(curve), how,
                       time.perf_counter() - t0)

@@ -1,8 +1,11 @@
-"""Storage probes: real reads of a scratch file next to the model, with plain syscalls, dropped
-from the page cache with fdatasync + POSIX_FADV_DONTNEED before every cold batch (Linux: the
-command says so in one line elsewhere). What each measures, and how calibration.profile_values
-fits it, is in that module's docstring. Every timing is `cost`, the 10th percentile of its
-repeats."""
+"""Storage probes: real reads of a scratch file next to the model, with plain syscalls through
+the engine's platform seam (engine.platform). Cold reads: on Linux the engine's buffered
+descriptor with the file's pages dropped (fdatasync + POSIX_FADV_DONTNEED) before every cold
+batch; on macOS, which cannot drop one file's pages, the scratch file is written and read
+through uncached descriptors (F_NOCACHE), so its reads come from the device. Device latency,
+bandwidth and queue depth use the uncached descriptor on both (O_DIRECT, F_NOCACHE). What each
+measures, and how calibration.profile_values fits it, is in that module's docstring. Every
+timing is `cost`, the 10th percentile of its repeats."""
 
 from __future__ import annotations
 
@@ -16,22 +19,40 @@ import numpy as np
 
 from calibration.profile_values import DEFAULT_SIZES, MIB, StorageResult, cost
 from contract.thresholds import ALIGN
+from engine import platform
 
 
 def _drop(fd: int) -> None:
-    os.fdatasync(fd)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    platform.current().flush(fd)
+    platform.current().drop_pages(fd)
 
 
 def write_scratch(path: Path, nbytes: int, seed: int = 0) -> None:
-    """Incompressible bytes, synced to the device (dirty pages cannot be dropped)."""
+    """Incompressible bytes, synced to the device (dirty pages cannot be dropped). Where the
+    platform cannot drop a file's pages, written through an uncached descriptor from an
+    aligned buffer, so that none of it stays in the page cache."""
     rng = np.random.default_rng(seed)
     chunk = 8 * MIB
-    with open(path, "wb") as f:
+    p = platform.current()
+    if p.can_drop_pages:
+        with open(path, "wb") as f:
+            for _ in range(nbytes // chunk):
+                f.write(rng.integers(0, 256, chunk, dtype=np.uint8).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        return
+    buf = mmap.mmap(-1, chunk)  # page-aligned: uncached writes may require it
+    fd = p.create_uncached(str(path))
+    try:
         for _ in range(nbytes // chunk):
-            f.write(rng.integers(0, 256, chunk, dtype=np.uint8).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
+            buf[:] = rng.integers(0, 256, chunk, dtype=np.uint8).tobytes()
+            done = 0
+            while done < chunk:
+                done += os.write(fd, memoryview(buf)[done:])
+        p.flush(fd)
+    finally:
+        os.close(fd)
+        buf.close()
 
 
 def _pread_all(fd: int, buf: memoryview, offset: int) -> None:
@@ -53,38 +74,52 @@ def _offsets(rng: np.random.Generator, file_bytes: int, size: int, n: int) -> li
 
 def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: int,
                    seed: int = 0) -> tuple[list[float], list[float]]:
-    """Median cold and warm buffered pread time (ms) per size."""
+    """Median cold and warm pread time (ms) per size, on the engine's buffered descriptor
+    (engine.platform open_buffered). Cold: its pages dropped first, or, where the platform
+    cannot drop them, through an uncached descriptor; warm: the same offsets again, buffered
+    (first read once untimed where the cold reads did not fill the page cache)."""
+    p = platform.current()
     rng = np.random.default_rng(seed)
-    fd = os.open(path, os.O_RDONLY)
+    fd = p.open_buffered(str(path))
+    cold_fd = fd if p.can_drop_pages else p.open_uncached(str(path))
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         file_bytes = os.fstat(fd).st_size
         cold: dict[int, list[float]] = {s: [] for s in sizes}
         warm: dict[int, list[float]] = {s: [] for s in sizes}
-        buf = np.empty(max(sizes), dtype=np.uint8)
+        buf = mmap.mmap(-1, -(-max(sizes) // ALIGN) * ALIGN)  # aligned, for uncached reads
         for _ in range(rounds):
             for size in sizes:
                 view = memoryview(buf)[:size]
                 offsets = _offsets(rng, file_bytes, size, per_size)
-                _drop(fd)
+                if p.can_drop_pages:
+                    _drop(fd)
                 for off in offsets:
                     t0 = time.perf_counter()
-                    _pread_all(fd, view, off)
+                    _pread_all(cold_fd, view, off)
                     cold[size].append((time.perf_counter() - t0) * 1e3)
+                if cold_fd != fd:
+                    for off in offsets:
+                        _pread_all(fd, view, off)
                 for off in offsets:
                     t0 = time.perf_counter()
                     _pread_all(fd, view, off)
                     warm[size].append((time.perf_counter() - t0) * 1e3)
-        _drop(fd)
+                view.release()
+        if p.can_drop_pages:
+            _drop(fd)
+        buf.close()
         return ([cost(cold[s]) for s in sizes],
                 [cost(warm[s]) for s in sizes])
     finally:
         os.close(fd)
+        if cold_fd != fd:
+            os.close(cold_fd)
 
 
 def _direct_fd(path: Path) -> int | None:
+    """An uncached descriptor (O_DIRECT, F_NOCACHE); None where the filesystem refuses it."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECT)
+        return platform.current().open_uncached(str(path))
     except (OSError, AttributeError):
         return None
 
@@ -163,23 +198,9 @@ def queue_throughput(path: Path, threads: tuple[int, ...] = (1, 2, 4, 8), size: 
     return out
 
 
-def small_read_speedup(path: Path, max_threads: int = 8, size: int = 4096,
-                       per_thread: int = 100, rounds: int = 3) -> dict[int, float]:
-    """Median over `rounds` of the aggregate rate of n threads doing O_DIRECT random reads of
-    `size` (reads/s), n = 1..max_threads: how far small concurrent reads overlap."""
-    runs = [queue_throughput(path, tuple(range(1, max_threads + 1)), size, per_thread,
-                             seed=10 + r) for r in range(rounds)]
-    out = {}
-    for n in range(1, max_threads + 1):
-        got = [run[n] for run in runs if n in run]
-        if got:
-            out[n] = float(np.median(got)) * 1e9 / size
-    return out
-
-
 def _direct_worker(path: Path, size: int, offsets: list[int], barrier: threading.Barrier,
                    errors: list[BaseException]) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    fd = platform.current().open_uncached(str(path))
     buf = mmap.mmap(-1, size)
     view = memoryview(buf)
     try:
@@ -214,13 +235,17 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
         lat = direct_latency_ms(path)
         seq = direct_sequential_gbps(path)
         queue = queue_throughput(path, threads)
-        small = small_read_speedup(path)
     finally:
         path.unlink(missing_ok=True)
     notes = []
+    uncached = platform.current().uncached
+    if not platform.current().can_drop_pages:
+        notes.append(f"{platform.current().name}: no page drops, so the scratch file was "
+                     f"written and its cold reads made through {uncached} descriptors (device "
+                     "reads without the page cache's fill)")
     if lat is None or seq is None:
-        notes.append("O_DIRECT refused by this filesystem: latency and bandwidth from buffered "
-                     "cold reads only")
+        notes.append(f"{uncached} refused by this filesystem: latency and bandwidth from "
+                     "buffered cold reads only")
     return StorageResult(list(sizes), cold, warm, lat if lat is not None else -1.0,
                          seq if seq is not None else -1.0, queue, str(directory), scratch_bytes,
-                         time.perf_counter() - t0, notes, small)
+                         time.perf_counter() - t0, notes)

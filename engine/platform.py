@@ -4,6 +4,7 @@
   buffered open       O_RDONLY, POSIX_FADV_RANDOM     O_RDONLY, fcntl(F_RDAHEAD, 0)
                       (a read caches only its pages)  (read-ahead off)
   uncached open       O_DIRECT (aligned reads)        fcntl(F_NOCACHE, 1)
+  uncached create     O_DIRECT (aligned writes)       fcntl(F_NOCACHE, 1)
   non-blocking probe  preadv(RWF_NOWAIT)              none: residency by mincore
   residency           mincore                         mincore (only bit 0 is defined:
                                                       masked; `ResidencyProbe`)
@@ -64,6 +65,10 @@ class Linux:
     def open_uncached(self, path: str) -> int:
         return os.open(path, os.O_RDONLY | os.O_DIRECT)
 
+    def create_uncached(self, path: str) -> int:
+        """A new file whose writes bypass the page cache (aligned buffers and lengths)."""
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+
     def drop_pages(self, fd: int, offset: int = 0, length: int = 0) -> None:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
@@ -111,6 +116,14 @@ class MacOS:
 
     def open_uncached(self, path: str) -> int:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.fcntl(fd, F_NOCACHE, 1)
+        return fd
+
+    def create_uncached(self, path: str) -> int:
+        """A new file whose writes do not stay in the page cache (F_NOCACHE): with no way to
+        drop a file's pages, this is how a scratch file starts cold."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+                     0o644)
         self.fcntl(fd, F_NOCACHE, 1)
         return fd
 

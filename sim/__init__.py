@@ -7,14 +7,8 @@ schema as a measured one.
 
   scenario.py        Hardware / ModelProfile / Scenario dataclasses
   profiles.py        TOML loading, validation, --set key=value overrides
-  sharing.py         processor sharing, the mechanism of cpu.py and shared_device.py
-  cpu.py             the host's cores: processor sharing among every thread that computes,
-                     reader threads weighted (the kernel serves a short waking burst first)
-  piecewise.py       a measured curve read between its points (idle_slowdown, stall_wake)
-  idle_slowdown.py   work runs slower while the process has recently been mostly idle (the
-                     kernel's utilization average packs threads that slept onto one core)
-  stall_wake.py      after a fill stalled with the process idle, the threads wait for a core;
-                     after one the host spent busy, the compute thread's next work runs late
+  sharing.py         processor sharing, the mechanism of cpu.py
+  cpu.py             the host's cores: processor sharing among every thread that computes
   gil.py             Python's interpreter lock: graph building vs readers' bookkeeping, its
                      hand-over to a thread that slept on it, and the main thread taking it
                      back after an MLX call or a wait that let go of it
@@ -27,9 +21,6 @@ schema as a measured one.
                      a cold read's kernel CPU running beside its device time
   storage.py         the device, closed form (queue depth, latency, shared bandwidth)
   device_process.py  the same device as SimPy resources: the reference the closed form equals
-  shared_device.py   a device whose concurrent small reads overlap in part (a measured
-                     speedup curve): processor sharing over the requests' latency
-  read_overlap.py    that curve fitted to the engine's own concurrent cold bundle reads
   bisection.py       where a decreasing function crosses a target (the fits that run the sim)
   token_bucket.py    a read throttle in front of it: the kernel's blk-throttle (a slice's
                      bytes at full speed, then a wait) or a token bucket (a cloud disk)
@@ -58,7 +49,7 @@ names, thresholds) and traces/ (the schema, load sources):
   engine/readers.py (reader threads, help_reads)   reader_threads.py, gil.py
   engine/store.py (reads, cold/warm, budget),      loads.py (bundle_reads: 1 bundled, one
     engine/read_plan.py (vectored reads),            per slice stacked), page_cache.py,
-    engine/manifest.py (layout)                      storage.py, shared_device.py, token_bucket.py
+    engine/manifest.py (layout)                      storage.py, token_bucket.py
                                                    (engine/throttle.py), model_profile.py
   engine/paths/exact.py                            policies.py Exact (path "exact")
   engine/paths/hot.py                              policies.py Hot (path "hot"), lru.py

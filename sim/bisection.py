@@ -1,5 +1,5 @@
 """Where a decreasing function of one value crosses a target: the fits that run the sim itself
-(sim.read_overlap, sim.routing_fit) invert it this way."""
+(sim.routing_fit) invert it this way."""
 
 from __future__ import annotations
 

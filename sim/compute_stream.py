@@ -15,10 +15,10 @@ order, one item at a time.
                               the host runs only a few operations ahead (on Metal a task is a
                               command buffer of many: unbounded, `queue_ahead_s` None)
 
-  wake-up after a stall the compute thread, idle while the main thread was blocked on loads,
-                              waits for a core before it runs the next work it is handed
-                              (`wake_after`: sim.stall_wake's curve, measured by
-                              calibration.stall_probe); only if it is idle by then
+  wake-up after a stall the compute thread, idle while the main thread was blocked on a cold
+                              load, starts the next work it is handed late (`wake_after`:
+                              the scenario's cold_fill_compute_ms, fitted inside decode);
+                              only if it is idle by then
 
 `submit` queues an item; `submit_async` queues it and returns the event the host waits on for
 the bounded queue (None: no wait); `sync` returns an event that fires when everything queued so

@@ -7,9 +7,8 @@ Where a load's bytes are decides its cost, on the thread doing it (main or a rea
                 (device_bundle_bytes; the edge pages shared with a neighbouring expert that
                 the page cache holds are not read again; without readahead one request per
                 range, bundle_reads, but for the slices in a page the expert's page group
-                shares while that page is cached: sim.page_cache; sim.storage or
-                sim.shared_device: throttle, queueing,
-                latency, bytes / bandwidth; no CPU while it is in flight), then the bundle
+                shares while that page is cached: sim.page_cache; sim.storage: throttle,
+                queueing, latency, bytes / bandwidth; no CPU while it is in flight), then the bundle
                 enters the page cache, then the copy, the per-read work and the fault work of
                 the cold pieces (cold pieces x cold_overhead: page faults, VM mapping)
                 beside the device time, a cold bundle's CPU that this leaves out: the hardware's
@@ -18,9 +17,7 @@ Where a load's bytes are decides its cost, on the thread doing it (main or a rea
                 fault and per-read work, on the shared cores
                 while its requests are in flight (the kernel's work submitting and completing
                 them). It does not lengthen a read the cores have room for; it competes with
-                graph building and compute where a read runs beside them (a lead's prefetches);
-                back from each device request the thread waits for a core if every one is
-                busy (sim.cpu.Cores.woken: one wake per pread, as the engine's)
+                graph building and compute where a read runs beside them (a lead's prefetches)
 With the engine's emulated page-cache budget, each bundle a fill pushes out costs the reading
 thread `budget_evict_ms` of CPU after the read (the store drops its pages), before the load is
 done: a thread waiting on it waits through the drops, as on a ticket in engine.readers.
@@ -32,10 +29,8 @@ bundle's pages, one wake, one GIL hand-back). In the stacked (version-1) layout 
 pread per tensor slice and each takes the GIL back, so with the GIL modelled a cold load runs
 slice by slice (`_by_syscall`), and slices under a page share it (sim.page_cache): those
 mechanisms stay for traces of that layout and do nothing at bundle_reads 1.
-`read_hold_ms` (Scenario) holds every expert read that long first, as calibration.stall_probe's
-sleep does: no CPU, the GIL let go (its replays, reports/validation/stall_curves.py); with
-`read_hold_busy` the hold is that much CPU on the reading thread, the GIL let go, as the probe's
-busy hold (reports/validation/busy_stall_probe.py).
+`read_hold_ms` (Scenario) holds every expert read that long first: no CPU, the GIL let go;
+with `read_hold_busy` the hold is that much CPU on the reading thread, the GIL let go.
 All of it is CPU time on the host's shared cores (sim.cpu), so a load slows down when graph
 building and compute run beside it, and slows them in turn.
 A bundle may be read as several pieces (tensor-wise partial reads, `*_pieces`): with readahead
@@ -54,7 +49,6 @@ from sim.cpu import Cores
 from sim.gil import Gil
 from sim.page_cache import PageCache
 from sim.scenario import Hardware
-from sim.shared_device import SharedDevice
 from sim.storage import Device
 
 
@@ -86,7 +80,7 @@ class Load:
 class Fetcher:
     """Performs loads against the page cache and the device; keeps the load log."""
 
-    def __init__(self, env: simpy.Environment, hw: Hardware, device: Device | SharedDevice,
+    def __init__(self, env: simpy.Environment, hw: Hardware, device: Device,
                  page_cache: PageCache, cores: Cores, experts: int, bundle_bytes: int,
                  device_bundle_bytes: int = 0, evict_ms: float = 0.0,
                  gil: Gil | None = None, bundle_reads: int = 1, hold_ms: float = 0.0,
@@ -186,7 +180,6 @@ class Fetcher:
             evicted = 0
             if cold_bytes:
                 yield from self._device_read(cold_bytes, requests, thread, beside)
-                yield from self._woken()
                 evicted = self._fill(load) if fill else 0
             if not cold_bytes and self.gil.enabled and self.slices_take_the_gil:
                 # a warm pread returns before a waiting thread is awake: the whole load,
@@ -245,7 +238,6 @@ class Fetcher:
                 last = i == requests - 1
                 yield from self._device_read(cold_bytes - share * i if last else share, 1,
                                              thread, beside / requests)
-                yield from self._woken()
                 if last and fill:
                     evicted = self._fill(load)
             kernel = copy / syscalls + (faults / requests if i < requests else 0.0)
@@ -254,29 +246,16 @@ class Fetcher:
             yield from self.gil.run(self.cores, python, thread)
         return evicted
 
-    def _woken(self) -> Generator:
-        """Back from the device, the reading thread waits for a core if every one is busy
-        (sim.cpu.Cores.woken)."""
-        wait = self.cores.woken()
-        if wait is not None:
-            yield wait
-
     def _device_read(self, nbytes: int, requests: int, thread: str = "",
                      beside: float = 0.0) -> Generator:
         """The device read of `nbytes` in `requests`; with `beside`, that much CPU on
         `thread`'s behalf runs on the cores meanwhile, and the read is done when both are."""
         env = self.env
-        if isinstance(self.device, SharedDevice):
-            if beside <= 0:
-                yield from self.device.read(nbytes, requests)
-                return
-            device = env.process(self.device.read(nbytes, requests))
-        else:
-            _, io_end = self.device.read(env.now, nbytes, requests)
-            device = env.timeout(io_end - env.now)
-            if beside <= 0:
-                yield device
-                return
+        _, io_end = self.device.read(env.now, nbytes, requests)
+        device = env.timeout(io_end - env.now)
+        if beside <= 0:
+            yield device
+            return
         yield env.all_of([device, self.cores.work(beside, thread)])
 
     def _fill(self, load: Load) -> int:

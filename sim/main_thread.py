@@ -65,7 +65,6 @@ from sim.policies import Policy
 from sim.reader_threads import INLINE_WARM_BYTES, ReaderThreads
 from sim.record import StepLog
 from sim.scenario import Scenario
-from sim.stall_wake import StallWake
 from sim.swap import Swap
 from traces.schema import DEMAND, PREFETCH, WHOLE_LAYER
 
@@ -110,9 +109,6 @@ class MainThread:
         self.slot_update_s = hw.slot_update_ms / 1e3
         self.refused_warm_s = hw.refused_warm_ms / 1e3
         self.lookahead = sc.lookahead
-        self.stall_wake = StallWake.for_loop(hw, sc.lookahead)
-        if self.stall_wake.reads_idle:
-            cores.track_activity()  # a stall's idle and busy parts (_execute_layer)
         owners = [policy.head_owner(layer) for layer in range(m.layers)]  # fixed per run
         self.layer_build_s = [self.build_s + (self.head_build_s if o else 0.0) for o in owners]
         self.layer_attn_s = [self.attn_s + (self.head_s if o else 0.0) for o in owners]
@@ -127,7 +123,7 @@ class MainThread:
 
     # -- primitives (each a SimPy sub-process: `yield from`) --------------------------------
     def begin_step(self) -> None:
-        self.build = self.eval = self.blocked = self.blocked_idle = 0.0
+        self.build = self.eval = self.blocked = 0.0
         self.cold_waits = 0  # loads waited on that were cold (a fill's cold stall)
         self.hits = self.misses = 0
         self.evictions0 = self.lru.evictions + self.slots.evictions
@@ -180,9 +176,9 @@ class MainThread:
                     and not self.sc.o_direct:  # (O_DIRECT: never asked)
                 # the engine asked the page cache first and was refused (engine.readers.wait):
                 # main-thread work inside the fill's wait, so blocked time
-                start, active = self.env.now, self.cores.active_s()
+                start = self.env.now
                 yield from self.gil.run(self.cores, self.refused_warm_s, MAIN_THREAD)
-                self._blocked(start, active)
+                self._blocked(start)
             if not hold:
                 self.readers.submit(load)
         else:  # the main thread reads it now and is blocked meanwhile
@@ -195,12 +191,12 @@ class MainThread:
         pool's ticket (engine.readers.wait times the wait up to the ticket's event, set after
         the drops); a path without readers reads inside graph building or a fill (the exact
         path: engine.store's load row ends before the drops), so there they are that work."""
-        start, active = self.env.now, self.cores.active_s()
+        start = self.env.now
         yield from self.fetcher.perform(load, MAIN_THREAD)
         self._waited_on(load)
         end = self.env.now if self.readers is not None else load.finished
         load.wait += end - start
-        self._blocked(start, active, end)
+        self._blocked(start, end)
         after = self.env.now - end
         if after > 0:
             if self.lookahead:
@@ -222,14 +218,14 @@ class MainThread:
             if self.sc.help_reads:  # no reader has started it: the main thread reads it
                 yield from self._perform_here(load)  # (the reader that finds it skips it)
                 return
-        start, active = self.env.now, self.cores.active_s()
+        start = self.env.now
         yield load.done
         if self.readers is not None:
             yield self.env.timeout(self.readers.handoff_s)
         yield from self.gil.take_back()  # the wait let go of it (sim.gil)
         self._waited_on(load)
         load.wait += self.env.now - start
-        self._blocked(start, active)
+        self._blocked(start)
 
     def _waited_on(self, load: Load) -> None:
         """The main thread waited on `load` (or read it itself): a cold one is a cold stall."""
@@ -241,18 +237,13 @@ class MainThread:
         out (sim.swap), then a swap-in read on the main thread."""
         cost = self.swap.hit_cost(self.env.now, self.bundle_bytes)
         if cost > 0:
-            start, active = self.env.now, self.cores.active_s()
+            start = self.env.now
             yield self.env.timeout(cost)
-            self._blocked(start, active)
+            self._blocked(start)
 
-    def _blocked(self, start: float, active: float, end: float | None = None) -> None:
-        """The main thread was blocked from `start` (the cores' active time `active` then) to
-        `end` (now): blocked time, and its part with no thread of the process running (up to
-        now), which is what wakes threads late after a stall (sim.stall_wake)."""
-        end = self.env.now if end is None else end
-        self.blocked += end - start
-        idle = self.env.now - start - (self.cores.active_s() - active)
-        self.blocked_idle += max(min(end - start, idle), 0.0)
+    def _blocked(self, start: float, end: float | None = None) -> None:
+        """The main thread was blocked from `start` to `end` (now)."""
+        self.blocked += (self.env.now if end is None else end) - start
 
     # -- caches -----------------------------------------------------------------------------
     def stage(self, step: int, layer: int, predicted: list[int]) -> Generator:
@@ -426,33 +417,16 @@ class MainThread:
                        charge: Callable[[float], Generator]) -> Generator:
         """Get `layer`'s executed experts in place (staged slots, or a sync on the router then
         the caches and demand loads), charge the slot rewrites to `charge` (graph building in
-        the synchronous loop, fill work in the lookahead loop) and log the set. A main thread
-        blocked on the loads, and the compute thread idle meanwhile, wait for a core before
-        they run again (sim.stall_wake, read at the stall's idle part): the main thread's wait
-        is blocked time in the lookahead loop, and graph building in the synchronous one, where
-        the stall probe saw it land (build grew by half to two thirds of the main thread's
-        run-queue wait)."""
-        idle, blocked, cold = self.blocked_idle, self.blocked, self.cold_waits
+        the synchronous loop, fill work in the lookahead loop) and log the set. After a cold
+        stall the compute thread's next work starts late by the scenario's
+        `cold_fill_compute_ms` (fitted inside decode, per loop)."""
+        cold = self.cold_waits
         if self.policy.staged_layer(layer):
             executed = yield from self._staged_layer(step, row, layer)
         else:
             executed = yield from self._router_layer(step, row, layer)  # syncs on the router
-        # the stall's idle part (_blocked): a main thread reading a cold bundle itself, or
-        # readers copying one, keep the host awake; the probe's stalls were sleeps
-        stall = self.blocked_idle - idle
-        # and the busy part: the compute thread's next work runs late after it too
-        busy_wait = self.stall_wake.busy_compute_wait(self.blocked - blocked - stall)
-        if self.cold_waits > cold:  # a cold stall: fitted in decode, per loop
-            busy_wait += self.sc.cold_fill_compute_ms / 1e3
-        if stall > 0 or busy_wait > 0:
-            self.compute.wake_after(self.stall_wake.compute_wait(stall) + busy_wait)
-            wake = self.stall_wake.main_wait(stall)
-            if wake > 0:
-                yield self.env.timeout(wake)
-                if self.lookahead:
-                    self.blocked += wake
-                else:
-                    self.build += wake
+        if self.cold_waits > cold and self.sc.cold_fill_compute_ms > 0:
+            self.compute.wake_after(self.sc.cold_fill_compute_ms / 1e3)
         if self.policy.slots and self.slot_update_s:
             last = self.slots.last_call[layer]
             yield from charge(self.slot_update_s * sum(1 for e in executed if e not in last))

@@ -23,6 +23,7 @@ from sim.scenario import (
     HARDWARE_OPTIONAL,
     MODEL_KEYS,
     RENAMED,
+    RETIRED,
     SCENARIO_KEYS,
     Hardware,
     ModelProfile,
@@ -78,23 +79,9 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "compute_factor": (_positive, "must be > 0"),
     "cpu_cores": (_nonneg, "must be >= 0 (0 = not modelled)"),
     "background_cores": (_nonneg, "must be >= 0"),
-    "reader_cpu_weight": (lambda v: v >= 1, "must be >= 1 (1 = plain processor sharing)"),
-    "core_wait_ms": (_nonneg, "must be >= 0 (0 = a waking thread never waits for a core)"),
     "page_cache_floor_gib": (_nonneg, "must be >= 0"),
     "queue_ahead_ms": (_nonneg, "must be >= 0 (inf = the host never waits)"),
     "refused_warm_ms": (_nonneg, "must be >= 0"),
-    **{f"{loop}stall_points_ms": (lambda v: all(x > 0 for x in v) and v == sorted(set(v)),
-                                  "must be distinct stalls > 0 ms in ascending order")
-       for loop in ("", "sync_", "busy_")},
-    **{f"{loop}stall_wake_{who}_ms": (lambda v: all(x >= 0 for x in v), "must be >= 0")
-       for loop in ("", "sync_") for who in ("main", "compute")},
-    "busy_stall_compute_ms": (lambda v: all(x >= 0 for x in v), "must be >= 0"),
-    **{f"{loop}idle_util_points": (lambda v: all(0 <= x <= 1 for x in v)
-                                   and v == sorted(set(v)),
-                                   "must be distinct shares in [0, 1], ascending")
-       for loop in ("", "sync_")},
-    **{f"{loop}idle_slowdown": (lambda v: all(x >= 0 for x in v), "must be >= 0")
-       for loop in ("", "sync_")},
     "throttle_read_mbps": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_read_iops": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_burst_s": (_nonneg, "must be >= 0"),
@@ -116,8 +103,6 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "fill_ms_per_layer": (_nonneg, "must be >= 0"),
     "whole_layer_reads": (_positive, "must be >= 1"),
     "bundle_reads": (_positive, "must be >= 1"),
-    "queue_speedup": (lambda v: not v or (v[0] == 1.0 and all(x > 0 for x in v)),
-                      "must start at 1.0 (one read in flight) and stay > 0 (empty: not measured)"),
     "unembed_bytes": (_nonneg, "must be >= 0"),
     "device_bundle_bytes": (_nonneg, "must be >= 0 (0 = bundle_bytes)"),
     "shared_page_reads": (_nonneg, "must be >= 0 (0 = no slice shares a page)"),
@@ -228,6 +213,7 @@ def _fields(where: str, data: dict[str, Any], cls: type, keys: tuple[str, ...],
             required: bool) -> dict[str, Any]:
     types = _types(cls)
     allowed = set(keys) | {"name", "description"}
+    data = {k: v for k, v in data.items() if k not in RETIRED}
     for key in data:
         if key in RENAMED and key not in allowed:
             raise BadInput(f"{where}: {key}: renamed to {RENAMED[key]}")

@@ -19,7 +19,6 @@ from sim.compute_stream import ComputeStream
 from sim.cpu import Cores
 from sim.figures import SimFigures
 from sim.gil import Gil
-from sim.idle_slowdown import IdleSlowdown
 from sim.loads import Fetcher
 from sim.main_thread import MainThread
 from sim.memory_budget import MemoryBudget, budget
@@ -29,7 +28,6 @@ from sim.reader_threads import ReaderThreads
 from sim.record import loads_frame, routing_frame, steps_frame
 from sim.routing_input import RoutingInput, from_trace, synthetic
 from sim.scenario import GIB, Scenario
-from sim.shared_device import SharedDevice
 from sim.storage import Device
 from sim.swap import Swap
 from sim.token_bucket import make_throttle
@@ -76,7 +74,7 @@ class Model:
     """The simulated machine after a run: its processes, resources and memory."""
     main: MainThread
     fetcher: Fetcher
-    device: Device | SharedDevice
+    device: Device
     readers: ReaderThreads | None
     cores: Cores
     compute: ComputeStream
@@ -92,24 +90,17 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
         raise BadInput(f"{sc.source or sc.name}: lru_bytes: the hot path needs a bundle LRU of "
                        f"at least one bundle ({m.bundle_bytes} bytes)")
     env = simpy.Environment()
-    slots = Device(hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9, hw.queue_depth)
+    device = Device(hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9, hw.queue_depth)
     if hw.throttle_read_mbps > 0:
-        slots.throttle_bytes = make_throttle(hw.throttle_kind, hw.throttle_read_mbps * 1e6,
+        device.throttle_bytes = make_throttle(hw.throttle_kind, hw.throttle_read_mbps * 1e6,
                                              hw.throttle_burst_s)
     if hw.throttle_read_iops > 0:
-        slots.throttle_requests = make_throttle(hw.throttle_kind, hw.throttle_read_iops,
+        device.throttle_requests = make_throttle(hw.throttle_kind, hw.throttle_read_iops,
                                                 hw.throttle_burst_s)
-    # a measured speedup curve: concurrent reads share the device (sim.shared_device); the
-    # swap model's faults stay on the slot model (they do not queue with the loads then)
-    device = SharedDevice(env, hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9,
-                          hw.queue_speedup, slots.throttle_bytes, slots.throttle_requests) \
-        if hw.queue_speedup else slots
     # the exact path reads on the main thread (engine.paths.exact): no reader threads
     reader_threads = 0 if sc.path == "exact" else sc.readers
     threads = 1 + reader_threads + (1 if hw.compute_on_cpu else 0)  # main, readers, compute
-    cores = Cores(env, hw.cpu_cores, hw.background_cores, threads,
-                  IdleSlowdown.for_loop(hw, sc.lookahead), hw.reader_cpu_weight,
-                  hw.core_wait_ms)
+    cores = Cores(env, hw.cpu_cores, hw.background_cores, threads)
     queue_ahead_s = hw.queue_ahead_ms / 1e3 if math.isfinite(hw.queue_ahead_ms) else None
     compute = ComputeStream(env, cores if hw.compute_on_cpu else None, hw.lazy_compute,
                             hw.sync_overhead_ms / 1e3, queue_ahead_s=queue_ahead_s)
@@ -124,7 +115,7 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
                              hw.reader_wake_ms / 1e3)
                if reader_threads > 0 else None)
     lru = BundleLRU(sc.lru_bytes, m.bundle_bytes)
-    swap = Swap(mem.swapped, slots, hw.cold_overhead_ms / 1e3,
+    swap = Swap(mem.swapped, device, hw.cold_overhead_ms / 1e3,
                 (mem.resident + mem.kv) // m.layers)
     policy = make_policy(sc, routing.router, routing.predicted)
     main = MainThread(env, sc, policy, cores, compute, fetcher, readers, lru, swap)

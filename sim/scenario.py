@@ -31,6 +31,16 @@ RENAMED = {
                  "routing_skew_per_k")},
 }
 
+# Corrections for one VM's scheduler and device, retired after a held-out comparison
+# (reports/transfer/retired.md): an older profile that still has them loads, and
+# they are ignored.
+RETIRED = frozenset({
+    "reader_cpu_weight", "core_wait_ms", "queue_speedup",
+    "stall_points_ms", "stall_wake_main_ms", "stall_wake_compute_ms", "busy_stall_points_ms",
+    "busy_stall_compute_ms", "sync_stall_points_ms", "sync_stall_wake_main_ms",
+    "sync_stall_wake_compute_ms", "idle_util_points", "idle_slowdown", "sync_idle_util_points",
+    "sync_idle_slowdown"})
+
 
 def key(default: Any = MISSING, *, help: str, obtain: str = "") -> Any:
     """A profile or scenario key: its default and what docs/simulator.md says of it (what it
@@ -170,74 +180,15 @@ class Hardware:
     background_cores: float = key(0.0,
         help="cores other processes keep busy (a shared machine)",
         obtain="cores other processes keep busy (a shared machine's load)")
-    reader_cpu_weight: float = key(1.0,
-        help=("a reader thread's weight on the shared cores against the other threads' 1 "
-              "(sim.cpu): the kernel serves a thread waking for a short burst first "
-              "(calibration.sched_probe); 1 = plain processor sharing"),
-        obtain="measured by `ssdmoe calibrate` (calibration.sched_probe)")
-    core_wait_ms: float = key(0.0,
-        help=("a thread back from the device that finds every core busy waits this long for one "
-              "(calibration.core_wait_probe; sim.cpu); 0 = never"),
-        obtain="measured by `ssdmoe calibrate` (calibration.core_wait_probe)")
     page_cache_floor_gib: float = key(0.0,
         help=("file pages the kernel keeps before it pages out the engine's own memory "
               "(sim.swap); below it an oversubscribed engine faults"),
         obtain=("the kernel's floor of file pages before it pages out anonymous memory (min_free "
                 "and the watermarks on Linux)"))
-    queue_speedup: list[float] = key([],
-        help=("device request rate with n reads in flight over one's, n = 1, 2, ... "
-              "(sim.shared_device); empty: queue_depth slots"),
-        obtain=("measured by `ssdmoe calibrate` (calibration.concurrent_reads, fitted by "
-                "sim.read_overlap)"))
     refused_warm_ms: float = key(0.0,
         help=("main-thread cost of asking whether a demand miss is wholly in the page cache and "
               "being refused (engine.readers: small bundles, help_reads)"),
         obtain="measured by `ssdmoe calibrate` (an RWF_NOWAIT read refused)")
-    stall_points_ms: list[float] = key([],
-        help=("a fill's blocked time at which the waits below were measured in the lookahead "
-              "decode loop (sim.stall_wake; empty: not modelled)"),
-        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe)")
-    stall_wake_main_ms: list[float] = key([],
-        help=("the main thread's wait for a core after that stall, before it runs again "
-              "(calibration.stall_probe)"),
-        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe)")
-    stall_wake_compute_ms: list[float] = key([],
-        help=("the compute thread's, idle through the stall, before it runs the next work it is "
-              "handed"),
-        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe)")
-    busy_stall_points_ms: list[float] = key([],
-        help=("a fill's blocked time with the host kept busy (the reading thread's CPU, not a "
-              "sleep) at which the growth below was measured in the lookahead loop "
-              "(calibration.stall_probe's busy hold; empty: none)"),
-        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe, busy holds)")
-    busy_stall_compute_ms: list[float] = key([],
-        help=("eval grown per such fill: the compute thread's next work runs late or slow, not "
-              "waiting for a core"),
-        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe, busy holds)")
-    sync_stall_points_ms: list[float] = key([],
-        help="the same curve measured",
-        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe, synchronous loop)")
-    sync_stall_wake_main_ms: list[float] = key([],
-        help="in the synchronous",
-        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe, synchronous loop)")
-    sync_stall_wake_compute_ms: list[float] = key([],
-        help="loop (empty: none)",
-        obtain="measured by `ssdmoe calibrate` (calibration.stall_probe, synchronous loop)")
-    idle_util_points: list[float] = key([],
-        help=("the share of recent time any of the process's threads ran (0-1, the kernel's 32 "
-              "ms average) at which the slowdown below was measured (sim.idle_slowdown; empty: "
-              "not modelled)"),
-        obtain="measured by `ssdmoe calibrate` (calibration.idle_probe)")
-    idle_slowdown: list[float] = key([],
-        help=("extra CPU time per CPU second of work started at that share "
-              "(calibration.idle_probe), in the lookahead decode loop"),
-        obtain="measured by `ssdmoe calibrate` (calibration.idle_probe)")
-    sync_idle_util_points: list[float] = key([],
-        help="the same curve in the",
-        obtain="measured by `ssdmoe calibrate` (calibration.idle_probe, synchronous loop)")
-    sync_idle_slowdown: list[float] = key([],
-        help="synchronous loop",
-        obtain="measured by `ssdmoe calibrate` (calibration.idle_probe, synchronous loop)")
     queue_ahead_ms: float = key(math.inf,
         help=("compute left queued when a non-blocking eval returns (sim.compute_stream's "
               "bounded queue: MLX blocks while > 10 tasks are in flight, one operation each on "
@@ -421,8 +372,7 @@ class Scenario:
     cold_fill_compute_ms: float = key(0.0,
         help=("the compute thread's next work runs this much later after a fill that waited on a "
               "cold load (fitted inside decode by ssdmoe validate per decode loop, notes "
-              "cold_fill_compute_ms.in_decode and .sync; 0 = nothing beyond sim.stall_wake's "
-              "curves)"),
+              "cold_fill_compute_ms.in_decode and .sync; 0 = none)"),
         obtain="fitted inside decode by `ssdmoe validate`")
     budget_evict_ms: float = key(0.0,
         help=("CPU per bundle the engine's page-cache budget drops (fadvise DONTNEED on its "
@@ -430,13 +380,11 @@ class Scenario:
               "cache is the engine's emulated budget (sim compare); 0 for a real OS page cache"),
         obtain="fitted inside decode by `ssdmoe validate`; 0 for a real OS page cache")
     read_hold_ms: float = key(0.0,
-        help=("a wait inside every expert read, no CPU and the GIL let go "
-              "(calibration.stall_probe's arms sleep this long in each read: its replays)"),
-        obtain="the stall probe's arms (their replays)")
+        help="a wait inside every expert read, no CPU and the GIL let go (a what-if)",
+        obtain="a what-if: a fixed delay added to every read")
     read_hold_busy: bool = key(False,
-        help=("the hold is CPU on the reading thread's core instead, the GIL let go (the stall "
-              "probe's busy hold: reports/validation/busy_stall_probe.py)"),
-        obtain="the stall probe's busy arms")
+        help="the hold is CPU on the reading thread's core instead, the GIL let go",
+        obtain="a what-if: reads that keep their thread busy")
     gil: bool = key(False,
         help=("the engine's threads share Python's interpreter lock (sim.gil): graph building "
               "and fill work on the main thread, each load's Python bookkeeping on its reader"),
@@ -519,11 +467,6 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "throttle_read_mbps", "throttle_read_iops", "throttle_burst_s",
                      "throttle_kind", "page_cache_policy", "compute_factor", "cpu_cores",
                      "compute_on_cpu",
-                     "background_cores", "reader_cpu_weight", "core_wait_ms",
-                     "page_cache_floor_gib", "queue_ahead_ms", "queue_speedup",
-                     "refused_warm_ms", "stall_points_ms", "stall_wake_main_ms",
-                     "stall_wake_compute_ms", "busy_stall_points_ms", "busy_stall_compute_ms",
-                     "sync_stall_points_ms", "sync_stall_wake_main_ms",
-                     "sync_stall_wake_compute_ms", "idle_util_points", "idle_slowdown",
-                     "sync_idle_util_points", "sync_idle_slowdown")
+                     "background_cores", "page_cache_floor_gib", "queue_ahead_ms",
+                     "refused_warm_ms")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

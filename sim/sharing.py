@@ -1,7 +1,6 @@
 """Processor sharing: jobs in service together, each progressing at `rate(n)` seconds of work
-per second while n jobs are in service. The host's cores (sim.cpu) and a storage device whose
-concurrent requests overlap only in part (sim.shared_device) are both this. A server whose jobs
-are not served alike overrides `rates()` (sim.cpu: weighted by thread).
+per second while n jobs are in service: the host's cores (sim.cpu). A server whose jobs
+are not served alike overrides `rates()`.
 
 A job is `yield server.work(seconds, who)`: the event fires when the job has had `seconds` of
 work. Arrivals and departures re-time the one pending completion (a generation number retires

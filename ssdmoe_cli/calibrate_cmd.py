@@ -44,12 +44,6 @@ def calibrate(
     """Measure storage (cold/warm reads by size, queue depth, O_DIRECT bandwidth) on a scratch
     file and the engine's kernel, graph-building and non-MoE compute times; write the profile
     with every value commented with how and when it was measured."""
-    import os
-
-    if not hasattr(os, "posix_fadvise") or not hasattr(os, "O_DIRECT"):
-        raise BadInput("calibrate: its storage probes (calibration/storage_probes.py) need "
-                       "posix_fadvise and O_DIRECT, which this platform lacks (macOS: not "
-                       "ported yet)")
     if queue_depth_only:
         if model is None:
             raise BadInput("--queue-depth-only: needs --model DIR (its bundle size is the read "

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import struct
-from pathlib import Path
 
 import pytest
 
@@ -85,17 +84,6 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
         assert pb == 16 * pa and b > a > 0
     else:
         assert "cold_read_cpu_ms" not in cal.hardware
-    # concurrent cold bundle reads, where pages could be dropped: slower with more threads
-    # in flight at the 4th count than alone (the device and two cores are shared)
-    if c.cold_read_reps:
-        assert sorted(c.concurrent_read_ms) == [1, 2, 3, 4]
-        assert 0 < c.concurrent_read_ms[1] < c.concurrent_read_ms[4]
-    # a speedup curve where O_DIRECT works (tmpfs refuses it) or bundles were read at once
-    assert ("queue_speedup" in cal.hardware) == (1 in st.small_iops
-                                                 or bool(c.concurrent_read_ms))
-    if "queue_speedup" in cal.hardware:
-        assert cal.hardware["queue_speedup"][0][0] == 1.0 and all(
-            v > 0 for v in cal.hardware["queue_speedup"][0])
     # the main thread's refused ask for a cold bundle (nan only when nothing could be dropped)
     assert ("refused_warm_ms" in cal.hardware) == (c.refused_warm_ms == c.refused_warm_ms)
     if "refused_warm_ms" in cal.hardware:
@@ -167,25 +155,3 @@ def test_the_kernels_page_cache_policy_is_read_off_the_machine(tmp_path):
     policy, why = page_cache_policy("Linux", gen)
     assert policy == "lru" and "multi-generational" in why
     assert page_cache_policy("Darwin", gen)[0] == "lru"
-
-
-@pytest.mark.slow
-def test_the_stall_and_idle_probes_capture_through_the_engines_api(tiny_random_converted,
-                                                                    tmp_path):
-    """Each probe's capture runs in its own process through engine.capture with the probe's
-    hooks (calibration.probe_capture): a held read shows as blocked time, a sleep between
-    steps as a gap between them, and the threads' scheduler statistics come back."""
-    if not Path("/proc/self/schedstat").is_file():
-        pytest.skip("schedstat is Linux's")
-    from calibration import idle_probe, stall_probe
-
-    none = stall_probe.capture(tiny_random_converted, 0.0, tmp_path / "s0", tokens=6,
-                               preset="hot")
-    held = stall_probe.capture(tiny_random_converted, 2.0, tmp_path / "s2", tokens=6,
-                               preset="hot")
-    assert held.blocked_ms > none.blocked_ms + 1.0  # every read held 2 ms
-    assert held.threads["main"]["run_ms"] > 0 and held.threads["compute"]["run_ms"] > 0
-    idle = idle_probe.capture(tiny_random_converted, 30.0, 2, tmp_path / "i", tokens=8,
-                              preset="hot")
-    gaps = [b[0] - a[1] for a, b in zip(idle.rows, idle.rows[1:], strict=False)]
-    assert max(gaps) > 25e6  # ns: the 30 ms sleeps between steps

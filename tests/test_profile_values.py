@@ -59,63 +59,18 @@ def test_simulated_loads_cost_what_the_engine_measured():
     assert all(t == pytest.approx(c.warm_bundle_ms, abs=1e-4) for t in warm)
 
 
-def test_small_reads_give_the_device_speedup_curve():
-    st = storage()
-    assert "queue_speedup" not in storage_values(st)  # not measured: the slot model
-    st.small_iops = {1: 20_000.0, 2: 30_000.0, 3: 36_000.0, 5: 50_000.0}  # 4 missing
-    curve, how = storage_values(st)["queue_speedup"]
-    assert curve == [1.0, 1.5, 1.8] and "4 KiB" in how
-
-
-def test_concurrent_bundle_reads_fit_the_speedup_curve():
-    """With the engine's concurrent cold bundle reads measured, queue_speedup is the curve
-    under which the sim's own reads at n threads take what the engine's took, relative to a
-    read alone (here 1.2x and 1.22x at two and three threads: at three the read's CPU on two
-    cores sets most of it); past three threads it grows as the probe's curve does."""
-    from sim.read_overlap import simulated_read_ms
-
-    st = storage()
-    st.small_iops = {1: 20_000.0, 2: 30_000.0, 3: 36_000.0, 4: 40_000.0}
-    walls = {1: 1.0, 2: 1.2, 3: 1.22}
-    c = compute(concurrent_read_ms=walls, cold_read_cpu_ms=0.45, cold_read_wall_ms=0.9,
-                gil_handoff_ms=0.01)
-    curve, how = hardware_values(st, c, MACHINE, active_params=1e6)["queue_speedup"]
-    assert len(curve) == 4 and curve[0] == 1.0 and 1.0 < curve[1] < curve[2]
-    assert curve[3] == pytest.approx(curve[2] * 2.0 / 1.8, abs=1e-3)
-    assert "2: 1.200" in how and "4 KiB" in how
-    hw = load_hardware_from(hardware_values(st, c, MACHINE, active_params=1e6))
-    alone = simulated_read_ms(hw, curve, 1, c.bundle_bytes, 9)
-    for n in (2, 3):
-        ratio = simulated_read_ms(hw, curve, n, c.bundle_bytes, 9) / alone
-        assert ratio == pytest.approx(walls[n], rel=0.01)
-    # not measured: the 4 KiB probe's curve, as before
-    assert hardware_values(st, compute(), MACHINE, active_params=1e6)["queue_speedup"][0] == [
-        1.0, 1.5, 1.8, 2.0]
-
-
 def test_fits_use_the_measured_models_reads_per_bundle():
-    """A model whose bundle is 3 slices (not the streaming layout's 9): the warm load's fixed
-    cost is 3 pread intercepts, and the concurrent-read fit simulates 3-slice reads, so its
-    curve reproduces the measured ratios with 3 slices and not with 9."""
-    from sim.read_overlap import simulated_read_ms
-
+    """A model whose bundle is 3 slices (not the bundled layout's 1): the warm load's fixed
+    cost is 3 pread intercepts."""
     st = storage()
-    st.small_iops = {1: 20_000.0, 2: 30_000.0, 3: 36_000.0, 4: 40_000.0}
-    walls = {1: 1.0, 2: 1.2}
-    c = compute(concurrent_read_ms=walls, cold_read_cpu_ms=0.45, cold_read_wall_ms=0.9,
-                gil_handoff_ms=0.01, bundle_reads=3)
+    c = compute(cold_read_cpu_ms=0.45, cold_read_wall_ms=0.9, gil_handoff_ms=0.01,
+                bundle_reads=3)
     c.warm_bundle_ms = float("nan")  # the per-size fit x reads per bundle sets load_overhead
     values = hardware_values(st, c, MACHINE, active_params=1e6)
     assert values["load_overhead_ms"][0] == pytest.approx(3 * 0.004, rel=1e-3)
-    hw = load_hardware_from(values)
-    curve = values["queue_speedup"][0]
-
-    def ratio(reads: int) -> float:
-        return (simulated_read_ms(hw, curve, 2, c.bundle_bytes, reads)
-                / simulated_read_ms(hw, curve, 1, c.bundle_bytes, reads))
-
-    assert ratio(3) == pytest.approx(1.2, rel=0.01)
-    assert ratio(9) != pytest.approx(1.2, rel=0.01)
+    c.bundle_reads = 1
+    one = hardware_values(st, c, MACHINE, active_params=1e6)
+    assert one["load_overhead_ms"][0] == pytest.approx(0.004, rel=1e-3)
 
 
 def load_hardware_from(values):
@@ -218,21 +173,18 @@ def test_lazy_compute_closed_form():
                                                          abs=2e-6)
 
 
-def test_the_idle_probes_curves_round_trip_through_the_profile(tmp_path):
-    """calibrate writes calibration.idle_probe's curves, one per decode loop, and a profile
-    read back gives them to sim.idle_slowdown; an unmeasured curve is left out."""
-    from sim.idle_slowdown import IdleSlowdown
+def test_an_older_profile_with_retired_corrections_still_loads(tmp_path):
+    """The scheduler corrections retired from the simulator (sim.scenario.RETIRED) are ignored
+    where an older profile still has them; a key that never existed is refused."""
+    from contract.errors import BadInput
+    from sim.profiles import load_hardware
 
-    assert "idle_util_points" not in hardware_values(storage(), compute(), MACHINE,
-                                                     active_params=2e6)
-    c = compute(idle_util_points=[0.5, 0.75], idle_slowdown=[0.3, 0.0],
-                sync_idle_util_points=[0.6, 0.7], sync_idle_slowdown=[0.1, 0.0],
-                idle_how="sleeps of 60 ms every 3 steps")
-    values = hardware_values(storage(), c, MACHINE, active_params=2e6)
-    path = write_hardware(tmp_path / "cal.toml", hardware_toml(values, "cal", "t", "c"))
-    hw = load_hardware(str(path))
-    assert "60 ms every 3 steps" in values["idle_util_points"][1]
-    lookahead, sync = IdleSlowdown.for_loop(hw, True), IdleSlowdown.for_loop(hw, False)
-    lookahead.util = sync.util = 0.625
-    assert lookahead.factor() == pytest.approx(1.15)
-    assert sync.factor() == pytest.approx(1.075)
+    text = hardware_toml(hardware_values(storage(), compute(), MACHINE, active_params=1e6),
+                         "old", "then", "t")
+    path = tmp_path / "old.toml"
+    path.write_text(text + "core_wait_ms = 0.06\nidle_slowdown = [0.3, 0.0]\n")
+    assert load_hardware(str(path)).name == "old"
+    path.write_text(text + "core_waits_ms = 0.06\n")
+    with pytest.raises(BadInput, match="core_waits_ms: unknown key"):
+        load_hardware(str(path))
+

@@ -9,15 +9,15 @@ import simpy
 from sim_helpers import MB, hardware, model, routing_input, scenario, uniform_routing
 
 from sim.compute_stream import ComputeStream
-from sim.cpu import Cores, weighted_shares
+from sim.cpu import Cores
 from sim.replay import run_scenario
 
 
 def _finish_times(cores: float, jobs: list[tuple[float, float]], background: float = 0.0,
-                  threads: list[str] | None = None, reader_weight: float = 1.0):
+                  threads: list[str] | None = None):
     """(arrival, CPU seconds) per job -> finish times."""
     env = simpy.Environment()
-    cpu = Cores(env, cores, background, reader_weight=reader_weight)
+    cpu = Cores(env, cores, background)
     out = [0.0] * len(jobs)
     names = threads or [f"t{i}" for i in range(len(jobs))]
 
@@ -45,76 +45,6 @@ def test_processor_sharing_by_hand():
     assert _finish_times(1, [(0, 1), (0.5, 1)]) == pytest.approx([1.5, 2.0])
     # other processes keep half a core busy: a 1 s job on one core takes 2 s
     assert _finish_times(1, [(0, 1)], background=0.5) == pytest.approx([2.0])
-
-
-def test_weighted_shares_by_hand():
-    # proportional to the weights while nobody would pass one core
-    assert weighted_shares({1: 3.0, 2: 1.0}, 1.0) == pytest.approx({1: 0.75, 2: 0.25})
-    assert weighted_shares({1: 1.0, 2: 1.0, 3: 1.0}, 2.0) == pytest.approx({1: 2 / 3, 2: 2 / 3,
-                                                                          3: 2 / 3})
-    # a heavy job gets one core (a thread runs on one at a time), the others share the rest
-    assert weighted_shares({1: 1000.0, 2: 1.0, 3: 1.0}, 2.0) == pytest.approx(
-        {1: 1.0, 2: 0.5, 3: 0.5})
-    # two heavy ones: just under a core each, in proportion
-    assert weighted_shares({1: 9.0, 2: 9.0, 3: 1.0}, 2.0) == pytest.approx(
-        {1: 18 / 19, 2: 18 / 19, 3: 2 / 19})
-    assert weighted_shares({1: 5.0, 2: 5.0, 3: 1.0}, 1.5) == pytest.approx(
-        {1: 7.5 / 11, 2: 7.5 / 11, 3: 1.5 / 11})
-
-
-def test_readers_weigh_more_by_hand():
-    """Two cores; a 2 ms compute job and two 1 ms reader jobs from t=0. Plain sharing: all at
-    2/3, the readers done at 1.5 ms with 1 ms of compute done, compute alone to 2.5 ms. Readers
-    weighing 3: each gets 6/7 of a core, done at 7/6 ms; compute got 2/7 x 7/6 = 1/3 ms, runs
-    alone for its last 5/3: done at 17/6 ms. Main and compute weigh the same."""
-    names = ["compute", "reader0", "reader1"]
-    jobs = [(0, 2e-3), (0, 1e-3), (0, 1e-3)]
-    assert _finish_times(2, jobs, threads=names) == pytest.approx([2.5e-3, 1.5e-3, 1.5e-3])
-    assert _finish_times(2, jobs, threads=names, reader_weight=3.0) == pytest.approx(
-        [17 / 6 * 1e-3, 7 / 6 * 1e-3, 7 / 6 * 1e-3])
-    # without readers among them the weight changes nothing
-    plain = ["main", "compute", "main"]
-    assert _finish_times(2, jobs, threads=plain, reader_weight=3.0) == pytest.approx(
-        _finish_times(2, jobs, threads=plain))
-    # a reader arriving beside two busy threads: weighing 1000 it takes a whole core at once
-    # (its 0.5 ms done at 0.5 ms), the others share the other core meanwhile (0.25 ms each
-    # done) and finish their last 1.75 ms at 2.25 ms; plain: all at 2/3, the reader at 0.75
-    late = [(0, 2e-3), (0, 2e-3), (0, 0.5e-3)]
-    assert _finish_times(2, late, threads=["main", "compute", "reader0"],
-                         reader_weight=1000.0) == pytest.approx([2.25e-3, 2.25e-3, 0.5e-3],
-                                                                rel=1e-3)
-    assert _finish_times(2, late, threads=["main", "compute", "reader0"]) == pytest.approx(
-        [2.25e-3, 2.25e-3, 0.75e-3])
-    with pytest.raises(ValueError, match="weight"):
-        Cores(simpy.Environment(), 2, reader_weight=0.0)
-
-
-@pytest.mark.parametrize("cores", [1.0, 0.0])  # shared, and the unbounded shortcut
-def test_active_time_counts_overlapping_jobs_once(cores):
-    """Jobs of 1 s at t=0 and t=0.5 and of 0.5 s at t=3: on one shared core the first two run
-    until 2.0 (2 s of work), then idle to 3, busy to 3.5: active 2.5 s by t=4. Unbounded: busy
-    0-1.5 and 3-3.5, active 2.0 s. At t=1.25, 1.25 s either way (a job still running)."""
-    env = simpy.Environment()
-    cpu = Cores(env, cores)
-    cpu.track_activity()
-    seen = {}
-
-    def job(arrival: float, seconds: float):
-        yield env.timeout(arrival)
-        yield cpu.work(seconds, "t")
-
-    def probe():
-        yield env.timeout(1.25)
-        seen["mid"] = cpu.active_s()
-        yield env.timeout(4 - 1.25)
-        seen["end"] = cpu.active_s()
-
-    for a, s in ((0, 1), (0.5, 1), (3, 0.5)):
-        env.process(job(a, s))
-    env.process(probe())
-    env.run()
-    assert seen["mid"] == pytest.approx(1.25)
-    assert seen["end"] == pytest.approx(2.5 if cores else 2.0)
 
 
 def test_unbounded_cores_are_plain_timeouts():

@@ -65,12 +65,10 @@ decode they are larger, which is what the held-out configurations then test.
                               a lead, and the fit lands at 0-0.06 ms
   cold_fill_compute_ms.in_decode  machine-wide, the lookahead loop's compute thread runs its
                               next work this much later after a fill that waited on a cold
-                              load, beyond sim.stall_wake's curves: old + median((measured -
+                              load: old + median((measured -
                               simulated eval per step) / measured such fills per step) over its
                               cold calibration configuration (hot, 1/2 page cache); .sync the
-                              same for the synchronous loop (on-demand, 1/2). Calibrate's
-                              busy-stall probe stands for the same cost and moved 0.005-0.15 ms
-                              per fill over four runs; the 07:10 run's held-out cold
+                              same for the synchronous loop (on-demand, 1/2). The held-out cold
                               configurations evaluated 0.9-1.6 ms a step over their warm ones
   reader_wake_ms.in_decode    machine-wide, how late an idle reader thread starts a load handed
                               to it, inside decode (its wake-up waits for a core beside the main

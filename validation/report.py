@@ -365,27 +365,6 @@ def _probes_markdown(out: Path) -> list[str]:
             lines.append(f"| {a['arm']} | {spell} | {a['measured_ms']:.3f} | "
                          f"{a['simulated_per_slice_ms']:.3f} | {a['simulated_per_load_ms']:.3f} |")
         lines.append("")
-    for name in ("stall_probe.json", "stall_probe-sync.json"):
-        stall = out / name
-        if not stall.is_file():
-            continue
-        st = read_json_object(stall)
-        loop = st.get("loop", "lookahead")
-        lines += [f"**Waking after a stall, {loop} loop** (`calibration/stall_probe.py`, "
-                  f"`{st['command']}`, "
-                  f"{st['date']}): each expert read held for an injected delay, measured and "
-                  "simulated with and without the loop's stall curve (sim.stall_wake); "
-                  f"per-thread run-queue waits in `{name}`. Per decode step, ms:", "",
-                  "| delay ms/read | blocked: measured / sim | eval: measured / sim / sim "
-                  "without curve | build: measured / sim | compute thread run-queue wait |",
-                  "|---|---|---|---|---|"]
-        for delay, a in st["arms"].items():
-            m, s_, n = a["measured"], a["simulated"], a["simulated_no_curve"]
-            lines.append(f"| {delay} | {m['blocked_ms']:.2f} / {s_['blocked_ms']:.2f} | "
-                         f"{m['eval_ms']:.2f} / {s_['eval_ms']:.2f} / {n['eval_ms']:.2f} | "
-                         f"{m['build_ms']:.2f} / {s_['build_ms']:.2f} | "
-                         f"{a['threads']['compute']['runqueue_ms']:.2f} |")
-        lines.append("")
     lead = out / "lead_probe.json"
     if lead.is_file():
         lp = read_json_object(lead)

@@ -124,14 +124,13 @@ def simulate(arm: tuple[float, float] | None, reads: int, per_slice: bool) -> fl
     from sim.loads import Fetcher, Load
     from sim.page_cache import PageCache
     from sim.profiles import load_hardware, load_model
-    from sim.shared_device import SharedDevice
+    from sim.storage import Device
 
     hw, m = load_hardware("this-machine"), load_model("tiny-trained")
     env = simpy.Environment()
     cores = Cores(env, hw.cpu_cores)
     gil = Gil(env, True, hw.gil_handoff_ms / 1e3)
-    device = SharedDevice(env, hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9,
-                          hw.queue_speedup or [1.0])
+    device = Device(hw.ssd_latency_ms / 1e3, hw.ssd_bandwidth_gbps * 1e9, hw.queue_depth)
     pc = PageCache(0, m.bundle_bytes, m.experts, enabled=False)  # every read cold
     fetcher = Fetcher(env, hw, device, pc, cores, m.experts, m.bundle_bytes,
                       m.device_bundle_bytes, gil=gil, bundle_reads=m.bundle_reads)
