@@ -43,6 +43,15 @@ def test_bursty_demand_with_average_below_rate():
     assert b.admit(1.0, MB) == pytest.approx(1.0)  # refilled (capped at 1 MB) by t=1
 
 
+def test_a_long_idle_refills_the_bucket_only_to_its_burst():
+    """After 10 s idle at 10 MB/s the bucket holds its cap, 1 MB (0.1 s of rate), not 100 MB:
+    a 3 MB request waits 0.2 s for the 2 MB it lacks, and the next 1 MB another 0.1 s."""
+    b = TokenBucket(rate=10 * MB, burst_s=0.1)
+    assert b.admit(0.0, MB) == 0.0
+    assert b.admit(10.0, 3 * MB) == pytest.approx(10.2)
+    assert b.admit(10.2, MB) == pytest.approx(10.3)
+
+
 def test_fifo_a_small_request_waits_behind_a_held_one():
     b = TokenBucket(rate=1 * MB, burst_s=0.0)
     assert b.admit(0.0, 2 * MB) == pytest.approx(2.0)

@@ -1,0 +1,94 @@
+"""Break each simulated mechanism in turn and check that a test fails (issue 46: every mechanism
+has a test that fails when it is broken). Each mutant edits one line in a scratch worktree of
+HEAD, runs the simulator's tests (not the slow ones), and is reported CAUGHT or NOT CAUGHT.
+
+    uv run python scripts/break_mechanisms.py            # ~3 min on 2 cores
+    uv run python scripts/break_mechanisms.py "gil hand-over"
+
+Results: reports/transfer/mechanisms.md."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# (mechanism, file, line as it is, line broken)
+MUTANTS = [
+    ("gil hand-over", "sim/gil.py", "        yield self.env.timeout(self.handoff_s)",
+     "        yield self.env.timeout(0.0)"),
+    ("swap hit cost", "sim/swap.py", "        return self._read(now, nbytes)\n",
+     "        return 0.0\n"),
+    ("cold read CPU per page", "sim/loads.py",
+     "            return self.cold_read_cpu * cold_share + -(-cold_bytes // PAGE) * "
+     "self.cold_page_cpu", "            return self.cold_read_cpu * cold_share"),
+    ("reader hand-off", "sim/main_thread.py",
+     "            yield self.env.timeout(self.readers.handoff_s)",
+     "            yield self.env.timeout(0.0)"),
+    ("device latency per request", "sim/storage.py",
+     "        xfer = start + self.latency_s * requests", "        xfer = start + self.latency_s"),
+    ("bounded async queue", "sim/compute_stream.py", "        self.queue_ahead_s = queue_ahead_s",
+     "        self.queue_ahead_s = None"),
+    ("refused residency ask", "sim/main_thread.py",
+     "        self.refused_warm_s = hw.refused_warm_ms / 1e3", "        self.refused_warm_s = 0.0"),
+    ("app caches take from the page cache", "sim/memory_budget.py",
+     "        return (self.resident + self.kv + self.heads + self.adapter + self.lru + self.slots",
+     "        return (self.resident + self.kv + self.heads + self.adapter + self.slots"),
+    ("cores shared by the threads", "sim/cpu.py", "        return min(1.0, self.capacity / n)",
+     "        return 1.0"),
+    ("blk-throttle trims whole slices", "sim/token_bucket.py",
+     "            self._disp = max(0.0, self._disp - self.rate * s * done)", "            pass"),
+    ("token bucket burst cap", "sim/token_bucket.py",
+     "        level = min(self.capacity, self._level + self.rate * (t - self._at))",
+     "        level = self._level + self.rate * (t - self._at)"),
+    ("page cache fills on a cold read", "sim/page_cache.py", "            self.lru.insert(key)\n",
+     "            pass\n"),
+    ("kernel refault activation", "sim/two_list_lru.py",
+     "        if stamp is not None and self.evictions - stamp <= len(self.active):",
+     "        if False:"),
+]
+
+
+def tests(tree: Path) -> list[str]:
+    sim = sorted(p.relative_to(tree).as_posix() for p in (tree / "tests").glob("test_sim*.py")
+                 if "sweep" not in p.name)
+    return [*sim, "tests/test_cpu_per_step.py", "tests/test_page_sharing.py",
+            "tests/test_transfer.py"]
+
+
+def main(names: list[str]) -> int:
+    missed = 0
+    with tempfile.TemporaryDirectory(prefix="ssdmoe-mutants-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), "HEAD"], cwd=ROOT,
+                       check=True)
+        try:
+            for name, rel, old, new in MUTANTS:
+                if names and name not in names:
+                    continue
+                path = tree / rel
+                src = path.read_text()
+                if src.count(old) != 1:
+                    print(f"{name}: {rel} no longer has the line to break (update this list)")
+                    missed += 1
+                    continue
+                path.write_text(src.replace(old, new))
+                try:
+                    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p",
+                                          "no:cacheprovider", "-m", "not slow", *tests(tree)],
+                                         cwd=tree, capture_output=True, text=True)
+                finally:
+                    path.write_text(src)
+                caught = run.returncode != 0
+                missed += not caught
+                tail = run.stdout.strip().splitlines()[-1:] or ["(no output)"]
+                print(f"{name}: {'CAUGHT' if caught else 'NOT CAUGHT'} ({tail[0]})", flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
