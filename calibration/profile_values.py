@@ -129,6 +129,8 @@ class ComputeResult:
     dispatch_ms: float = float("nan")  # median main-thread CPU inside that async_eval: MLX
     # prepares and dispatches a layer's operations on the calling thread (nan: not measured)
     queue_ahead_reps: int = 0  # routers timed
+    zero_fill_ms: tuple[float, float] = (float("nan"), float("nan"))  # alloc_stack median ms
+    zero_fill_rows: tuple[int, int] = (4, 64)  # at these rows of the model's first MoE layer
     bundle_reads: int = BUNDLE_RANGES  # the measured model's preads per bundle (one per tensor
     # slice of its first MoE layer)
     seconds: float = 0.0
@@ -319,6 +321,14 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             f"{c.async_blocked_ms:.3f} ms): MLX blocks the caller while more than 10 tasks are "
             "in flight, one operation each on its CPU backend (the sim's bounded queue, "
             "sim.compute_stream)"))
+    (few, many), (r_few, r_many) = c.zero_fill_ms, c.zero_fill_rows
+    if many == many and few == few and many > few:  # not nan, and the larger took longer
+        gbps = (r_many - r_few) * c.bundle_bytes / ((many - few) / 1e3) / 1e9
+        out["zero_fill_gbps"] = (round(gbps, 3), (
+            f"alloc_stack (the exact path's zeroed stack, evaluated) of {r_few} and {r_many} "
+            f"bundles of the first MoE layer: {few:.3f} and {many:.3f} ms (medians, the last "
+            "stacks kept alive as a decode step's graph keeps them): the slope's bytes per "
+            "second (sim.main_thread._fill_stack)"))
     if active_params and c.prefill_ms > 0 and c.prefill_tokens:
         tflops = 2 * active_params * c.prefill_tokens / (c.prefill_ms / 1e3) / 1e12
         out["compute_tflops"] = (round(tflops, 6), (

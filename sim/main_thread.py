@@ -108,6 +108,9 @@ class MainThread:
         self.mem_bw = bw
         self.slot_update_s = hw.slot_update_ms / 1e3
         self.refused_warm_s = hw.refused_warm_ms / 1e3
+        # the exact path's fresh zeroed stack per call (engine.paths.kernel.alloc_stack)
+        self.stack_fill_s = m.bundle_bytes / (hw.zero_fill_gbps * 1e9) \
+            if policy.fresh_stack and hw.zero_fill_gbps > 0 else 0.0
         self.lookahead = sc.lookahead
         owners = [policy.head_owner(layer) for layer in range(m.layers)]  # fixed per run
         self.layer_build_s = [self.build_s + (self.head_build_s if o else 0.0) for o in owners]
@@ -299,6 +302,8 @@ class MainThread:
         for target, predicted in policy.after_router(row, layer):
             yield from self.stage(step, target, predicted)
         executed = policy.executed(row, layer)
+        if self.stack_fill_s:
+            yield from self._fill_stack(len(set(executed)))
         if policy.slots:
             slots.take(layer)  # a set staged for this call (layer lead) is held in its slots
             slots.touch(layer, executed)
@@ -346,6 +351,18 @@ class MainThread:
             for e in executed:
                 slots.landed(layer, e)
         return executed
+
+    def _fill_stack(self, rows: int) -> Generator:
+        """The exact path's stack for this call's `rows` distinct experts: zeroed by MLX on its
+        stream and evaluated before the reads land in it (engine.paths.exact.fetch). The main
+        thread waits for it; the engine's recorder counts the wait as graph building."""
+        self.compute.submit(rows * self.stack_fill_s, lazy=False)
+        done = self.compute.sync()
+        start = self.env.now
+        if done is not None:
+            yield done
+        yield from self.gil.take_back()  # eval let go of it (sim.gil)
+        self.build += self.env.now - start
 
     # -- steps ------------------------------------------------------------------------------
     def decode(self, step: int, request: int, row: int) -> Generator:

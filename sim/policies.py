@@ -36,6 +36,7 @@ class Policy:
     """The exact path: the router's set, read on demand, nothing kept."""
     slots = False  # experts stay in a per-layer slot table (the staged path)
     app_cache = False  # looked up in the shared bundle LRU
+    fresh_stack = False  # each call allocates a zeroed stack for its experts (the exact path)
 
     def __init__(self, sc: Scenario, router: np.ndarray, predicted: np.ndarray | None) -> None:
         self.sc = sc
@@ -63,7 +64,7 @@ class Policy:
 
 
 class Exact(Policy):
-    pass
+    fresh_stack = True  # a zeroed stack allocated per call (engine.paths.exact.fetch)
 
 
 class Hot(Policy):

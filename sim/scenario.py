@@ -189,6 +189,13 @@ class Hardware:
         help=("main-thread cost of asking whether a demand miss is wholly in the page cache and "
               "being refused (engine.readers: small bundles, help_reads)"),
         obtain="measured by `ssdmoe calibrate` (an RWF_NOWAIT read refused)")
+    zero_fill_gbps: float = key(0.0,
+        help=("rate at which MLX fills a fresh array with zeros on its stream (GB/s): the exact "
+              "path allocates a zeroed stack for each call's distinct experts and evaluates it "
+              "before reading into it (engine.paths.kernel.alloc_stack), so the main thread "
+              "waits for rows x bundle bytes at this rate; 0 = not charged"),
+        obtain=("measured by `ssdmoe calibrate` (the slope of alloc_stack's time over its rows, "
+                "a large synthetic bundle); a spec sheet's memory bandwidth on an accelerator"))
     queue_ahead_ms: float = key(math.inf,
         help=("compute left queued when a non-blocking eval returns (sim.compute_stream's "
               "bounded queue: MLX blocks while > 10 tasks are in flight, one operation each on "
@@ -468,5 +475,5 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "throttle_kind", "page_cache_policy", "compute_factor", "cpu_cores",
                      "compute_on_cpu",
                      "background_cores", "page_cache_floor_gib", "queue_ahead_ms",
-                     "refused_warm_ms")
+                     "refused_warm_ms", "zero_fill_gbps")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

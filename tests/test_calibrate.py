@@ -93,8 +93,11 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     assert c.queue_ahead_reps == 6 * c.layers
     assert 0 <= c.queue_ahead_ms and 0 <= c.async_blocked_ms
     assert cal.hardware["queue_ahead_ms"][0] == pytest.approx(c.queue_ahead_ms, abs=1e-4)
+    # the exact path's zeroed stack: 4 rows and 16 MiB more, the larger slower
+    few, many = c.zero_fill_ms
+    assert 0 < few < many and c.zero_fill_rows[1] * c.bundle_bytes >= 16 << 20
     for key in ("ssd_bandwidth_gbps", "memcpy_gbps", "mem_bandwidth_gbps", "expert_gbps",
-                "compute_tflops"):
+                "compute_tflops", "zero_fill_gbps"):
         assert cal.hardware[key][0] > 0, key
     path = write_hardware(tmp_path / "q.toml", hardware_toml(cal.hardware, "q", cal.when, "t"))
     assert load_hardware(str(path)).lazy_compute is True

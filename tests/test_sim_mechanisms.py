@@ -188,3 +188,25 @@ def test_oversubscribed_memory_faults_its_swapped_share_back_in():
     assert swap.layer_fault_s(1.0) == pytest.approx(1e6 / 1e9 + 0.001)  # 1/4 of 4 MB
     assert Swap(0.0, device, 0.001, 4_000_000).layer_fault_s(2.0) == 0.0
     assert device.bytes_read == 3_000_000
+
+
+@pytest.mark.parametrize("path", ["exact", "hot"])
+def test_the_exact_path_waits_for_its_zeroed_stack(path):
+    """engine.paths.exact allocates a zeroed stack for each call's distinct experts and
+    evaluates it (alloc_stack) before reading into it: per step 2 layers x K=2 x 1 MiB at
+    1 GB/s is 2 x 2 x 1.048576 ms more graph building on the exact path, and nothing on the hot
+    path (its pool is allocated once). Routing repeats, so nothing else differs."""
+    m = model(layers=2, experts=16, k=2, build_ms_per_layer=0.5)
+    router = np.array([[[0, 1], [2, 3]]] * 6, dtype=np.int16)
+
+    def steps(fill: float) -> pl.DataFrame:
+        sc = scenario(hw=hardware(**IO, zero_fill_gbps=fill), m=m, path=path,
+                      lru_bytes=8 * MB if path == "hot" else 0, decode_steps=6)
+        res = run_scenario(sc, routing=routing_input(router))
+        return res.trace.steps.filter(pl.col("phase") == "decode")
+
+    without, with_fill = steps(0.0), steps(1.0)
+    assert with_fill["blocked_ns"].to_list() == without["blocked_ns"].to_list()
+    extra = (with_fill["build_ns"] - without["build_ns"]).to_list()
+    want = 2 * 2 * MB / 1e9 * 1e9 if path == "exact" else 0  # ns
+    assert extra == [pytest.approx(want, abs=2)] * 6
