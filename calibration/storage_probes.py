@@ -72,12 +72,23 @@ def _offsets(rng: np.random.Generator, file_bytes: int, size: int, n: int) -> li
     return [int(p) * slot for p in pick]
 
 
+CACHE_FLUSH_BYTES = 64 << 20  # more than any CPU's last-level cache
+
+
+def flush_cpu_caches(scratch: np.ndarray) -> None:
+    """Write a buffer larger than the CPU's caches, so the page-cache pages just read are no
+    longer in them: a decoding engine's warm reads come from a page cache far larger than the
+    CPU's caches (a copy from memory), not from bytes it has just touched."""
+    scratch.fill(scratch[0] ^ 1)
+
+
 def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: int,
                    seed: int = 0) -> tuple[list[float], list[float]]:
     """Median cold and warm pread time (ms) per size, on the engine's buffered descriptor
     (engine.platform open_buffered). Cold: its pages dropped first, or, where the platform
     cannot drop them, through an uncached descriptor; warm: the same offsets again, buffered
-    (first read once untimed where the cold reads did not fill the page cache)."""
+    (first read once untimed where the cold reads did not fill the page cache), after the
+    CPU's caches were flushed (`flush_cpu_caches`)."""
     p = platform.current()
     rng = np.random.default_rng(seed)
     fd = p.open_buffered(str(path))
@@ -87,6 +98,7 @@ def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: in
         cold: dict[int, list[float]] = {s: [] for s in sizes}
         warm: dict[int, list[float]] = {s: [] for s in sizes}
         buf = mmap.mmap(-1, -(-max(sizes) // ALIGN) * ALIGN)  # aligned, for uncached reads
+        flush = np.zeros(CACHE_FLUSH_BYTES, dtype=np.uint8)
         for _ in range(rounds):
             for size in sizes:
                 view = memoryview(buf)[:size]
@@ -100,6 +112,7 @@ def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: in
                 if cold_fd != fd:
                     for off in offsets:
                         _pread_all(fd, view, off)
+                flush_cpu_caches(flush)
                 for off in offsets:
                     t0 = time.perf_counter()
                     _pread_all(fd, view, off)
