@@ -52,6 +52,8 @@ def cost(values: list[float]) -> float:
 
 # ---------------------------------------------------------------------------------- storage
 
+DROP_PAGES = (4, 256)  # the two range sizes of storage_probes.page_drop_times, in pages
+
 
 @dataclass
 class StorageResult:
@@ -65,6 +67,8 @@ class StorageResult:
     scratch_bytes: int
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    page_drop_us: tuple[float, float] | None = None  # storage_probes.page_drop_times (None:
+    # not measured, a platform that cannot drop pages)
 
 
 # ---------------------------------------------------------------------------------- fits
@@ -205,6 +209,12 @@ def storage_values(st: StorageResult, c: ComputeResult | None = None,
         "memcpy_gbps": (round(memcpy, 3), f"1 / slope of warm pread time vs size (warm ms: "
                         f"{warm_txt})"),
     }
+    if st.page_drop_us is not None:
+        (few, many), (p_few, p_many) = st.page_drop_us, DROP_PAGES
+        out["page_drop_us_per_page"] = (round(max(many - few, 0.0) / (p_many - p_few), 4), (
+            f"POSIX_FADV_DONTNEED of cached ranges of {p_few} and {p_many} pages of the scratch "
+            f"file: {few:.1f} and {many:.1f} us (medians): the slope per page, the kernel's work "
+            "to drop a page (the engine's page-cache budget drops an evicted bundle's pages)"))
     return out
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.profile_values import DEFAULT_SIZES, MIB, StorageResult, cost
+from calibration.profile_values import DEFAULT_SIZES, DROP_PAGES, MIB, StorageResult, cost
 from contract.thresholds import ALIGN
 from engine import platform
 
@@ -127,6 +127,40 @@ def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: in
         os.close(fd)
         if cold_fd != fd:
             os.close(cold_fd)
+
+
+def page_drop_times(path: Path, n: int = 24, seed: int = 3) -> tuple[float, float] | None:
+    """Median us to drop a cached range of each DROP_PAGES size from the page cache
+    (POSIX_FADV_DONTNEED, as the engine's page-cache budget drops an evicted bundle), each
+    range read first so its pages are cached; None where pages cannot be dropped (macOS). The
+    file is dropped whole first: pages a write left cached can sit in large folios, which a
+    drop of part of one leaves alone, where a read through the engine's descriptor
+    (FADV_RANDOM) caches pages one by one, as the engine's own cold reads do."""
+    p = platform.current()
+    if not p.can_drop_pages:
+        return None
+    rng = np.random.default_rng(seed)
+    fd = p.open_buffered(str(path))
+    try:
+        _drop(fd)
+        file_bytes = os.fstat(fd).st_size
+        buf = mmap.mmap(-1, max(DROP_PAGES) * ALIGN)
+        out = []
+        for pages in DROP_PAGES:
+            size = pages * ALIGN
+            view = memoryview(buf)[:size]
+            times = []
+            for off in _offsets(rng, file_bytes, size, n):
+                _pread_all(fd, view, off)
+                t0 = time.perf_counter_ns()
+                p.drop_pages(fd, off, size)
+                times.append((time.perf_counter_ns() - t0) / 1e3)
+            view.release()
+            out.append(float(np.median(times)))
+        buf.close()
+        return out[0], out[1]
+    finally:
+        os.close(fd)
 
 
 def _direct_fd(path: Path) -> int | None:
@@ -248,6 +282,7 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
         lat = direct_latency_ms(path)
         seq = direct_sequential_gbps(path)
         queue = queue_throughput(path, threads)
+        drops = page_drop_times(path)
     finally:
         path.unlink(missing_ok=True)
     notes = []
@@ -261,4 +296,4 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
                      "buffered cold reads only")
     return StorageResult(list(sizes), cold, warm, lat if lat is not None else -1.0,
                          seq if seq is not None else -1.0, queue, str(directory), scratch_bytes,
-                         time.perf_counter() - t0, notes)
+                         time.perf_counter() - t0, notes, drops)

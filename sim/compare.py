@@ -73,6 +73,7 @@ from typing import Any
 
 from contract.engine_config import DEFAULT_READERS, HOT_FRACTION, SYNC_AT_BUILD, EngineConfig
 from contract.errors import BadInput
+from contract.thresholds import PAGE
 from sim.scenario import GIB, Scenario
 from traces.reader import Trace
 from traces.schema import SUMMARY_KEYS
@@ -383,8 +384,12 @@ def scenario_for(trace: Trace, scenario: str | None = None,
     if budget_bytes is not None and not engine.get("o_direct_effective", engine.get("o_direct")):
         sc = with_page_cache(sc, int(budget_bytes), notes, paged, kernel=bool(memory))
         evict = sc.notes.get("budget_evict_ms.in_decode")  # the store drops evicted pages
-        if evict is not None and not memory:  # (under a memory limit the kernel reclaims)
-            sc.budget_evict_ms = float(evict)
+        if not memory:  # (under a memory limit the kernel reclaims)
+            # the drops' kernel work per page, and what validate fitted inside decode beside it
+            pages = -(-int(round(paged or sc.model.bundle_bytes)) // PAGE)
+            drops = pages * sc.hardware.page_drop_us_per_page / 1e3
+            if evict is not None or drops:
+                sc.budget_evict_ms = float(evict or 0.0) + drops
         derived.append(f"page cache = {int(budget_bytes)} bytes")
     sc.source = f"{sc.source} (sim compare {trace.path})"
     check_scenario(sc)

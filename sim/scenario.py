@@ -189,6 +189,12 @@ class Hardware:
         help=("main-thread cost of asking whether a demand miss is wholly in the page cache and "
               "being refused (engine.readers: small bundles, help_reads)"),
         obtain="measured by `ssdmoe calibrate` (an RWF_NOWAIT read refused)")
+    page_drop_us_per_page: float = key(0.0,
+        help=("CPU to drop one cached page from the page cache (POSIX_FADV_DONTNEED), us: the "
+              "engine's emulated page-cache budget drops each evicted bundle's pages after a "
+              "cold read (sim compare adds pages x this to budget_evict_ms); 0 = not charged"),
+        obtain=("measured by `ssdmoe calibrate` (the slope of DONTNEED's time over the pages of "
+                "cached ranges of a scratch file; Linux)"))
     zero_fill_gbps: float = key(0.0,
         help=("rate at which MLX fills a fresh array with zeros on its stream (GB/s): the exact "
               "path allocates a zeroed stack for each call's distinct experts and evaluates it "
@@ -385,7 +391,8 @@ class Scenario:
         help=("CPU per bundle the engine's page-cache budget drops (fadvise DONTNEED on its "
               "ranges, engine.store), on the reading thread after its read: only where the page "
               "cache is the engine's emulated budget (sim compare); 0 for a real OS page cache"),
-        obtain="fitted inside decode by `ssdmoe validate`; 0 for a real OS page cache")
+        obtain=("sim compare: the bundle's pages x the hardware's page_drop_us_per_page, plus "
+                "what `ssdmoe validate` fits inside decode beside it; 0 for a real OS page cache"))
     read_hold_ms: float = key(0.0,
         help="a wait inside every expert read, no CPU and the GIL let go (a what-if)",
         obtain="a what-if: a fixed delay added to every read")
@@ -475,5 +482,5 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "throttle_kind", "page_cache_policy", "compute_factor", "cpu_cores",
                      "compute_on_cpu",
                      "background_cores", "page_cache_floor_gib", "queue_ahead_ms",
-                     "refused_warm_ms", "zero_fill_gbps")
+                     "refused_warm_ms", "zero_fill_gbps", "page_drop_us_per_page")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

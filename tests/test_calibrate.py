@@ -6,6 +6,7 @@ through the engine's own API. The fits: test_profile_values.py."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import pytest
@@ -97,7 +98,7 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     few, many = c.zero_fill_ms
     assert 0 < few < many and c.zero_fill_rows[1] * c.bundle_bytes >= 16 << 20
     for key in ("ssd_bandwidth_gbps", "memcpy_gbps", "mem_bandwidth_gbps", "expert_gbps",
-                "compute_tflops", "zero_fill_gbps"):
+                "compute_tflops", "zero_fill_gbps", "page_drop_us_per_page"):
         assert cal.hardware[key][0] > 0, key
     path = write_hardware(tmp_path / "q.toml", hardware_toml(cal.hardware, "q", cal.when, "t"))
     assert load_hardware(str(path)).lazy_compute is True
@@ -158,3 +159,24 @@ def test_the_kernels_page_cache_policy_is_read_off_the_machine(tmp_path):
     policy, why = page_cache_policy("Linux", gen)
     assert policy == "lru" and "multi-generational" in why
     assert page_cache_policy("Darwin", gen)[0] == "lru"
+
+
+def test_dropping_cached_pages_costs_per_page(tmp_path):
+    """calibration.storage_probes.page_drop_times against the kernel: the ranges' pages are
+    really dropped (mincore), so the 256-page drop costs many times the 4-page one (a drop that
+    left the pages cached, as a drop of part of a large folio does, costs the same ~1 us)."""
+    from calibration.storage_probes import DROP_PAGES, page_drop_times, write_scratch
+    from engine.platform import ResidencyProbe, map_for_residency, unmap
+
+    path = tmp_path / "scratch.bin"
+    write_scratch(path, 16 << 20)
+    few, many = page_drop_times(path, n=8)
+    assert DROP_PAGES == (4, 256) and many > 10 * few > 0
+    fd = os.open(path, os.O_RDONLY)
+    addr = map_for_residency(fd, 16 << 20)
+    try:
+        resident, total = ResidencyProbe().resident_pages(addr, [(0, 16 << 20)])
+        assert resident == 0 and total == 4096  # every range read was dropped again
+    finally:
+        unmap(addr, 16 << 20)
+        os.close(fd)

@@ -76,6 +76,7 @@ def test_calibrate_runs_in_macos_mode(tiny_random_converted, tmp_path, model_cop
     for key in ("ssd_bandwidth_gbps", "ssd_latency_ms", "cold_overhead_ms", "memcpy_gbps",
                 "cold_read_cpu_ms"):
         assert key in cal.hardware, key
+    assert "page_drop_us_per_page" not in cal.hardware  # macOS drops no file's pages
 
 
 VM_STAT = """Mach Virtual Memory Statistics: (page size of 16384 bytes)

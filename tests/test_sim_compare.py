@@ -186,3 +186,26 @@ def test_trace_without_a_model_profile_is_bad_input(captured, tmp_path):
     (copy / "run.json").write_text(json.dumps(run))
     with pytest.raises(BadInput, match="no model profile for model 'no-such-model'"):
         compare(read_trace(copy))
+
+
+def test_the_budgets_page_drops_cost_per_page(captured, tmp_path):
+    """Under the engine's page-cache budget, each evicted bundle's drop costs what validate
+    fitted inside decode plus its pages x the kernel's per-page drop (hardware
+    page_drop_us_per_page): a bundle twice as large costs twice the per-page part."""
+    import shutil
+
+    from sim.compare import paged_bundle_bytes
+
+    copy = tmp_path / "t"
+    shutil.copytree(captured, copy)
+    assert scenario_for(read_trace(copy))[0].budget_evict_ms == 0.0  # no budget: no drops
+    run = json.loads((copy / "run.json").read_text())
+    run["engine"]["page_cache_budget"] = 40 * run["model"]["bundle_bytes"]
+    (copy / "run.json").write_text(json.dumps(run))
+    trace = read_trace(copy)
+    pages = -(-int(round(paged_bundle_bytes(trace))) // 4096)
+    fitted = float(scenario_for(trace)[0].notes.get("budget_evict_ms.in_decode", 0.0))
+    sc, _, _ = scenario_for(trace, sets=["page_drop_us_per_page=2"])
+    assert sc.budget_evict_ms == pytest.approx(fitted + pages * 2 / 1e3)
+    sc, _, _ = scenario_for(trace, sets=["page_drop_us_per_page=0"])
+    assert sc.budget_evict_ms == pytest.approx(fitted)
