@@ -391,6 +391,9 @@ def scenario_for(trace: Trace, scenario: str | None = None,
             if evict is not None or drops:
                 sc.budget_evict_ms = float(evict or 0.0) + drops
         derived.append(f"page cache = {int(budget_bytes)} bytes")
+        if memory:  # a memory group at its limit reclaims in the allocating thread
+            sc = dataclasses.replace(sc, direct_reclaim=True)
+            derived.append("direct_reclaim=true")
     sc.source = f"{sc.source} (sim compare {trace.path})"
     check_scenario(sc)
     return sc, derived, notes

@@ -20,7 +20,10 @@ Where a load's bytes are decides its cost, on the thread doing it (main or a rea
                 graph building and compute where a read runs beside them (a lead's prefetches)
 With the engine's emulated page-cache budget, each bundle a fill pushes out costs the reading
 thread `budget_evict_ms` of CPU after the read (the store drops its pages), before the load is
-done: a thread waiting on it waits through the drops, as on a ticket in engine.readers.
+done: a thread waiting on it waits through the drops, as on a ticket in engine.readers. Under a
+memory control group at its limit (`direct_reclaim`) the kernel frees the pages in the reading
+thread inside the read itself: each bundle pushed out costs its pages x page_drop_us_per_page
+of the read's time.
 The per-read work is Python and holds the GIL (sim.gil) when the scenario models it; copy and
 fault work happen inside the read (a warm load's preads return before a waiting thread is awake,
 so with the GIL modelled its copies run inside its hold of the lock). In the bundled layout the
@@ -84,7 +87,7 @@ class Fetcher:
                  page_cache: PageCache, cores: Cores, experts: int, bundle_bytes: int,
                  device_bundle_bytes: int = 0, evict_ms: float = 0.0,
                  gil: Gil | None = None, bundle_reads: int = 1, hold_ms: float = 0.0,
-                 hold_busy: bool = False) -> None:
+                 hold_busy: bool = False, direct_reclaim: bool = False) -> None:
         self.env = env
         self.device = device
         self.pc = page_cache
@@ -100,6 +103,9 @@ class Fetcher:
         self.cold_read_cpu = hw.cold_read_cpu_ms / 1e3
         self.cold_page_cpu = hw.cold_read_cpu_us_per_page / 1e6
         self.evict_s = evict_ms / 1e3  # Scenario.budget_evict_ms
+        # Scenario.direct_reclaim: an evicted bundle's pages freed by the reading thread
+        pages = -(-(device_bundle_bytes or bundle_bytes) // PAGE)
+        self.reclaim_s = pages * hw.page_drop_us_per_page / 1e6 if direct_reclaim else 0.0
         self.hold_s = hold_ms / 1e3  # Scenario.read_hold_ms
         self.hold_busy = hold_busy  # Scenario.read_hold_busy
         self.gil = gil if gil is not None else Gil(env, False)
@@ -189,6 +195,8 @@ class Fetcher:
                 if kernel > 0:
                     yield self.cores.work(kernel, thread)
                 yield from self.gil.run(self.cores, python, thread)
+        if evicted and self.reclaim_s:  # direct reclaim, inside the read (Scenario)
+            yield self.cores.work(evicted * self.reclaim_s, thread)
         load.cold = cold_pieces > 0
         load.cold_pieces = cold_pieces
         load.finished = env.now  # the engine's finished_ns: taken before the budget's drops

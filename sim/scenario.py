@@ -393,6 +393,11 @@ class Scenario:
               "cache is the engine's emulated budget (sim compare); 0 for a real OS page cache"),
         obtain=("sim compare: the bundle's pages x the hardware's page_drop_us_per_page, plus "
                 "what `ssdmoe validate` fits inside decode beside it; 0 for a real OS page cache"))
+    direct_reclaim: bool = key(False,
+        help=("once the page cache is full, the reading thread frees as many pages as its cold "
+              "read adds, inside the read (a memory control group at its limit reclaims in the "
+              "allocating thread: no kswapd), at the hardware's page_drop_us_per_page"),
+        obtain="sim compare: true where the trace ran under a memory limit (--mem-limit)")
     read_hold_ms: float = key(0.0,
         help="a wait inside every expert read, no CPU and the GIL let go (a what-if)",
         obtain="a what-if: a fixed delay added to every read")

@@ -56,6 +56,10 @@ def test_memory_limit_sets_the_page_cache_to_what_it_leaves(tmp_path):
     assert budget(sc).page_cache == pytest.approx(held, abs=sc.model.bundle_bytes)
     assert f"page cache = {group} bytes" in derived
     assert any("memory limit" in n for n in notes)
+    # the kernel reclaims in the reading thread at the group's limit; no budget drops
+    assert sc.direct_reclaim and sc.budget_evict_ms == 0.0
+    plain, _, _ = scenario_for(read_trace(_on_machine(tmp_path / "p", {})))
+    assert not plain.direct_reclaim
     # an engine page-cache budget, where there is one, is what the page cache holds
     sc2, _, _ = scenario_for(read_trace(_on_machine(tmp_path / "n", machine, 64 * MIB)))
     assert budget(sc2).page_cache < budget(sc).page_cache
