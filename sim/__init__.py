@@ -36,6 +36,8 @@ schema as a measured one.
                      sweep_outputs.py writes the Parquet, the PNGs and the README);
                      sweep_ray.py: the same points as Ray tasks (`--backend ray`)
   compare.py         a measured trace replayed with its engine config, side by side
+  in_decode.py       what `ssdmoe validate` fits inside decode, read once from a scenario's
+                     notes as one typed record, and handed to a replay by its configuration
   model_profile.py   a model profile from a converted model's manifest (`sim profile-model`)
   key_reference.py   docs/simulator.md from the dataclasses' key metadata (`sim keys`)
   profile_toml.py    profile files as commented TOML (each value with how it was obtained;

@@ -74,6 +74,7 @@ from typing import Any
 from contract.engine_config import DEFAULT_READERS, HOT_FRACTION, SYNC_AT_BUILD, EngineConfig
 from contract.errors import BadInput
 from contract.thresholds import PAGE
+from sim.in_decode import InDecode
 from sim.scenario import GIB, Scenario
 from traces.reader import Trace
 from traces.schema import SUMMARY_KEYS
@@ -217,41 +218,10 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     sets.append(f"lora={'true' if cfg.lora else 'false'}")
     o_direct = engine.get("o_direct_effective", cfg.o_direct)
     sets.append(f"o_direct={'true' if o_direct else 'false'}")
-    build = sc.notes.get(f"build_ms_per_layer.{path}")
-    if build is not None:
-        sets.append(f"build_ms_per_layer={build}")
-    fill = fill_note(sc.notes, path, cfg.lead_kind)
-    if fill is not None:
-        sets.append(f"fill_ms_per_layer={fill}")
-    fitted_keys = [("compute_factor", "compute_factor"),
-                   ("load_overhead_ms.in_decode", "load_overhead_ms"),
-                   ("handoff_ms.in_decode", "handoff_ms"),
-                   ("reader_wake_ms.in_decode", "reader_wake_ms"),
-                   ("ssd_latency_ms.in_decode", "ssd_latency_ms")]
-    if cfg.prerouter:
-        fitted_keys.append(("head_build_ms.in_decode", "head_build_ms"))
-    if not o_direct:
-        fitted_keys.append(("cold_overhead_ms.in_decode", "cold_overhead_ms"))
-    fitted_keys.append((f"cold_fill_compute_ms.{'in_decode' if looked_ahead(engine) else 'sync'}",
-                        "cold_fill_compute_ms"))
-    for key, setting in fitted_keys:
-        fitted = sc.notes.get(key)  # fitted inside decode by ssdmoe validate
-        if fitted is not None:
-            sets.append(f"{setting}={fitted}")
-    direct = sc.notes.get("cold_overhead_ms.o_direct")
-    if o_direct and direct is not None:
-        sets.append(f"cold_overhead_ms={direct}")
+    fits = InDecode.from_notes(sc.source or sc.name, sc.notes)  # fitted inside decode
+    sets += [f"{key}={value}" for key, value in fits.settings(
+        path, cfg.lead_kind, looked_ahead(engine), bool(cfg.prerouter), bool(o_direct))]
     return sets, path, notes
-
-
-def fill_note(notes: dict[str, str], path: str, lead: str | None) -> str | None:
-    """The lookahead loop's hand-over per layer, fitted per path by ssdmoe validate; the layer
-    lead has its own (profiles fitted before it had one: the staged path's)."""
-    if lead == "layer":
-        own = notes.get("fill_ms_per_layer.staged-layer")
-        if own is not None:
-            return own
-    return notes.get(f"fill_ms_per_layer.{path}")
 
 
 def paged_bundle_bytes(trace: Trace) -> float | None:
@@ -383,7 +353,7 @@ def scenario_for(trace: Trace, scenario: str | None = None,
         sc.model.device_bundle_bytes = int(round(paged))  # what a cold read moves
     if budget_bytes is not None and not engine.get("o_direct_effective", engine.get("o_direct")):
         sc = with_page_cache(sc, int(budget_bytes), notes, paged, kernel=bool(memory))
-        evict = sc.notes.get("budget_evict_ms.in_decode")  # the store drops evicted pages
+        evict = InDecode.from_notes(sc.source or sc.name, sc.notes).budget_evict_ms
         if not memory:  # (under a memory limit the kernel reclaims)
             # the drops' kernel work per page, and what validate fitted inside decode beside it
             pages = -(-int(round(paged or sc.model.bundle_bytes)) // PAGE)
