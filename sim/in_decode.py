@@ -32,6 +32,12 @@ PER_VARIANT = {
 }
 
 
+def is_fitted(key: str) -> bool:
+    """Whether `key` names a figure validate fits inside decode (and this record reads)."""
+    prefix, _, variant = key.partition(".")
+    return key in SINGLE or variant in PER_VARIANT.get(prefix, ())
+
+
 @dataclass(frozen=True)
 class InDecode:
     single: dict[str, float] = field(default_factory=dict)  # SINGLE's note keys

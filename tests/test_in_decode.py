@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from contract.errors import BadInput
-from sim.in_decode import InDecode
+from sim.in_decode import InDecode, is_fitted
 
 NOTES = {"build_ms_per_layer.exact": "0.4", "build_ms_per_layer.staged": "0.2",
          "build_ms_per_layer.pure": "0.14",  # a record, not a fit: left alone
@@ -36,3 +36,15 @@ def test_each_configuration_takes_what_was_fitted_for_it():
 def test_a_fit_that_is_not_a_number_is_one_line():
     with pytest.raises(BadInput, match=r"s\.toml: notes compute_factor: 'fast' is not a number"):
         InDecode.from_notes("s.toml", {**NOTES, "compute_factor": "fast"})
+
+
+def test_validate_writes_only_what_the_replay_reads(tmp_path):
+    from validation.decode_fits import write_note
+
+    assert is_fitted("fill_ms_per_layer.staged-layer") and is_fitted("compute_factor")
+    assert not is_fitted("build_ms_per_layer.pure") and not is_fitted("fill_ms_per_layer.exact")
+    sc = tmp_path / "s.toml"
+    sc.write_text("[notes]\n")
+    write_note(sc, "handoff_ms.in_decode", 0.01, "fitted")
+    with pytest.raises(ValueError, match="handof_ms.in_decode: not a figure"):
+        write_note(sc, "handof_ms.in_decode", 0.01, "a misspelt fit")

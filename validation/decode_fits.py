@@ -122,7 +122,13 @@ def current_note(scenario: Path, key: str) -> float | None:
 
 
 def write_note(scenario: Path, key: str, value: float, why: str) -> None:
-    """Set `"key" = "value"  # why` in the scenario's [notes] (replacing the line if any)."""
+    """Set `"key" = "value"  # why` in the scenario's [notes] (replacing the line if any).
+    Only figures sim.in_decode reads: a fit written under a name the replay does not read
+    would be silently unused."""
+    from sim.in_decode import is_fitted
+
+    if not is_fitted(key):
+        raise ValueError(f"{key}: not a figure sim.in_decode reads (SINGLE, PER_VARIANT)")
     text = scenario.read_text()
     line = f'"{key}" = "{value:.4f}"  # {why}'
     pattern = re.compile(rf'^"{re.escape(key)}"\s*=.*$', re.M)
