@@ -469,8 +469,8 @@ class Runner:
         from contract.engine_config import EngineConfig
         from engine.loader import load_streaming
 
-        config = EngineConfig.from_preset(preset or "on-demand", o_direct=True) if o_direct \
-            else EngineConfig.from_preset(preset) if preset else None
+        config = EngineConfig.from_preset(preset or "on-demand", o_direct=o_direct) \
+            if preset or o_direct else None
         self.engine = load_streaming(converted, verify=False, path_factory=path_factory,
                                      config=config)
         self.model, self.tok, self.store = self.engine.model, self.engine.tokenizer, \

@@ -46,13 +46,18 @@ def write_scratch(path: Path, nbytes: int, seed: int = 0) -> None:
     try:
         for _ in range(nbytes // chunk):
             buf[:] = rng.integers(0, 256, chunk, dtype=np.uint8).tobytes()
-            done = 0
-            while done < chunk:
-                done += os.write(fd, memoryview(buf)[done:])
+            with memoryview(buf) as view:
+                write_all(fd, view)
         p.flush(fd)
     finally:
         os.close(fd)
         buf.close()
+
+
+def write_all(fd: int, view: memoryview) -> None:
+    done = 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
 
 
 def _pread_all(fd: int, buf: memoryview, offset: int) -> None:

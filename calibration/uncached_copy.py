@@ -15,6 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
+from calibration.storage_probes import write_all
 from engine import platform
 from engine.platform import PAGE
 
@@ -45,7 +46,7 @@ def _write_uncached(src: Path, dst: Path) -> None:
             while n := f.readinto(buf):
                 aligned = n // PAGE * PAGE
                 with memoryview(buf) as view:
-                    _write_all(fd, view[:aligned])
+                    write_all(fd, view[:aligned])
                 if aligned < n:  # the file's last partial page
                     tail = bytes(buf[aligned:n])
                     break
@@ -56,9 +57,3 @@ def _write_uncached(src: Path, dst: Path) -> None:
     if tail:
         with open(dst, "ab") as f:
             f.write(tail)
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    done = 0
-    while done < len(view):
-        done += os.write(fd, view[done:])

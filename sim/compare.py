@@ -353,9 +353,9 @@ def scenario_for(trace: Trace, scenario: str | None = None,
         sc.model.device_bundle_bytes = int(round(paged))  # what a cold read moves
     if budget_bytes is not None and not engine.get("o_direct_effective", engine.get("o_direct")):
         sc = with_page_cache(sc, int(budget_bytes), notes, paged, kernel=bool(memory))
-        evict = InDecode.from_notes(sc.source or sc.name, sc.notes).budget_evict_ms
         if not memory:  # (under a memory limit the kernel reclaims)
             # the drops' kernel work per page, and what validate fitted inside decode beside it
+            evict = InDecode.from_notes(sc.source or sc.name, sc.notes).budget_evict_ms
             pages = -(-int(round(paged or sc.model.bundle_bytes)) // PAGE)
             drops = pages * sc.hardware.page_drop_us_per_page / 1e3
             if evict is not None or drops:

@@ -54,6 +54,7 @@ rewrites).
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from typing import Any
 
 import simpy
 
@@ -156,12 +157,17 @@ class MainThread:
 
     def gpu_sync(self) -> Generator:
         """Wait until the compute stream has run everything queued (the host needs a value)."""
+        self.eval += yield from self._wait_for_compute()
+
+    def _wait_for_compute(self) -> Generator[Any, Any, float]:
+        """Wait until the compute stream has run everything queued; the seconds waited."""
         done = self.compute.sync()
-        if done is not None:  # None: everything queued has run
-            start = self.env.now
-            yield done
-            yield from self.gil.take_back()  # eval let go of it (sim.gil)
-            self.eval += self.env.now - start
+        if done is None:  # everything queued has run
+            return 0.0
+        start = self.env.now
+        yield done
+        yield from self.gil.take_back()  # eval let go of it (sim.gil)
+        return self.env.now - start
 
     def new_load(self, step: int, layer: int, expert: int, key: int, nbytes: int, pieces: int,
                  source: str, hold: bool = False) -> Generator:
@@ -357,12 +363,7 @@ class MainThread:
         stream and evaluated before the reads land in it (engine.paths.exact.fetch). The main
         thread waits for it; the engine's recorder counts the wait as graph building."""
         self.compute.submit(rows * self.stack_fill_s, lazy=False)
-        done = self.compute.sync()
-        start = self.env.now
-        if done is not None:
-            yield done
-        yield from self.gil.take_back()  # eval let go of it (sim.gil)
-        self.build += self.env.now - start
+        self.build += yield from self._wait_for_compute()
 
     # -- steps ------------------------------------------------------------------------------
     def decode(self, step: int, request: int, row: int) -> Generator:
