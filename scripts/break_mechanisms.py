@@ -68,6 +68,11 @@ def tests(tree: Path) -> list[str]:
 
 
 def main(names: list[str]) -> int:
+    unknown = [n for n in names if n not in {m[0] for m in MUTANTS}]
+    if unknown:
+        print(f"break_mechanisms: unknown mechanism {', '.join(map(repr, unknown))} (known: "
+              f"{', '.join(m[0] for m in MUTANTS)})", file=sys.stderr)
+        return 2
     missed = 0
     with tempfile.TemporaryDirectory(prefix="ssdmoe-mutants-") as tmp:
         tree = Path(tmp) / "tree"

@@ -48,7 +48,14 @@ def neutral(text: str, values: dict[str, str | None]) -> str:
 
 
 def main(root: Path, groups: list[str]) -> None:
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        sys.exit(f"retire_corrections: unknown group {', '.join(unknown)} (known: "
+                 f"{', '.join(GROUPS)})")
     hw = root / "scenarios/hardware/this-machine.toml"
+    if not hw.is_file():
+        sys.exit(f"retire_corrections: {root}: no scenarios/hardware/this-machine.toml (a "
+                 "worktree of 5e47eb5d, see the module doc)")
     original = hw.read_text()
     cli = [sys.executable, "-m", "ssdmoe_cli", "validate"]
     try:
