@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from contract.errors import BadInput
+from contract.eviction import DEFAULT as DEFAULT_POLICY
+from contract.eviction import check_policy
 
 PATHS = ("exact", "hot", "staged", "whole-layer")
 # Paths that bring routed ids to the host while the graph is built (exact's synchronous
@@ -68,6 +70,9 @@ class EngineConfig:
     lead_kind: str = "none"  # LEADS; "token" whenever lead is 1
     top_k: int | None = None  # route at this K instead of the model's own (routing studies)
     dtype: str = "auto"  # DTYPES: float32 on the CPU backend, else the source's
+    # eviction policy of every app cache (hot pool, staged slots, page-cache budget):
+    # contract.eviction; None: the default (lru) where the config has a cache, none otherwise
+    cache_policy: str | None = None
     lookahead: bool = True  # decode loop builds step t+1's graph while step t computes
     # (mlx-lm's generate_step does the same); in effect only when no decode layer syncs at
     # build (exact): see engine.generate
@@ -119,6 +124,15 @@ class EngineConfig:
         if self.staged_headroom is not None and self.staged_headroom < 0:
             raise BadInput(f"engine config: staged headroom must be >= 0, got "
                            f"{self.staged_headroom}")
+        if self.cache_policy is not None:
+            check_policy(self.cache_policy, "engine config: cache policy (--cache-policy)")
+            if not self.has_cache():
+                raise BadInput(f"engine config: cache policy {self.cache_policy!r} on a "
+                               f"configuration with no cache (prefill {self.prefill}, decode "
+                               f"{self.decode}, no page-cache budget): a policy needs the hot "
+                               "or staged path, or --page-cache-budget")
+        elif self.has_cache():
+            self.cache_policy = DEFAULT_POLICY
 
     # ------------------------------------------------------------ construction
 
@@ -152,6 +166,11 @@ class EngineConfig:
         return d
 
     # ------------------------------------------------------------ queries
+
+    def has_cache(self) -> bool:
+        """Does any app cache evict (the hot pool, staged slots, the page-cache budget)?"""
+        paths = {self.prefill, self.decode} | {p for d in self.layers.values() for p in d.values()}
+        return self.page_cache_budget is not None or bool(paths & {"hot", "staged"})
 
     def path_for(self, layer: int, phase: str) -> str:
         return self.layers.get(layer, {}).get(phase, self.prefill if phase == "prefill"

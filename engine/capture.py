@@ -83,6 +83,7 @@ def load_engine(
     lora: str | Path | None = None,
     readers: int | None = None,
     hot_mb: float | None = None,
+    cache_policy: str | None = None,
 ):
     """-> the Engine (engine.engine) for `preset`
     (contract.engine_config.PRESETS) with the page-cache budget given in MiB or as a fraction of the
@@ -99,7 +100,7 @@ def load_engine(
         lead = "token"
     config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget,
                                       lookahead=lookahead, lead_kind=lead, top_k=top_k,
-                                      readers=readers,
+                                      readers=readers, cache_policy=cache_policy,
                                       hot_bytes=None if hot_mb is None else int(hot_mb * 2**20),
                                       prerouter=None if prerouter is None else str(prerouter),
                                       lora=None if lora is None else str(lora))

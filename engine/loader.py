@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from contract import eviction
 from contract.engine_config import EngineConfig
 from contract.errors import BadInput
 from engine.archs import ARCHS, routing_spec
@@ -155,7 +156,8 @@ def load_streaming(
     weights = _resident_weights(manifest, upcasts(config.dtype) if float32 is None else float32)
     model, layers = _model(manifest, weights)
     store = ExpertStore(manifest, o_direct=config.o_direct,
-                        page_cache_budget=config.page_cache_budget, on_load=on_load)
+                        page_cache_budget=config.page_cache_budget, on_load=on_load,
+                        cache_policy=config.cache_policy or eviction.DEFAULT)
     rt = build_runtime(config, store)
     arch = ARCHS[manifest.model_type]
     spec = routing_spec(manifest.config)

@@ -1,45 +1,51 @@
-"""The page-cache budget: the expert bytes a store has read kept within `limit` bytes, the least
-recently read bundles' pages dropped with POSIX_FADV_DONTNEED (engine.platform), each bundle's
-ranges rounded out to whole pages (what the kernel caches, and what the simulator's page cache
-charges: sim.model_profile.paged_bundle_bytes). Reads on any thread charge it."""
+"""The page-cache budget: the expert bytes a store has read kept within `limit` bytes, the pages
+of the bundles the eviction policy names (contract.eviction; least recently read by default)
+dropped with POSIX_FADV_DONTNEED (engine.platform), each bundle's ranges rounded out to whole
+pages (what the kernel caches, and what the simulator's page cache charges:
+sim.model_profile.paged_bundle_bytes). Reads on any thread charge it."""
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
+
+from contract import eviction
 
 DropPages = Callable[[int, int, int], None]  # (fd, offset, length)
 
 
 class PageCacheBudget:
-    def __init__(self, limit: int, drop_pages: DropPages, page: int = 4096) -> None:
+    def __init__(self, limit: int, drop_pages: DropPages, page: int = 4096,
+                 policy: str = eviction.DEFAULT) -> None:
         self.limit = limit
         self.page = page
         self._drop_pages = drop_pages
         self._lock = threading.Lock()
-        # bundle -> (fd, page-rounded ranges, bytes), least recently read first
-        self._bundles: OrderedDict[tuple[int, int], tuple[int, list[tuple[int, int]], int]] = \
-            OrderedDict()
+        self.policy = eviction.make(policy)  # over the bundles of _bundles
+        # bundle -> (fd, page-rounded ranges, bytes)
+        self._bundles: dict[tuple[int, int], tuple[int, list[tuple[int, int]], int]] = {}
         self.used_bytes = 0
 
-    def charge(self, bundle: tuple[int, int], fd: int, ranges: list[tuple[int, int]]) -> None:
-        """`bundle` (layer, expert) was just read from `fd` at `ranges`: it becomes the most
-        recently read, and the least recent ones are dropped until the rest fits (a bundle
-        above the whole budget is dropped too)."""
+    def charge(self, bundle: tuple[int, int], fd: int, ranges: list[tuple[int, int]],
+               step: int = -1) -> None:
+        """`bundle` (layer, expert) was just read from `fd` at `ranges` during `step`: it is
+        used now, and the policy's victims are dropped until the rest fits (a bundle above the
+        whole budget is dropped too)."""
         pages = page_extents(ranges, self.page)
         nbytes = sum(ln for _, ln in pages)
+        now = (step, bundle[0])
         drop = []
         with self._lock:
             if bundle in self._bundles:
-                self._bundles.move_to_end(bundle)
+                self.policy.use(bundle, now)
             else:
                 self._bundles[bundle] = (fd, pages, nbytes)
+                self.policy.admit(bundle, now)
                 self.used_bytes += nbytes
             while self.used_bytes > self.limit and len(self._bundles) > 1:
-                drop.append(self._evict())
+                drop.append(self._evict(self.policy.victim(now, (bundle,))))
             if self.used_bytes > self.limit:  # one bundle above the whole budget
-                drop.append(self._evict())
+                drop.append(self._evict(bundle))
         for dfd, dpages in drop:  # outside the lock: a syscall per extent
             for off, ln in dpages:
                 self._drop_pages(dfd, off, ln)
@@ -49,9 +55,11 @@ class PageCacheBudget:
         with self._lock:
             for key in [k for k in self._bundles if layer is None or k[0] == layer]:
                 self.used_bytes -= self._bundles.pop(key)[2]
+                self.policy.remove(key)
 
-    def _evict(self) -> tuple[int, list[tuple[int, int]]]:
-        _, (fd, pages, nbytes) = self._bundles.popitem(last=False)
+    def _evict(self, bundle: tuple[int, int]) -> tuple[int, list[tuple[int, int]]]:
+        fd, pages, nbytes = self._bundles.pop(bundle)
+        self.policy.remove(bundle)
         self.used_bytes -= nbytes
         return fd, pages
 

@@ -108,7 +108,8 @@ def build_runtime(config: EngineConfig, store: ExpertStore) -> Runtime:
     layers = m.moe_layers
     if config.uses("hot", layers):
         expert_bytes = m.bundle_bytes * m.num_experts * len(layers)
-        rt.hot = HotPool(store, rt.readers, stats, config.resolved_hot_bytes(expert_bytes))
+        rt.hot = HotPool(store, rt.readers, stats, config.resolved_hot_bytes(expert_bytes),
+                         config.cache_policy)
     if config.uses("whole-layer", layers):
         rt.whole = WholeLayerLoader(store, rt.readers, stats)
     shared: dict[tuple[int, str], ExpertPath] = {}  # one exact/hot/staged per layer
@@ -127,6 +128,7 @@ def build_runtime(config: EngineConfig, store: ExpertStore) -> Runtime:
                     shared[(i, kind)] = HotPath(store, i, rt.hot, rt.fills)
                 else:
                     shared[(i, kind)] = StagedPath(store, i, rt.readers, stats,
-                                                   config.staged_headroom, rt.fills)
+                                                   config.staged_headroom, rt.fills,
+                                                   config.cache_policy)
             rt.paths[(i, phase)] = shared[(i, kind)]
     return rt

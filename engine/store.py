@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from contract import eviction
 from contract.errors import BadInput, IOFault
 from engine import platform
 from engine.manifest import LayerEntry, Manifest
@@ -100,6 +101,7 @@ class ExpertStore:
         o_direct: bool = False,
         page_cache_budget: int | None = None,
         on_load: LoadCallback | None = None,
+        cache_policy: str = eviction.DEFAULT,
     ):
         self.manifest = manifest
         self.on_load = on_load
@@ -117,8 +119,8 @@ class ExpertStore:
         self.direct_fallback: str | None = None
         self._local = threading.local()  # per-thread O_DIRECT bounce buffer
         self._probe = ResidencyProbe()  # mincore (engine.platform)
-        self.budget = PageCacheBudget(page_cache_budget, self.platform.drop_pages, PAGE) \
-            if page_cache_budget is not None else None
+        self.budget = PageCacheBudget(page_cache_budget, self.platform.drop_pages, PAGE,
+                                      cache_policy) if page_cache_budget is not None else None
         self._files: dict[int, _File] = {}
         self.nowait_starts_io: bool | None = None  # None: not probed (_nowait_starts_no_io)
         self._ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}  # bundle_ranges cache
@@ -507,7 +509,7 @@ class ExpertStore:
         finished = time.perf_counter_ns()
         issued = started if issued_ns is None else issued_ns
         if not self.direct and self.budget is not None:
-            self.budget.charge((layer, expert), self._files[layer].fd, ranges)
+            self.budget.charge((layer, expert), self._files[layer].fd, ranges, step)
         return {
             "step": step, "layer": layer, "expert": expert,
             "bytes": sum(length for _, length in ranges), "offset": ranges[0][0],

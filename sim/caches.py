@@ -1,31 +1,37 @@
-"""The engine's app caches: a bundle LRU shared by all layers (bounded in bytes) and the staged
-path's per-layer slot tables. Values are the Load that brought the bundle in (None once it is
-known to have landed), so a hit on a bundle still in flight waits for it instead of pretending
-it is there."""
+"""The engine's app caches: a bundle cache shared by all layers (bounded in bytes: the hot pool,
+or the paper's bundle LRU behind the slots) and the staged path's per-layer slot tables, each
+evicting the victims of the run's eviction policy (Scenario.cache_policy, contract.eviction).
+Values are the Load that brought the bundle in (None once it is known to have landed), so a
+hit on a bundle still in flight waits for it instead of pretending it is there."""
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 
-from sim.lru import LRU
+from contract.eviction import DEFAULT, EvictionPolicy, make
+from sim.bounded_cache import BoundedCache
 
 
-class BundleLRU(LRU):
-    """LRU of expert bundles keyed layer * experts + expert."""
+class BundleLRU(BoundedCache):
+    """The shared cache of expert bundles keyed layer * experts + expert (least recently used
+    first unless the policy says otherwise)."""
 
 
 class SlotTables:
     """Per layer, the staged path's slot table (engine.paths.slot_table): `capacity` slots, one
-    expert each. A missing expert takes the least recently used slot outside the protected ones
-    (the last call's, which may still compute, and sets staged for calls to come); survivors keep
-    theirs. `pending` holds, per layer and oldest first, the sets staged for future calls
-    (expert -> the Load bringing it in, or None when it was already held): with the lookahead
-    loop the token after next is staged before the next token's layer has taken its set, as the
-    engine's per-layer queue of staged sets allows."""
+    expert each. A missing expert takes an empty slot, else the policy's victim outside the
+    protected ones (the last call's, which may still compute, and sets staged for calls to
+    come); survivors keep theirs. Each layer's policy is stamped with that layer's calls, as the
+    engine's table is. `pending` holds, per layer and oldest first, the sets staged for future
+    calls (expert -> the Load bringing it in, or None when it was already held): with the
+    lookahead loop the token after next is staged before the next token's layer has taken its
+    set, as the engine's per-layer queue of staged sets allows."""
 
-    def __init__(self, layers: int, capacity: int) -> None:
+    def __init__(self, layers: int, capacity: int, policy: str = DEFAULT) -> None:
         self.capacity = capacity
-        self.held: list[OrderedDict[int, object]] = [OrderedDict() for _ in range(layers)]
+        self.held: list[dict[int, object]] = [{} for _ in range(layers)]
+        self.policies: list[EvictionPolicy] = [make(policy) for _ in range(layers)]
+        self.calls = [0] * layers  # the engine table's clock (SlotTable.clock)
         self.last_call: list[frozenset[int]] = [frozenset()] * layers
         self.pending: list[deque[dict[int, object]]] = [deque() for _ in range(layers)]
         self.evictions = 0
@@ -39,23 +45,27 @@ class SlotTables:
         return out
 
     def touch(self, layer: int, experts: list[int]) -> None:
-        held = self.held[layer]
+        """A call on `layer` wants `experts`: a new tick of its clock, the held ones used."""
+        self.calls[layer] += 1
+        held, policy, now = self.held[layer], self.policies[layer], (self.calls[layer], layer)
         for e in experts:
             if e in held:
-                held.move_to_end(e)
+                policy.use(e, now)
 
     def place(self, layer: int, expert: int, load: object, protected: set[int]) -> None:
         """Give `expert` (not held) a slot, its read `load` in flight: an empty slot, else the
-        least recently used one outside `protected`. With every slot protected (the engine raises
+        policy's victim outside `protected`. With every slot protected (the engine raises
         StagingError; sim.profiles requires the headroom that rules it out) the oldest goes."""
-        held = self.held[layer]
+        held, policy, now = self.held[layer], self.policies[layer], (self.calls[layer], layer)
         if len(held) >= self.capacity:
-            victim = next((e for e in held if e not in protected), None)
+            victim = policy.victim(now, protected)
             if victim is None:
                 victim = next(iter(held))
             del held[victim]
+            policy.remove(victim)
             self.evictions += 1
         held[expert] = load
+        policy.admit(expert, now)
 
     def landed(self, layer: int, expert: int) -> None:
         held = self.held[layer]

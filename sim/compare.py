@@ -14,7 +14,7 @@ vocabulary (sim.policies):
   decode path hot                       path hot, lru_bytes = hot_bytes (default 25% of the
                                         expert bytes, contract.engine_config.HOT_FRACTION), readers
   decode path staged                    path staged, staged_headroom as configured (per layer
-                                        K + headroom slots, least recently used victim), lead none,
+                                        K + headroom slots, the cache policy's victim), lead none,
                                         no bundle LRU behind the slots, readers
   prerouter true                        path staged, lead token
   lead_kind layer                       path staged, lead layer, lead_layers 1, every MoE layer
@@ -34,6 +34,9 @@ vocabulary (sim.policies):
                                         path in use is one that does not sync at build (staged,
                                         hot, whole-layer), as engine.generate decides; else false
                                         (exact: the synchronous loop)
+  cache_policy                          as recorded (traces from before it existed: lru); with a
+                                        page-cache budget it is the budget's policy too
+                                        (engine_budget)
   k, o_direct, help_reads               as recorded (help_reads: the main thread reads a needed
                                         bundle no reader has started; traces without it: on)
   page_cache_budget                     the simulated page cache holds as many bundles as the
@@ -212,6 +215,8 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
         sets += ["path=staged", "lead=none", *staged]
     else:
         raise BadInput(f"run.json engine: decode path {path!r} has no simulator mapping")
+    if cfg.cache_policy is not None:
+        sets.append(f"cache_policy={cfg.cache_policy}")
     sets.append(f"lookahead={'true' if looked_ahead(engine) else 'false'}")
     sets.append(f"help_reads={'true' if cfg.help_reads else 'false'}")
     sets.append("gil=true")  # this engine's threads are Python threads (sim.gil)
@@ -241,11 +246,11 @@ def with_page_cache(sc: Scenario, budget_bytes: int, notes: list[str],
                     paged: float | None = None, kernel: bool = False) -> Scenario:
     """The scenario with its page cache set to hold what the engine's budget holds: the budget
     in bundles of page-rounded size `paged` (or of bundle_bytes), through the OS reserve. The
-    engine's budget drops the least recently read bundles itself (policy lru); with `kernel`
-    the room is a memory limit's, and the kernel's own policy (the hardware's) decides."""
+    engine's budget drops the bundles its cache policy names itself (engine_budget: the
+    scenario's cache_policy); with `kernel` the room is a memory limit's, and the kernel's own
+    policy (the hardware's) decides."""
     if not kernel:
-        sc = dataclasses.replace(sc, hardware=dataclasses.replace(sc.hardware,
-                                                                  page_cache_policy="lru"))
+        sc = dataclasses.replace(sc, engine_budget=True)
     from sim.memory_budget import budget
 
     if paged and paged > sc.model.bundle_bytes:

@@ -146,13 +146,13 @@ class Fetcher:
             yield self.cores.work(self.hold_s, thread) if self.hold_busy else \
                 env.timeout(self.hold_s)
         if load.expert < 0:
-            missing = self.pc.probe_layer(load.layer)
+            missing = self.pc.probe_layer(load.layer, (load.step, load.layer))
             requests, cold_bytes = load.pieces, missing * self.device_bytes
             cold_pieces = 1 if missing else 0
             syscalls, held = load.pieces, False
         else:
             syscalls = max(load.pieces, self.bundle_reads)  # one pread per tensor slice
-            held = self.pc.probe(load.key)
+            held = self.pc.probe(load.key, (load.step, load.layer))
             # slices whose page the expert's page group shares: cached or not as a group
             shared = 0 if self.readahead else self.pc.shared_missing(load.key)
             if held and not shared:
@@ -270,7 +270,7 @@ class Fetcher:
         """The read's bytes enter the page cache; returns how many bundles that pushed out."""
         before = self.pc.lru.evictions
         if load.expert < 0:
-            self.pc.fill_layer(load.layer)
+            self.pc.fill_layer(load.layer, (load.step, load.layer))
         else:
-            self.pc.fill(load.key)
+            self.pc.fill(load.key, (load.step, load.layer))
         return self.pc.lru.evictions - before

@@ -65,6 +65,7 @@ from sim.loads import Fetcher, Load
 from sim.policies import Policy
 from sim.reader_threads import INLINE_WARM_BYTES, ReaderThreads
 from sim.record import StepLog
+from sim.routing_input import PREFILL_TOKEN
 from sim.scenario import Scenario
 from sim.swap import Swap
 from traces.schema import DEMAND, PREFETCH, WHOLE_LAYER
@@ -87,7 +88,9 @@ class MainThread:
         self.lru = lru
         self.swap = swap
         self.gil = fetcher.gil
-        self.slots = SlotTables(m.layers, sc.staged_slots)
+        # (Belady runs on the hot path only: sim.profiles.check_scenario; no slots there)
+        self.slots = SlotTables(m.layers, sc.staged_slots,
+                                "lru" if sc.cache_policy == "belady" else sc.cache_policy)
         self.cpu_seen = self.main_cpu_seen = 0.0  # the cores' CPU seconds at the last row
         self.layers = m.layers
         self.experts = m.experts
@@ -270,12 +273,12 @@ class MainThread:
                 staged[e] = held[e]
                 continue
             key = base + e
-            if lru.lookup(key):
+            if lru.lookup(key, (step, layer)):
                 load = lru.get(key)
             else:
                 load = yield from self.new_load(step, layer, e, key, self.bundle_bytes,
                                                 self.sc.prefetch_pieces, PREFETCH)
-                lru.insert(key, load)
+                lru.insert(key, (step, layer), load, keep=[base + p for p in predicted])
             slots.place(layer, e, load, keep)
             staged[e] = load
         slots.stage(layer, staged)
@@ -318,7 +321,11 @@ class MainThread:
         need: list[Load] = []
         held: list[Load] = []
         in_slots = slots.held[layer] if policy.slots else {}
-        for e in executed:
+        call = [base + e for e in executed]  # pinned while this call's misses pick victims
+        order = executed
+        if policy.app_cache and not policy.slots:  # the hot pool: hits, then misses, each
+            order = sorted(executed, key=lambda e: (base + e not in lru, e))  # sorted (rows_for)
+        for e in order:
             key = base + e
             if e in in_slots:
                 load = in_slots[e]
@@ -326,7 +333,7 @@ class MainThread:
                     self.hits += 1
                     yield from self.cache_hit(key)
                     continue
-            elif policy.app_cache and lru.lookup(key):
+            elif policy.app_cache and lru.lookup(key, (step, layer)):
                 load = lru.get(key)
                 if load is None:
                     yield from self.cache_hit(key)
@@ -338,7 +345,7 @@ class MainThread:
                 if not load.done.triggered:
                     held.append(load)
                 if policy.app_cache:
-                    lru.insert(key, load)
+                    lru.insert(key, (step, layer), load, keep=call)
                 if policy.slots:
                     slots.place(layer, e, load, keep)
             if load is None:
@@ -366,8 +373,9 @@ class MainThread:
         self.build += yield from self._wait_for_compute()
 
     # -- steps ------------------------------------------------------------------------------
-    def decode(self, step: int, request: int, row: int) -> Generator:
-        """Decode step `step` (trace step index) executing routing row `row`, synchronous loop."""
+    def decode(self, step: int, request: int, row: int, phase: str = "decode") -> Generator:
+        """Decode step `step` (trace step index) executing routing row `row`, synchronous loop
+        (`phase`: what the step is recorded as; a one-token prefill runs this path too)."""
         start = self.env.now
         self.begin_step()
         yield from self.stage_boundary(step, row)
@@ -379,7 +387,7 @@ class MainThread:
         if self.unembed_s:
             self.compute.submit(self.unembed_s)
         yield from self.gpu_sync()
-        self.record_step(step, request, "decode", 1, start)
+        self.record_step(step, request, phase, 1, start)
 
     def decode_lookahead(self, step: int, request: int, row: int, built: bool,
                          next_row: int | None) -> Generator:
@@ -523,6 +531,9 @@ class MainThread:
         for step, (phase, tokens, request, row) in enumerate(plan):
             if phase == "prefill":
                 yield from self.prefill_step(step, request, tokens)
+                built = False
+            elif phase == PREFILL_TOKEN:  # the decode path, synchronously, recorded as prefill
+                yield from self.decode(step, request, row, phase="prefill")
                 built = False
             elif self.lookahead:
                 nxt = plan[step + 1] if step + 1 < len(plan) else None

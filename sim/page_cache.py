@@ -1,5 +1,7 @@
-"""The OS page cache over the expert files: an LRU (or Linux's two lists, sim.two_list_lru,
-Hardware.page_cache_policy) of bundle ranges (a bundle is the unit; finer
+"""The OS page cache over the expert files: Linux's two lists (sim.two_list_lru,
+Hardware.page_cache_policy "linux-two-list"), else a cache whose victims an eviction policy names
+(sim.bounded_cache: "lru"; where the page cache is the engine's page-cache budget, the engine's
+cache policy, Scenario.cache_policy) of bundle ranges (a bundle is the unit; finer
 page granularity would cost events and buys nothing at bundle-sized reads). Capacity comes from
 sim.memory_budget.budget. With O_DIRECT the engine bypasses it: every read is cold and nothing is
 kept.
@@ -18,10 +20,11 @@ keeps a shared page while any of its experts is in use.
 
 from __future__ import annotations
 
-from sim.lru import LRU
+from sim.bounded_cache import BoundedCache
 from sim.two_list_lru import TwoListLRU
 
-POLICIES = {"lru": LRU, "linux-two-list": TwoListLRU}  # Hardware.page_cache_policy
+KERNEL = "linux-two-list"  # Hardware.page_cache_policy: the kernel's lists, not a contract policy
+PAGE_CACHE_POLICIES = ("lru", KERNEL)  # the values Hardware.page_cache_policy takes
 
 
 class PageCache:
@@ -30,7 +33,9 @@ class PageCache:
                  policy: str = "lru") -> None:
         self.enabled = enabled and capacity_bytes > 0
         self.experts = experts
-        self.lru = POLICIES[policy](capacity_bytes if enabled else 0, bundle_bytes)
+        capacity = capacity_bytes if enabled else 0
+        self.lru = TwoListLRU(capacity, bundle_bytes) if policy == KERNEL else \
+            BoundedCache(capacity, bundle_bytes, policy)
         # page sharing (module doc); off unless every group lies within one layer
         shared = self.enabled and page_group > 1 and experts % page_group == 0
         self.shared_reads = shared_reads if shared else 0
@@ -61,32 +66,32 @@ class PageCache:
     def capacity_bytes(self) -> int:
         return self.lru.capacity_bytes
 
-    def probe(self, key: int) -> bool:
-        """Is this bundle resident? (marks it recently used, as a read of it would)"""
-        return self.enabled and self.lru.lookup(key)
+    def probe(self, key: int, now: tuple[int, int]) -> bool:
+        """Is this bundle resident? (a use at `now`, as a read of it would be)"""
+        return self.enabled and self.lru.lookup(key, now)
 
     def holds(self, key: int) -> bool:
         """Is this bundle resident? (no recency change: a look, not a read)"""
         return self.enabled and key in self.lru
 
-    def fill(self, key: int) -> None:
+    def fill(self, key: int, now: tuple[int, int]) -> None:
         if self.enabled:
             if self.shared_reads:  # its pages cached, then the budget's drops (the engine's order)
                 self.shared_pages.add(key // self.page_group)
-            self.lru.insert(key)
+            self.lru.insert(key, now)
 
-    def probe_layer(self, layer: int) -> int:
+    def probe_layer(self, layer: int, now: tuple[int, int]) -> int:
         """Number of the layer's bundles NOT resident; touches the resident ones."""
         if not self.enabled:
             return self.experts
         base = layer * self.experts
-        return sum(1 for e in range(self.experts) if not self.lru.lookup(base + e))
+        return sum(1 for e in range(self.experts) if not self.lru.lookup(base + e, now))
 
-    def fill_layer(self, layer: int) -> None:
+    def fill_layer(self, layer: int, now: tuple[int, int]) -> None:
         if self.enabled:
             base = layer * self.experts
             for e in range(self.experts):
-                self.lru.insert(base + e)
+                self.lru.insert(base + e, now)
             if self.shared_reads:
                 self.shared_pages.update(range(base // self.page_group,
                                                (base + self.experts) // self.page_group))

@@ -16,7 +16,9 @@ from typing import Any
 
 from contract.engine_config import LEADS
 from contract.errors import BadInput
-from sim.page_cache import POLICIES as PAGE_CACHE_POLICIES
+from contract.eviction import DEFAULT as DEFAULT_POLICY
+from contract.eviction import POLICIES
+from sim.page_cache import PAGE_CACHE_POLICIES
 from sim.scenario import (
     DECODE_PATHS,
     HARDWARE_KEYS,
@@ -124,6 +126,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "prefill_tokens": (_nonneg, "must be >= 0"),
     "context_tokens": (_nonneg, "must be >= 0"),
     "lru_bytes": (_nonneg, "must be >= 0"),
+    "cache_policy": (lambda v: v in POLICIES, f"must be one of {', '.join(POLICIES)}"),
     "readers": (_nonneg, "must be >= 0"),
     "demand_pieces": (_positive, "must be >= 1"),
     "prefetch_pieces": (_positive, "must be >= 1"),
@@ -328,6 +331,15 @@ def check_scenario(sc: Scenario) -> None:
     if sc.path == "exact" and sc.lru_bytes:
         raise BadInput(f"{where}: lru_bytes: the exact path keeps no app cache (set it to 0, or "
                        "path = \"hot\")")
+    if sc.cache_policy != DEFAULT_POLICY and sc.path == "exact" and not sc.engine_budget:
+        raise BadInput(f"{where}: cache_policy: {sc.cache_policy!r} on the exact path, which "
+                       "has no cache to evict from (path = \"hot\" or \"staged\", or an "
+                       "engine page-cache budget)")
+    if sc.cache_policy == "belady" and (sc.path != "hot" or sc.engine_budget):
+        budget = ", with an engine page-cache budget" if sc.engine_budget else ""
+        raise BadInput(f"{where}: cache_policy: belady runs on the hot path's shared cache only "
+                       f"(path is {sc.path!r}{budget}): the slot tables' sets are staged before "
+                       "their use, and the budget's reads come from the threads' order")
 
 
 def load_scenario(name_or_path: str, sets: list[str] | None = None) -> Scenario:

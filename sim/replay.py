@@ -14,6 +14,7 @@ import numpy as np
 import simpy
 
 from contract.errors import BadInput
+from sim.belady import Belady
 from sim.caches import BundleLRU
 from sim.compute_stream import ComputeStream
 from sim.cpu import Cores
@@ -23,10 +24,10 @@ from sim.loads import Fetcher
 from sim.main_thread import MainThread
 from sim.memory_budget import MemoryBudget, budget
 from sim.page_cache import PageCache
-from sim.policies import make_policy
+from sim.policies import Policy, make_policy
 from sim.reader_threads import ReaderThreads
 from sim.record import loads_frame, routing_frame, steps_frame
-from sim.routing_input import RoutingInput, from_trace, synthetic
+from sim.routing_input import DECODE_PATH_STEPS, RoutingInput, from_trace, synthetic
 from sim.scenario import GIB, Scenario
 from sim.storage import Device
 from sim.swap import Swap
@@ -106,7 +107,7 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
                             hw.sync_overhead_ms / 1e3, queue_ahead_s=queue_ahead_s)
     pc = PageCache(mem.page_cache, m.bundle_bytes, m.experts, enabled=not sc.o_direct,
                    shared_reads=m.shared_page_reads, page_group=m.page_group,
-                   policy=hw.page_cache_policy)
+                   policy=sc.cache_policy if sc.engine_budget else hw.page_cache_policy)
     fetcher = Fetcher(env, hw, device, pc, cores, m.experts, m.bundle_bytes,
                       m.device_bundle_bytes, sc.budget_evict_ms,
                       Gil(env, sc.gil, hw.gil_handoff_ms / 1e3),
@@ -115,15 +116,26 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
     readers = (ReaderThreads(env, reader_threads, fetcher, hw.handoff_ms / 1e3,
                              hw.reader_wake_ms / 1e3)
                if reader_threads > 0 else None)
-    lru = BundleLRU(sc.lru_bytes, m.bundle_bytes)
+    policy = make_policy(sc, routing.router, routing.predicted)
+    lru = BundleLRU(sc.lru_bytes, m.bundle_bytes,
+                    Belady(future_uses(routing.plan, policy, m.layers, m.experts))
+                    if sc.cache_policy == "belady" else sc.cache_policy)
     swap = Swap(mem.swapped, device, hw.cold_overhead_ms / 1e3,
                 (mem.resident + mem.kv) // m.layers)
-    policy = make_policy(sc, routing.router, routing.predicted)
     main = MainThread(env, sc, policy, cores, compute, fetcher, readers, lru, swap)
     main.warnings = warnings
     env.process(main.run(routing.plan))
     env.run()
     return Model(main, fetcher, device, readers, cores, compute, swap, mem)
+
+
+def future_uses(plan: list[tuple[str, int, int, int]], policy: Policy, layers: int,
+                experts: int) -> list[tuple[tuple[int, int], int]]:
+    """Every (stamp, key) the shared cache will be asked for: each decode step's executed sets,
+    stamped (step, layer) as sim.main_thread stamps them (Belady's future)."""
+    return [((step, layer), layer * experts + e)
+            for step, (phase, _, _, row) in enumerate(plan) if phase in DECODE_PATH_STEPS
+            for layer in range(layers) for e in policy.executed(row, layer)]
 
 
 def run_info(sc: Scenario, routing: RoutingInput, mem: MemoryBudget) -> RunInfo:
@@ -135,6 +147,7 @@ def run_info(sc: Scenario, routing: RoutingInput, mem: MemoryBudget) -> RunInfo:
                "experts": m.experts, "k": sc.k, "bundle_bytes": m.bundle_bytes,
                "manifest_sha256": None},
         engine={"decode": sc.path, "k": sc.k, "lead_kind": sc.lead, "lru_bytes": sc.lru_bytes,
+                "cache_policy": sc.cache_policy,
                 "readers": sc.readers, "page_cache_budget": mem.page_cache,
                 "staged_headroom": sc.headroom if sc.path == "staged" else None,
                 "o_direct": sc.o_direct, "prerouter": sc.predicts and sc.lead == "token",
@@ -161,9 +174,10 @@ def run_scenario(sc: Scenario, trace: Trace | None = None,
     sim_s = time.perf_counter() - t1
     loads = loads_frame(fetcher.log, sc.hardware.readahead)
     steps = steps_frame(main.log, loads, mem, sc.model.kv_bytes_per_token, sc.context_tokens)
-    decode_rows = [p for p in routing.plan if p[0] == "decode"]
-    decode_steps = np.asarray([i for i, p in enumerate(routing.plan) if p[0] == "decode"],
-                              dtype=np.int64)
+    # the steps that ran the decode path (one-token prefills too), as the engine records them
+    decode_rows = [p for p in routing.plan if p[0] in DECODE_PATH_STEPS]
+    decode_steps = np.asarray([i for i, p in enumerate(routing.plan)
+                               if p[0] in DECODE_PATH_STEPS], dtype=np.int64)
     executed = np.asarray(main.executed_log, dtype=np.int16).reshape(
         len(decode_rows), sc.model.layers, sc.k)
     router = routing.router[[p[3] for p in decode_rows]] if decode_rows else executed

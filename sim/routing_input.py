@@ -14,6 +14,11 @@ from sim.scenario import ModelProfile, Scenario
 from traces.reader import Trace
 
 PlanStep = tuple[str, int, int, int]  # (phase, tokens, request, routing row or -1)
+# A prefill step of one token (mlx-lm's prefill ends on the prompt's last token, one call)
+# runs the engine's decode path (StreamingMoE: a call's phase is its token count): replayed
+# through the decode path, recorded as prefill. sim.main_thread.MainThread.run
+PREFILL_TOKEN = "prefill-token"
+DECODE_PATH_STEPS = ("decode", PREFILL_TOKEN)  # plan phases that run the decode path
 
 
 @dataclass
@@ -114,13 +119,45 @@ def from_trace(trace: Trace, sc: Scenario) -> RoutingInput:
     if k != sc.k:
         raise BadInput(f"{where}: the trace routes K={k}; scenario k={sc.k} (set k={k})")
     row_of = {int(s): i for i, s in enumerate(sets.step)}
+    router, predicted = sets.router, sets.predicted
+    # one-token prefill steps on the decode path: only without a lead (no heads run at prefill;
+    # what a lead's staging does there is not recorded)
+    token_rows = single_token_prefill(trace, layers, k) if sc.lead == "none" else {}
+    if token_rows:
+        first = len(router)
+        extra = np.stack(list(token_rows.values()))
+        router = np.concatenate([router, extra])
+        predicted = np.concatenate([predicted, np.full_like(extra, -1)])
+        row_of.update({step: first + i for i, step in enumerate(token_rows)})
     plan: list[PlanStep] = []
     steps = trace.steps.sort("step")
     for step, phase, tokens, request in steps.select(
             "step", "phase", "tokens", pl.col("request").fill_null(0)).iter_rows():
-        if phase == "prefill":
+        if phase == "prefill" and int(step) in token_rows:
+            plan.append((PREFILL_TOKEN, 1, int(request), row_of[int(step)]))
+        elif phase == "prefill":
             plan.append(("prefill", int(tokens or 1), int(request), -1))
         elif int(step) in row_of:
             plan.append(("decode", 1, int(request), row_of[int(step)]))
-    return RoutingInput(sets.router, _merge_predicted(sets.router, sets.predicted), plan,
-                        str(where))
+    return RoutingInput(router, _merge_predicted(router, predicted), plan, str(where))
+
+
+def single_token_prefill(trace: Trace, layers: int, k: int) -> dict[int, np.ndarray]:
+    """{step: [layers, K] router sets} of the trace's one-token prefill steps whose routing is
+    recorded at every layer (router_experts where recorded, else the router rows' experts)."""
+    steps = trace.steps.filter((pl.col("phase") == "prefill") & (pl.col("tokens") == 1))
+    if not steps.height:
+        return {}
+    rows = trace.routing.join(steps.select("step"), on="step", how="inner").filter(
+        pl.col("experts").is_not_null() & (pl.col("source") != "prediction"))
+    out: dict[int, np.ndarray] = {}
+    for (step,), group in rows.group_by(["step"], maintain_order=True):
+        sets = np.full((layers, k), -1, dtype=np.int16)
+        for layer, experts, router in group.select(
+                "layer", "experts", "router_experts").iter_rows():
+            chosen = router if router is not None else experts
+            if 0 <= layer < layers and len(chosen) == k:
+                sets[layer] = chosen
+        if (sets >= 0).all():
+            out[int(step)] = sets
+    return dict(sorted(out.items()))

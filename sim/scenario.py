@@ -357,6 +357,16 @@ class Scenario:
         help=("bundle LRU shared by all layers: the hot path's budget; behind the staged path's "
               "slots, the paper's engine's bundle LRU (ours has none: 0); exact: none"),
         obtain="the engine config (--hot-mb)")
+    cache_policy: str = key("lru",
+        help=("eviction policy of the app caches (the hot path's pool, the bundle LRU, the "
+              "staged slots) and of the engine's page-cache budget (engine_budget): lru | lfu | "
+              "least-stale | fifo (contract.eviction) | belady (the optimum, simulator only: "
+              "the hot path, no engine budget; sim.belady)"),
+        obtain="the engine config (--cache-policy)")
+    engine_budget: bool = key(False,
+        help=("the page cache is the engine's page-cache budget (it drops pages itself, by "
+              "cache_policy), not the kernel's (the hardware's page_cache_policy)"),
+        obtain="sim compare: true where the trace ran with --page-cache-budget/-mb/-fraction")
     readers: int = key(0,
         help="reader threads; 0 = every load runs synchronously on the main thread",
         obtain="the engine config (--readers)")

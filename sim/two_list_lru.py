@@ -1,6 +1,7 @@
 """Linux's page-cache replacement without multi-generational LRU (mm/vmscan.c, mm/swap.c,
-mm/workingset.c), over fixed-size items (bundles), with the interface of sim.lru.LRU so the page
-cache can use either.
+mm/workingset.c), over fixed-size items (bundles), with the interface of
+sim.bounded_cache.BoundedCache so the page cache can use either (the stamps it is given are
+ignored: the kernel's lists know no tokens).
 
 - A page read for the first time enters the inactive list (its read marks it referenced).
 - A page read again while inactive is activated (mark_page_accessed: referenced, then active);
@@ -62,7 +63,7 @@ class TwoListLRU:
             return False
         return True
 
-    def lookup(self, key: int) -> bool:
+    def lookup(self, key: int, now: tuple[int, int] = (0, 0)) -> bool:
         """A read of `key`: True when cached (then inactive -> active, active refreshed)."""
         if self._touch(key):
             self.hits += 1
@@ -73,7 +74,7 @@ class TwoListLRU:
     def get(self, key: int, default: Any = None) -> Any:
         return self.active.get(key, self.inactive.get(key, default))
 
-    def insert(self, key: int, value: Any = None) -> None:
+    def insert(self, key: int, now: tuple[int, int] = (0, 0), value: Any = None) -> None:
         """A page read into the cache: inactive, or active when it refaults within the active
         list's size; then reclaim down to capacity."""
         if self.capacity == 0:

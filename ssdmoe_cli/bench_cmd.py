@@ -13,6 +13,7 @@ import typer
 
 from contract.errors import BadInput
 from ssdmoe_cli.options import (
+    CachePolicy,
     CpuQuota,
     Cpus,
     LoraDir,
@@ -67,6 +68,7 @@ def bench(
         "stacked): each streaming arm also runs on it as ARM@before, rotated and paired in the "
         "same rounds.")] = None,
     readers: Readers = None,
+    cache_policy: CachePolicy = None,
     from_json: Annotated[Path | None, typer.Option(
         "--from-json", help="Re-render the table and chart of an earlier result JSON "
         "(summary recomputed from its raw rounds); runs nothing.")] = None,
@@ -124,6 +126,10 @@ def bench(
         from contract.engine_config import EngineConfig
 
         EngineConfig(readers=readers)  # a bad count is named here, not in a worker
+    if cache_policy is not None:
+        from contract.eviction import check_policy
+
+        check_policy(cache_policy, "--cache-policy")  # named here, not in a worker
     adapter = None
     if any(a.startswith("staged-prerouter") for a in arm_list):
         from engine.prerouter import META, Prerouter
@@ -156,7 +162,7 @@ def bench(
                      prerouter=None if prerouter is None else str(prerouter), lora=adapter,
                      temp=temp, seed=seed, read_mbps=throttle.read_mbps,
                      read_iops=throttle.read_iops, mem_limit=limits.mem_limit, cpus=limits.cpus,
-                     cpu_quota=limits.cpu_quota, readers=readers,
+                     cpu_quota=limits.cpu_quota, readers=readers, cache_policy=cache_policy,
                      before=None if before is None else str(before))
     name = Path(model).name + ("" if budget is None else f"-budget{round(100 * budget / total)}")
     name += "" if throttle.read_mbps is None else f"-{throttle.read_mbps:g}mbps"

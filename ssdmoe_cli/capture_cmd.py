@@ -15,6 +15,7 @@ import typer
 
 from contract.errors import BadInput
 from ssdmoe_cli.options import (
+    CachePolicy,
     CpuQuota,
     Cpus,
     LoraDir,
@@ -104,6 +105,7 @@ def capture(
         "capturing; writes JSON under reports/trace-overhead/.")] = False,
     rounds: Annotated[int, typer.Option("--rounds", help="--overhead: measured rounds.")] = 5,
     readers: Readers = None,
+    cache_policy: CachePolicy = None,
     hot_mb: Annotated[float | None, typer.Option(
         "--hot-mb", help="The hot path's LRU of expert bundles in MiB (--preset hot; default "
         "25% of the expert bytes). Under --mem-limit it takes from the page cache.")] = None,
@@ -154,6 +156,7 @@ def capture(
         model, preset=preset, o_direct=o_direct, page_cache_mb=page_cache_mb,
         page_cache_fraction=page_cache_fraction, verify=verify, lookahead=lookahead,
         prerouter=prerouter, lead=lead, top_k=top_k, readers=readers, hot_mb=hot_mb,
+        cache_policy=cache_policy,
         lora=served_lora(model, lora, no_lora, prerouter, top_k))
     # the emulated machine starts once the model is loaded (as the throttle always did: loading
     # is not what is measured), and before --out is touched: a refused limit loses nothing

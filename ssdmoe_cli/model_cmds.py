@@ -12,7 +12,7 @@ import typer
 
 from contract.errors import BadInput
 from ssdmoe_cli.atomic_dir import build_into
-from ssdmoe_cli.options import LoraDir, NoLora, Readers, served_lora
+from ssdmoe_cli.options import CachePolicy, LoraDir, NoLora, Readers, served_lora
 
 
 def register(app: typer.Typer) -> None:
@@ -108,6 +108,7 @@ def generate(
     force: Annotated[bool, typer.Option(
         "--force", help="Replace an existing trace in the --trace directory.")] = False,
     readers: Readers = None,
+    cache_policy: CachePolicy = None,
 ) -> None:
     """Generate text from a converted model, streaming experts from disk (--preset picks the
     execution paths; every preset gives the same tokens)."""
@@ -127,6 +128,7 @@ def generate(
     budget = None if page_cache_mb is None else int(page_cache_mb * 2**20)
     config = EngineConfig.from_preset(preset, o_direct=o_direct, page_cache_budget=budget,
                                       lookahead=lookahead, top_k=top_k, readers=readers,
+                                      cache_policy=cache_policy,
                                       prerouter=None if prerouter is None else str(prerouter),
                                       lora=served_lora(model, lora, no_lora, prerouter, top_k))
     engine = load_streaming(model, verify=verify, config=config)

@@ -32,6 +32,10 @@ NoLora = Annotated[bool, typer.Option("--no-lora", help="Serve without any adapt
 Readers = Annotated[int | None, typer.Option(
     "--readers", help="Reads in flight (reader threads), 1-64. Default: the model directory's "
     "queue_depth.json (ssdmoe calibrate --queue-depth-only --model DIR), else 2.")]
+CachePolicy = Annotated[str | None, typer.Option(
+    "--cache-policy", help="Eviction policy of the app caches (hot pool, staged slots, "
+    "page-cache budget): lru (default), lfu, least-stale, fifo (contract.eviction; belady is "
+    "the simulator's).")]
 
 
 def served_lora(model: Path, lora: Path | None, no_lora: bool, prerouter: Path | None,

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from contract.errors import BadInput
-from ssdmoe_cli.options import LoraDir, NoLora, Readers, served_lora
+from ssdmoe_cli.options import CachePolicy, LoraDir, NoLora, Readers, served_lora
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -32,7 +32,8 @@ def register(app: typer.Typer) -> None:
 
 def load_served(model: Path, preset: str, prerouter: Path | None, no_prerouter: bool,
                 lora: Path | None, no_lora: bool, top_k: int | None, trace: Path | None = None,
-                force: bool = False, on_load=None, readers: int | None = None):
+                force: bool = False, on_load=None, readers: int | None = None,
+                cache_policy: str | None = None):
     """-> the Engine as `serve` and `chat` run it."""
     from contract.engine_config import EngineConfig
     from engine.loader import load_streaming
@@ -48,7 +49,7 @@ def load_served(model: Path, preset: str, prerouter: Path | None, no_prerouter: 
 
         trace = prepare_out_dir(trace, force, "--trace")
     config = EngineConfig.from_preset(
-        preset, top_k=top_k, readers=readers,
+        preset, top_k=top_k, readers=readers, cache_policy=cache_policy,
         prerouter=None if prerouter is None else str(prerouter),
         lora=served_lora(model, lora, no_lora, prerouter, top_k))
     return load_streaming(model, config=config, on_load=on_load)
@@ -80,6 +81,7 @@ def serve(
         "--model-id", help="Model name clients ask for (default: MODEL's directory name).")]
         = None,
     readers: Readers = None,
+    cache_policy: CachePolicy = None,
     max_queue: Annotated[int, typer.Option(
         "--max-queue", help="Requests that may wait for the engine; beyond, 503 with "
         "Retry-After.")] = 64,
@@ -118,7 +120,7 @@ def serve(
     from server.worker import Worker
 
     engine = load_served(model, preset, prerouter, no_prerouter, lora, no_lora, top_k, trace,
-                         force, readers=readers)
+                         force, readers=readers, cache_policy=cache_policy)
     config = engine.config
     engine.store.verify_cold = verify_reads
     rec = None if trace is None else start_recorder(trace, engine)
@@ -195,6 +197,7 @@ def chat(
     temp: Annotated[float, typer.Option("--temp", help="Sampling temperature.")] = 0.8,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
     readers: Readers = None,
+    cache_policy: CachePolicy = None,
 ) -> None:
     """Chat in the terminal through the chat template; replies stream as they come. Line
     editing and history; Ctrl-C stops a reply; /help lists the commands (/reset, /stats,
@@ -206,7 +209,7 @@ def chat(
 
     loads: list[dict] = []
     engine = load_served(model, preset, prerouter, no_prerouter, lora, no_lora, top_k,
-                         on_load=loads.append, readers=readers)
+                         on_load=loads.append, readers=readers, cache_policy=cache_policy)
     try:
         config = engine.config
         session = ChatSession(engine, loads, max_tokens=max_tokens, temp=temp, seed=seed)

@@ -97,7 +97,9 @@ def summary(directory: DirArg, as_json: JsonOpt = False) -> None:
     if warning:
         console.print(f"[yellow]warning[/yellow]: {warning}")
     n = trace.steps.height
-    console.print(metrics_table(f"{trace.path} ({trace.kind}, {n} steps)",
+    policy = (trace.run.get("engine") or {}).get("cache_policy")
+    policy = f", cache policy {policy}" if policy else ""
+    console.print(metrics_table(f"{trace.path} ({trace.kind}, {n} steps{policy})",
                                 {trace.kind: metrics}))
     layers = summarize_layers(trace)
     if layers.height:

@@ -65,7 +65,7 @@ def read_beside_compute(hw: Hardware, nbytes: int, device: Device, compute_ms: f
     f = Fetcher(env, hw, device, pc, cores, 16, nbytes)
     load = Load(0, 0, 3, 3, nbytes, 1, "prefetch", 0.0, env.event())
     if warm:
-        pc.fill(3)
+        pc.fill(3, (0, 0))
     seen = {"compute": 0.0}
 
     def compute():

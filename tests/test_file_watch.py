@@ -39,7 +39,7 @@ def test_a_changed_file_is_refused_dropped_and_trusted_again_when_restored(
     def loaded(lay: int) -> int:
         if preset == "staged":
             return len(staged[lay].resident())
-        return sum(1 for key in hot.lru if key[0] == lay)
+        return sum(1 for key in hot.row_of if key[0] == lay)
 
     assert loaded(layer) > 0
     watch.check()  # nothing changed: nothing happens

@@ -104,8 +104,8 @@ def test_the_page_cache_keeps_a_groups_shared_page_until_one_of_it_is_pushed_out
     assert pc.shared_missing(4) == 6  # nothing cached
     assert pc.shared_missing(5) == 0  # expert 4's read brought the page in
     for key in (4, 5, 6):
-        pc.fill(key)
-    pc.fill(7)  # pushes 4 out: the budget drops its pages, the one 5 shares too
+        pc.fill(key, (0, 0))
+    pc.fill(7, (0, 0))  # pushes 4 out: the budget drops its pages, the one 5 shares too
     assert 5 in pc.lru and pc.shared_missing(5) == 6
     assert pc.shared_missing(7) == 0  # 6 and 7's page is still there
     # off: no group, O_DIRECT, or groups across layers

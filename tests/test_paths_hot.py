@@ -40,13 +40,13 @@ def test_lru_counts_hand_worked(env, tiny_random_converted):
         (1, [4, 1, 9, 10], (2, 14, 9)),  # (1,4) hits; evicts (0,4) (0,5) (0,6)
     ]
     for layer, experts, want in seq:
-        got = pool.rows_for(layer, experts)
+        got = pool.rows_for(layer, experts, token=0)
         assert sorted(got) == sorted(experts)
         assert (stats.cache_hits, stats.cache_misses, stats.cache_evictions) == want
-    assert set(pool.lru) == {(0, 7), (1, 4), (1, 1), (1, 9), (1, 10)}
+    assert set(pool.row_of) == {(0, 7), (1, 4), (1, 1), (1, 9), (1, 10)}
     assert len(rows) == 14 and all(r["thread"].startswith("reader-") for r in rows)
     # every resident row holds its expert's bytes
-    for (layer, e), row in pool.lru.items():
+    for (layer, e), row in pool.row_of.items():
         ref = stacked_reference(tiny_random_converted / store.manifest.layers[layer].file)
         for n, v in pool.views.items():
             assert np.array_equal(v[row], ref[n][e]), (layer, e, n)
@@ -66,11 +66,11 @@ def test_hits_gather_from_pool_and_oversize_falls_back(env):
     assert rows == [] and np.array_equal(first, again)
     assert np.array_equal(first, np.array(ExactPath(store, 0)(x, inds)))
     # 3 tokens x 4 distinct = 12 experts > 4 rows: exact for that call, pool untouched
-    before = dict(pool.lru)
+    before = dict(pool.row_of)
     xs = mx.array(rng.standard_normal((3, m.config["hidden_size"])).astype(np.float32))
     big = mx.array(np.arange(12, dtype=np.uint32).reshape(3, 4))
     assert np.array_equal(np.array(path(xs, big)), np.array(ExactPath(store, 0)(xs, big)))
-    assert stats.exact_fallbacks == 1 and pool.lru == before
+    assert stats.exact_fallbacks == 1 and pool.row_of == before
 
 
 def test_budget_below_working_set_names_minimum(env):

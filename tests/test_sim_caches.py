@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 from sim_helpers import GIB, MB, hardware, model, routing_input, scenario, uniform_routing
 
-from sim.lru import LRU
+from sim.bounded_cache import BoundedCache
 from sim.replay import run_scenario
 
 
@@ -17,14 +17,14 @@ def _decode(result) -> pl.DataFrame:
 
 
 def test_lru_unit_behaviour():
-    lru = LRU(3 * 10, 10)
+    lru = BoundedCache(3 * 10, 10)
     for key in (1, 2, 3):
-        lru.insert(key)
-    assert lru.lookup(1)  # 1 becomes most recent
-    lru.insert(4)  # evicts 2, the least recent
+        lru.insert(key, (0, key))
+    assert lru.lookup(1, (1, 0))  # 1 becomes most recent
+    lru.insert(4, (1, 1))  # evicts 2, the least recent
     assert 2 not in lru and 1 in lru and 3 in lru and 4 in lru
     assert lru.evictions == 1 and lru.used_bytes == 30
-    assert LRU(9, 10).capacity == 0  # capacity is whole items
+    assert BoundedCache(9, 10).capacity == 0  # capacity is whole items
 
 
 def _iid_hit_rate(capacity: int, lru_bundles: int, steps_n: int = 40000) -> float:

@@ -60,7 +60,7 @@ def _warm_read_beside_main(hw_io: dict, main_at: float, main_python: float,
     cores = Cores(env, 0)
     gil = Gil(env, True)
     pc = PageCache(10_000, 1000, 16)
-    pc.fill(3)
+    pc.fill(3, (0, 0))
     f = Fetcher(env, hardware(**dict(IO, **hw_io)), Device(0.0002, 1e12), pc, cores, 16, 1000,
                 gil=gil, **fetcher)
     load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())
@@ -119,7 +119,7 @@ def test_a_busy_held_read_takes_cpu_but_not_the_gil():
         yield cores.work(0.001, "main")
         ends["main"] = env.now
 
-    f.pc.fill(3)
+    f.pc.fill(3, (0, 0))
     env.process(f.perform(Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event()), "reader0"))
     env.process(beside())
     env.run()
@@ -275,7 +275,7 @@ def _sliced_load(main_build_s: float, readahead: bool = False, gil_on: bool = Tr
     f = Fetcher(env, hw, device, pc, cores, 16, 1000, gil=gil, bundle_reads=3)
     load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())
     if warm:
-        pc.fill(3)
+        pc.fill(3, (0, 0))
 
     def main():
         yield from gil.run(cores, main_build_s, "main")

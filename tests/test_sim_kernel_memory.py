@@ -9,9 +9,9 @@ import pytest
 import simpy
 from sim_helpers import hardware, read_beside_compute
 
+from sim.bounded_cache import BoundedCache
 from sim.cpu import Cores
 from sim.loads import Fetcher
-from sim.lru import LRU
 from sim.page_cache import PageCache
 from sim.storage import Device
 from sim.two_list_lru import TwoListLRU
@@ -23,8 +23,8 @@ IO = dict(ssd_latency_ms=0.1, ssd_bandwidth_gbps=1e9, queue_depth=2, load_overhe
 def _cached(cache, reads: list[int]) -> set[int]:
     """Replay reads as the page cache does (a miss is read in: insert)."""
     for key in reads:
-        if not cache.lookup(key):
-            cache.insert(key)
+        if not cache.lookup(key, (0, 0)):
+            cache.insert(key, (0, 0))
     return set(cache.active) | set(cache.inactive) if isinstance(cache, TwoListLRU) \
         else set(cache.items)
 
@@ -34,7 +34,7 @@ def test_pages_read_twice_survive_a_stream_read_once():
     four streamed; the two lists keep 1 and 2 (active) and the last two streamed (inactive):
     each streamed bundle entered inactive and was reclaimed from its tail first."""
     reads = [1, 2, 1, 2, 3, 4, 5, 6, 7]
-    assert _cached(LRU(4, 1), reads) == {4, 5, 6, 7}
+    assert _cached(BoundedCache(4, 1), reads) == {4, 5, 6, 7}
     two = TwoListLRU(4, 1)
     assert _cached(two, reads) == {1, 2, 6, 7}
     assert list(two.active) == [1, 2] and list(two.inactive) == [6, 7]
@@ -66,7 +66,7 @@ def test_a_refault_within_the_active_size_is_activated():
 
 
 def test_the_page_cache_takes_the_hardware_policy():
-    assert isinstance(PageCache(4000, 1000, 4).lru, LRU)
+    assert isinstance(PageCache(4000, 1000, 4).lru, BoundedCache)
     assert isinstance(PageCache(4000, 1000, 4, policy="linux-two-list").lru, TwoListLRU)
 
 

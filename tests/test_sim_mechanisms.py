@@ -49,7 +49,7 @@ def _cold_bytes(neighbours: list[int]) -> int:
     bundle, paged = 61_440, 61_440 + 8192
     pc = PageCache(16 * paged, bundle, 16)
     for e in neighbours:
-        pc.fill(e)
+        pc.fill(e, (0, 0))
     device = Device(0.0, 1e9)
     f = Fetcher(env, hardware(**IO), device, pc, Cores(env, 0), 16, bundle, paged)
     load = Load(0, 0, 5, 5, bundle, 1, "demand", 0.0, env.event())
@@ -150,7 +150,7 @@ def test_the_budgets_page_drops_hold_the_gil():
         cores = Cores(env, 0)
         gil = Gil(env, gil_on)
         pc = PageCache(1000, 1000, 16)  # room for one bundle: holds expert 5
-        pc.fill(5)
+        pc.fill(5, (0, 0))
         f = Fetcher(env, hardware(**IO), Device(0.0002, 1e12), pc, cores, 16, 1000,
                     evict_ms=0.3, gil=gil)
         load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())

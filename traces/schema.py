@@ -138,6 +138,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "loads_per_step",
     "mib_per_load",
     "cold_fraction",
+    "cache_hit_rate",
     "mib_per_step",
     "adjacent_overlap",
     "load_entropy",

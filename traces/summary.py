@@ -11,6 +11,8 @@ Definitions (decode = steps with phase "decode"; routing and loads are joined to
   loads_per_step        mean `loads` of decode steps (the steps table's counters)
   mib_per_load          sum(bytes_read) / sum(loads) over decode steps, MiB
   cold_fraction         sum(cold_loads) / sum(loads) over decode steps
+  cache_hit_rate        sum(cache_hits) / sum(cache_hits + cache_misses) over decode steps: the
+                        app cache's (hot pool, staged slots); None where nothing was looked up
   mib_per_step          mean bytes_read of decode steps, MiB
   adjacent_overlap      mean over layers of the layer's adjacent-token overlap of the experts
                         it executed at decode (`experts` column, whatever its source), tokens in
@@ -50,6 +52,7 @@ METRIC_INFO: dict[str, tuple[str, str]] = {
     "loads_per_step": ("loads", "loads/step"),
     "mib_per_load": ("size per load", "MiB/load"),
     "cold_fraction": ("cold loads", "fraction"),
+    "cache_hit_rate": ("app-cache hit rate", "fraction"),
     "mib_per_step": ("bytes read", "MiB/step"),
     "adjacent_overlap": ("adjacent-token overlap", "fraction"),
     "load_entropy": ("expert-load entropy", "normalised"),
@@ -219,6 +222,8 @@ def summarize(trace: Trace) -> Summary:
         if decode["bytes_read"].null_count() < decode.height else None,
         "cold_fraction": _ratio(decode["cold_loads"].sum(), decode["loads"].sum())
         if decode["cold_loads"].null_count() < decode.height else None,
+        "cache_hit_rate": _ratio(decode["cache_hits"].sum(),
+                                 decode["cache_hits"].sum() + decode["cache_misses"].sum()),
         "mib_per_step": _ratio(decode["bytes_read"].mean(), MIB),
         "adjacent_overlap": _num(overlap.mean()) if len(overlap) else None,
         "load_entropy": _num(entropy.mean()) if len(entropy) else None,

@@ -120,6 +120,7 @@ def run_arm(spec: dict) -> dict:
         if arm == "resident-sync":
             _sync_routers(model, spec["model"])
     else:
+        cached = STREAMING[arm] != "on-demand" or spec["page_cache_budget"] is not None
         config = EngineConfig.from_preset(STREAMING[arm],
                                           page_cache_budget=spec["page_cache_budget"],
                                           lead=1 if arm == "staged-oracle" else 0,
@@ -129,7 +130,9 @@ def run_arm(spec: dict) -> dict:
                                           if arm.startswith("staged-prerouter") else None,
                                           lora=spec.get("lora")
                                           if arm == "staged-prerouter-lora" else None,
-                                          readers=spec.get("readers"))
+                                          readers=spec.get("readers"),
+                                          cache_policy=spec.get("cache_policy")
+                                          if cached else None)
         engine = load_streaming(model_dir, config=config, on_load=loads.append)
         model, tok, store, rt = engine.model, engine.tokenizer, engine.store, engine.runtime
     load_s = time.perf_counter() - t_load

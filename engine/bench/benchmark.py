@@ -105,6 +105,7 @@ class BenchSpec:
     cpus: int | None = None
     cpu_quota: float | None = None
     readers: int | None = None  # reads in flight (None: the model's queue_depth.json)
+    cache_policy: str | None = None  # every cached arm's eviction policy (None: lru)
     # the same model converted otherwise (e.g. `convert --layout stacked`): every streaming
     # arm also runs on it, as ARM@before, in the same rounds, and is paired with ARM
     before: str | None = None
@@ -343,6 +344,7 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
         "arms": arms, "rounds": spec.rounds, "before": spec.before,
         "before_manifest_sha256": sha256_file(Path(spec.before) / MANIFEST_FILE)
         if spec.before else None, "readers": spec.readers,
+        "cache_policy": spec.cache_policy or "lru",
         "max_tokens": spec.max_tokens, "prompts": spec.prompts,
         "page_cache_budget": spec.page_cache_budget, "expert_bytes": expert_bytes(model),
         "disk_bandwidth_bytes_s": bandwidth, "order": order_log,
@@ -388,6 +390,7 @@ def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
     spec_file.write_text(json.dumps({
         "arm": base_arm(arm), "model": model, "prompts": spec.prompts,
         "max_tokens": spec.max_tokens, "readers": spec.readers,
+        "cache_policy": spec.cache_policy,
         "page_cache_budget": spec.page_cache_budget, "warmup_tokens": spec.warmup_tokens,
         "temp": spec.temp, "seed": spec.seed, "limits": limits_of(spec).to_dict(),
         "prerouter": spec.prerouter or str(Path(spec.model) / "prerouter"),

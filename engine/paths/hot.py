@@ -1,7 +1,8 @@
-"""The hot path: one LRU of expert bundles shared by every layer, bounded in BYTES, held in one
+"""The hot path: one cache of expert bundles shared by every layer, bounded in BYTES, held in one
 preallocated stacked pool (rows = budget // bundle bytes, plus a zero row). The routed ids
 come to the host; each distinct (layer, expert) is looked up: hits use their pool row, misses
-are read by reader threads into the least recently used rows (evicting them), and the call
+are read by reader threads into the rows of the victims the eviction policy names
+(contract.eviction; least recently used by default), and the call
 gathers from the pool through a per-layer table (an MLX uint32 array [E], expert -> row; the
 zero row for experts not in the pool), so the gather never needs the ids on the host. A call
 with more distinct experts than the pool holds (a long prefill) falls back to the exact path
@@ -16,11 +17,10 @@ of the current call are pinned while its misses pick victims."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import mlx.core as mx
 import numpy as np
 
+from contract import eviction
 from contract.errors import BadInput
 from engine.fill_points import FillPoint, FillPoints
 from engine.paths.exact import ExactPath
@@ -37,7 +37,7 @@ def min_hot_bytes(store: ExpertStore) -> int:
 
 class HotPool:
     def __init__(self, store: ExpertStore, readers: ReaderPool, stats: PathStats,
-                 budget_bytes: int):
+                 budget_bytes: int, policy: str = eviction.DEFAULT):
         m = store.manifest
         shapes = {store.expert_shapes(i)[n] == store.expert_shapes(m.moe_layers[0])[n]
                   for i in m.moe_layers for n in store.expert_shapes(i)}
@@ -56,7 +56,8 @@ class HotPool:
         self.arrays, self.views = alloc_stack(store.expert_shapes(m.moe_layers[0]),
                                               self.rows + 1)
         self.targets = [row_views(self.views, r) for r in range(self.rows)]  # read targets
-        self.lru: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> row
+        self.row_of: dict[tuple[int, int], int] = {}  # (layer, expert) -> row
+        self.policy = eviction.make(policy)  # over the (layer, expert) keys of row_of
         self.free = list(range(self.rows - 1, -1, -1))
         self.tables = {i: mx.full((m.num_experts,), self.rows, dtype=mx.uint32)
                        for i in m.moe_layers}  # layer -> expert -> row, on the device
@@ -65,45 +66,52 @@ class HotPool:
 
     def clear(self) -> None:
         """Empty the pool: every expert reads again on next use."""
-        self.lru.clear()
+        self.row_of.clear()
+        self.policy.clear()
         self.free = list(range(self.rows - 1, -1, -1))
         for t in self.tables_np.values():
             t[:] = self.rows
 
     def forget(self, layers: set[int]) -> None:
         """Drop the experts of `layers`: they read again on next use."""
-        for key in [k for k in self.lru if k[0] in layers]:
-            self.free.append(self.lru.pop(key))
+        for key in [k for k in self.row_of if k[0] in layers]:
+            self.free.append(self.row_of.pop(key))
+            self.policy.remove(key)
             self.tables_np[key[0]][key[1]] = self.rows
 
     @property
     def nbytes(self) -> int:
         return self.rows * self.store.manifest.bundle_bytes
 
-    def rows_for(self, layer: int, experts: list[int]) -> dict[int, int] | None:
+    def rows_for(self, layer: int, experts: list[int], token: int) -> dict[int, int] | None:
         """{expert: row} with every expert resident (reads the misses, waits for them), or
-        None when the set is larger than the pool (caller falls back to exact)."""
+        None when the set is larger than the pool (caller falls back to exact). `token`: the
+        step the call belongs to (the policy's stamps are (token, layer))."""
         if len(experts) > self.rows:
             return None
+        now = (token, layer)
         out, missing = {}, []
         for e in experts:
-            row = self.lru.get((layer, e))
+            row = self.row_of.get((layer, e))
             if row is None:
                 missing.append(e)
             else:
-                self.lru.move_to_end((layer, e))
+                self.policy.use((layer, e), now)
                 out[e] = row
         self.stats.cache_hits += len(out)
         self.stats.cache_misses += len(missing)
+        keep = {(layer, e) for e in out}  # this call's rows are pinned
         tickets = []
         for e in missing:
             if self.free:
                 row = self.free.pop()
             else:
-                victim = next(k for k in self.lru if k[0] != layer or k[1] not in out)
-                row = self.lru.pop(victim)
+                victim = self.policy.victim(now, keep)
+                self.policy.remove(victim)
+                row = self.row_of.pop(victim)
                 self.tables_np[victim[0]][victim[1]] = self.rows
                 self.stats.cache_evictions += 1
+            keep.add((layer, e))
             out[e] = row
             tickets.append((e, row, self.readers.submit_bundle(layer, e, self.targets[row],
                                                                    now=True)))
@@ -112,7 +120,8 @@ class HotPool:
         finally:
             for e, row, t in tickets:
                 if t.error is None:
-                    self.lru[(layer, e)] = row
+                    self.row_of[(layer, e)] = row
+                    self.policy.admit((layer, e), now)
                     self.tables_np[layer][e] = row
                 else:
                     self.free.append(row)
@@ -153,17 +162,20 @@ class HotPath(ExpertPath):
         experts = set(host_routed(inds, self.stats, deferred=True).ravel().tolist())
         pool, layer = self.pool, self.layer
         table, absent = pool.tables_np[layer], pool.rows
+        now = (self.points.clock.step, layer)
         if any(table[e] == absent for e in experts):
-            pool.rows_for(layer, sorted(experts))
+            pool.rows_for(layer, sorted(experts), now[0])
             return
         for e in experts:
-            pool.lru.move_to_end((layer, e))
+            pool.policy.use((layer, e), now)
         self.stats.cache_hits += len(experts)
 
     def _lookup(self, host) -> bool:
         """Make every routed expert resident in the pool (published in this layer's table);
         False when the set is larger than the pool."""
-        return self.pool.rows_for(self.layer, sorted(set(host.ravel().tolist()))) is not None
+        token = self.points.clock.step if self.points is not None else -1
+        return self.pool.rows_for(self.layer, sorted(set(host.ravel().tolist())),
+                                  token) is not None
 
     def _gather(self, x: mx.array, inds: mx.array) -> mx.array:
         local = mx.take(self.pool.tables[self.layer], inds)

@@ -1,15 +1,18 @@
 """The staged path's slot table: per layer a fixed stack of S = K + headroom slots, and an MLX
 uint32 table [E] (expert id -> slot) that the gather indexes on the device. A slot keeps its
-expert while it stays routed; a missing expert is read by the reader threads straight into the
-least recently used slot outside the protected ones, and published in the table once its read
-lands. Row S is all zeros and every absent expert maps to it. The fill strategies (on demand,
-staged ahead and verified, predicted) are engine.paths.staged_fill's."""
+expert while it stays routed; a missing expert is read by the reader threads straight into an
+empty slot, else the slot of the victim the eviction policy names outside the protected ones
+(contract.eviction; least recently used by default; its stamps are (call, layer): a per-layer
+table's clock is its calls), and published in the table once its read lands. Row S is all zeros
+and every absent expert maps to it. The fill strategies (on demand, staged ahead and verified,
+predicted) are engine.paths.staged_fill's."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
 
+from contract import eviction
 from engine.paths.kernel import alloc_stack, row_views
 from engine.paths.stats import PathStats
 from engine.readers import ReaderPool, Ticket
@@ -24,7 +27,7 @@ class StagingError(RuntimeError):
 
 class SlotTable:
     def __init__(self, store: ExpertStore, layer: int, readers: ReaderPool, stats: PathStats,
-                 k: int, headroom: int):
+                 k: int, headroom: int, policy: str = eviction.DEFAULT):
         m = store.manifest
         self.layer, self.readers, self.stats = layer, readers, stats
         self.k, self.headroom = k, headroom
@@ -39,8 +42,8 @@ class SlotTable:
         # Host bookkeeping in plain lists: K is small, numpy per-call overhead is not.
         self.expert_in = [-1] * self.slots  # slot -> expert (-1 empty)
         self.ticket_of: dict[int, Ticket] = {}  # slot -> fill in flight / not yet waited
-        self.used_at = [0] * self.slots  # recency, for the victim choice
-        self.clock = 0
+        self.policy = eviction.make(policy)  # over the experts held in slots
+        self.clock = 0  # calls so far: the token of the policy's stamps
         self.last_call: set[int] = set()  # slots of the last call staged ahead (may still compute)
 
     def resident(self) -> dict[int, int]:
@@ -49,18 +52,28 @@ class SlotTable:
 
     def place(self, wanted: list[int], protected: set[int], source: str) -> list[Ticket]:
         """Give every expert of `experts` a slot: survivors keep theirs, missing ones are read
-        into the least recently used slots outside `protected`, the survivors and slots with a
-        read in flight. Returns the tickets to wait on before these slots may be used."""
+        into empty slots, then into the policy's victims outside `protected`, the survivors
+        and slots with a read in flight. Returns the tickets to wait on before these slots may
+        be used."""
         self.clock += 1
+        now = (self.clock, self.layer)
         where = self.resident()
         keep = {where[e] for e in wanted if e in where}
         missing = [e for e in wanted if e not in where]
         self.stats.cache_hits += len(wanted) - len(missing)
         self.stats.cache_misses += len(missing)
         banned = keep | protected | set(self.ticket_of)
-        order = sorted(range(self.slots), key=self.used_at.__getitem__)
-        free = [s for s in order if s not in banned and self.expert_in[s] < 0]
-        free += [s for s in order if s not in banned and self.expert_in[s] >= 0]
+        free = [s for s in range(self.slots) if s not in banned and self.expert_in[s] < 0]
+        kept = {self.expert_in[s] for s in banned}
+        for e in wanted:
+            if e in where:
+                self.policy.use(e, now)
+        while len(free) < len(missing):
+            victim = self.policy.victim(now, kept)
+            if victim is None:
+                break
+            kept.add(victim)  # chosen: not again
+            free.append(where[victim])
         if len(free) < len(missing):
             raise StagingError(
                 f"layer {self.layer}: {len(missing)} experts to stage but only {len(free)} free "
@@ -70,15 +83,15 @@ class SlotTable:
             old = self.expert_in[s]
             if old >= 0:
                 self.table_np[old] = self.sentinel
+                self.policy.remove(old)
                 self.stats.cache_evictions += 1
             self.expert_in[s] = e  # the table entry stays at the sentinel until the read lands
+            self.policy.admit(e, now)
             self.ticket_of[s] = self.readers.submit_bundle(self.layer, e, self.rows[s],
                                                            source=source,
                                                            now=source == DEMAND)
             where[e] = s
         slots = [where[e] for e in wanted]
-        for slot in slots:
-            self.used_at[slot] = self.clock
         return [self.ticket_of[s] for s in slots if s in self.ticket_of]
 
     def settle(self, tickets: list[Ticket]) -> None:
@@ -95,6 +108,7 @@ class SlotTable:
                 if t.error is None:
                     self.table_np[t.expert] = s
                 else:
+                    self.policy.remove(self.expert_in[s])
                     self.expert_in[s] = -1
 
     def all_published(self, experts) -> list[int] | None:
@@ -105,8 +119,9 @@ class SlotTable:
         if sentinel in slots:
             return None
         self.clock += 1
-        for s in slots:
-            self.used_at[s] = self.clock
+        now = (self.clock, self.layer)
+        for e in experts:
+            self.policy.use(e, now)
         self.stats.cache_hits += len(slots)
         return slots
 
@@ -126,4 +141,5 @@ class SlotTable:
         """Empty every slot (reads settled first): each expert reads again on next use."""
         self.settle_all()
         self.expert_in = [-1] * self.slots
+        self.policy.clear()
         self.table_np[:] = self.sentinel

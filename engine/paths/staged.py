@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from contract import eviction
 from engine.fill_points import FillPoint, FillPoints
 from engine.paths.exact import ExactPath
 from engine.paths.kernel import ExpertPath, Quant, switch_glu
@@ -43,7 +44,8 @@ class StagedPath(ExpertPath):
     takes_predicted = True
 
     def __init__(self, store: ExpertStore, layer: int, readers: ReaderPool, stats: PathStats,
-                 headroom: int | None = None, points: FillPoints | None = None):
+                 headroom: int | None = None, points: FillPoints | None = None,
+                 policy: str = eviction.DEFAULT):
         self.store, self.layer, self.readers, self.stats = store, layer, readers, stats
         self.points = points if points is not None else FillPoints()
         self.k = store.manifest.top_k
@@ -51,7 +53,7 @@ class StagedPath(ExpertPath):
         if self.headroom < 0:
             raise ValueError(f"staged headroom must be >= 0, got {self.headroom}")
         self.quant = Quant.of(store.manifest)
-        self.slot_table = SlotTable(store, layer, readers, stats, self.k, self.headroom)
+        self.slot_table = SlotTable(store, layer, readers, stats, self.k, self.headroom, policy)
         self.demand_fill = DemandFill(self.slot_table, stats)
         self.ahead_fill = AheadFill(self.slot_table, layer, self.points)
         self.predicted_fill = PredictedFill(self.slot_table, self.points)

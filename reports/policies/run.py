@@ -1,0 +1,264 @@
+"""Cache policies measured and simulated, in one run: `uv run python reports/policies/run.py`.
+
+For each model and cache configuration (the hot path's pool at ~5% and ~25% of the expert
+bytes, the staged path with its default headroom), every engine policy is captured with
+`ssdmoe capture` (sampled decoding, O_DIRECT so that every app-cache miss reads the device,
+under a read throttle so that storage matters), `--rounds` times with the policies' order
+rotated each round. Each trace is then replayed by `ssdmoe sim compare` (no refit: the
+committed profile), and on the hot path Belady's optimum is simulated on the same routing.
+A hit-rate curve per policy over pool sizes is simulated from one trace's routing.
+
+Writes reports/policies/MODEL.json per model (every round's raw figures, the commands, the
+model's manifest sha256), then from every such JSON hit-rate.png and the table in README.md
+between its markers; prints the table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "reports" / "policies"
+RUNS = ROOT / "runs" / "policies"
+POLICIES = ("lru", "lfu", "least-stale", "fifo")
+CURVE_FRACTIONS = (0.02, 0.05, 0.1, 0.25, 0.5)
+MARK_BEGIN, MARK_END = "<!-- table: run.py -->", "<!-- /table -->"
+
+
+def ssdmoe(*args: str) -> str:
+    cmd = [sys.executable, "-m", "ssdmoe_cli", *args]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"ssdmoe {' '.join(args)}: {(p.stderr or p.stdout).strip().splitlines()[-1]}")
+    return p.stdout
+
+
+def expert_bytes(model: Path) -> int:
+    m = json.loads((model / "manifest.json").read_text())
+    return m["bundle_bytes"] * m["num_experts"] * len(m["layers"])
+
+
+def configs(model: Path) -> list[tuple[str, list[str]]]:
+    total_mib = expert_bytes(model) / 2**20
+    return [("hot 5%", ["--preset", "hot", "--hot-mb", f"{0.05 * total_mib:.4f}"]),
+            ("hot 25%", ["--preset", "hot", "--hot-mb", f"{0.25 * total_mib:.4f}"]),
+            ("staged", ["--preset", "staged"])]
+
+
+def capture(model: Path, config: list[str], policy: str, out: Path, args) -> list[str]:
+    cmd = ["capture", str(model), *config, "--o-direct", "--cache-policy", policy,
+           "--max-tokens", str(args.max_tokens), "--out", str(out), "--force", "--no-progress"]
+    if args.read_mbps:
+        cmd += ["--read-mbps", str(args.read_mbps)]
+    ssdmoe(*cmd)
+    return cmd
+
+
+def measured(trace: Path) -> dict:
+    return json.loads(ssdmoe("trace", "summary", str(trace), "--json"))
+
+
+def simulated(trace: Path, *sets: str) -> dict:
+    extra = [x for s in sets for x in ("--set", s)]
+    out = json.loads(ssdmoe("sim", "compare", str(trace), "--json", *extra))
+    return {k: v["simulated"] for k, v in out["metrics"].items()}
+
+
+KEYS = ("decode_tok_s", "cache_hit_rate", "loads_per_step", "blocked_ms_per_step")
+
+
+def run(name: str, args) -> dict:
+    """Every configuration and policy of one model, measured and simulated."""
+    model = ROOT / "models" / f"{name}-stream"
+    if not (model / "manifest.json").is_file():
+        sys.exit(f"{model}: no converted model (ssdmoe fixture {name} --out models/{name}; "
+                 f"ssdmoe convert models/{name} {model})")
+    t0 = time.time()
+    per_model: dict = {"configs": {}, "order": []}
+    for label, config in configs(model):
+        cells = {p: {"measured": [], "simulated": [], "traces": []} for p in POLICIES}
+        for r in range(args.rounds):
+            order = POLICIES[r % len(POLICIES):] + POLICIES[:r % len(POLICIES)]
+            per_model["order"].append([label, r, list(order)])
+            for policy in order:
+                trace = RUNS / name / label.replace(" ", "-").replace("%", "") / \
+                    f"{policy}-r{r}"
+                cmd = capture(model, config, policy, trace, args)
+                cells[policy]["measured"].append({k: measured(trace)[k] for k in KEYS})
+                cells[policy]["traces"].append(str(trace.relative_to(ROOT)))
+                cells[policy].setdefault("command", "ssdmoe " + " ".join(cmd))
+                print(f"[{time.time() - t0:6.0f} s] {name} {label} round {r} {policy}: "
+                      f"{cells[policy]['measured'][-1]['decode_tok_s']:.2f} tok/s", flush=True)
+        for policy in POLICIES:
+            for trace in cells[policy]["traces"]:
+                sim = simulated(ROOT / trace)
+                cells[policy]["simulated"].append({k: sim[k] for k in KEYS})
+        if label.startswith("hot"):  # the optimum on each round's routing (the LRU trace)
+            cells["belady"] = {"measured": [], "traces": list(cells["lru"]["traces"]),
+                               "simulated": []}
+            for trace in cells["lru"]["traces"]:
+                sim = simulated(ROOT / trace, "cache_policy=belady")
+                cells["belady"]["simulated"].append({k: sim[k] for k in KEYS})
+        first = json.loads((ROOT / cells["lru"]["traces"][0] / "run.json").read_text())
+        per_model["manifest_sha256"] = first["model"]["manifest_sha256"]
+        per_model["configs"][label] = cells
+    per_model["curve"] = curve(model, per_model["configs"]["hot 5%"]["lru"]["traces"][0])
+    return {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                   time.gmtime(t0)),
+            "max_tokens": args.max_tokens, "read_mbps": args.read_mbps, "rounds": args.rounds,
+            "wall_s": time.time() - t0, "machine": os.uname().nodename,
+            "models": {name: per_model}}
+
+
+def curve(model: Path, trace: str) -> dict:
+    """Simulated hit rate against the pool's size, per policy, on one trace's routing."""
+    total = expert_bytes(model)
+    out: dict = {"fractions": list(CURVE_FRACTIONS), "trace": trace}
+    for policy in (*POLICIES, "belady"):
+        out[policy] = [simulated(ROOT / trace, f"cache_policy={policy}",
+                                 f"lru_bytes={int(f * total)}")["cache_hit_rate"]
+                       for f in CURVE_FRACTIONS]
+    return out
+
+
+def summarize(result: dict) -> list[dict]:
+    rows = []
+    for name, per_model in result["models"].items():
+        for label, cells in per_model["configs"].items():
+            lru_tok = [m["decode_tok_s"] for m in cells["lru"]["measured"]]
+            for policy, cell in cells.items():
+                med = {k: statistics.median(m[k] for m in cell["measured"])
+                       for k in KEYS} if cell["measured"] else {}
+                sim = {k: statistics.median(s[k] for s in cell["simulated"]) for k in KEYS}
+                paired = statistics.median(m["decode_tok_s"] / base for m, base in zip(
+                    cell["measured"], lru_tok, strict=True)) if cell["measured"] else None
+                rows.append({"model": name, "config": label, "policy": policy, **{
+                    f"measured_{k}": med.get(k) for k in KEYS}, **{
+                    f"simulated_{k}": sim[k] for k in KEYS}, "paired_vs_lru": paired})
+    return rows
+
+
+def rankings(rows: list[dict], noise: float) -> list[dict]:
+    """Per (model, config): the measured and simulated order of the engine policies by decode
+    tok/s, and whether every pair measured further apart than `noise` (paired) is ordered the
+    same way by the simulator."""
+    out = []
+    for key in sorted({(r["model"], r["config"]) for r in rows}):
+        cell = [r for r in rows if (r["model"], r["config"]) == key and r["policy"] in POLICIES]
+        by_meas = sorted(cell, key=lambda r: -r["measured_decode_tok_s"])
+        by_sim = sorted(cell, key=lambda r: -r["simulated_decode_tok_s"])
+        agree = all(
+            (a["simulated_decode_tok_s"] - b["simulated_decode_tok_s"])
+            * (a["paired_vs_lru"] - b["paired_vs_lru"]) > 0
+            for a in cell for b in cell
+            if a is not b and abs(a["paired_vs_lru"] - b["paired_vs_lru"]) > noise)
+        hit_err = max(abs(r["simulated_cache_hit_rate"] - r["measured_cache_hit_rate"])
+                      for r in cell)
+        out.append({"model": key[0], "config": key[1],
+                    "measured": [r["policy"] for r in by_meas],
+                    "simulated": [r["policy"] for r in by_sim],
+                    "same_order": [r["policy"] for r in by_meas] == [r["policy"] for r in by_sim],
+                    "pairs_beyond_noise_agree": agree, "max_hit_rate_error": hit_err})
+    return out
+
+
+def fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(rows: list[dict], ranks: list[dict]) -> str:
+    lines = ["| model | cache | policy | decode tok/s measured (paired vs lru) | simulated | "
+             "hit rate measured / simulated | loads/step measured / simulated | blocked ms/step "
+             "measured / simulated |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['config']} | {r['policy']} | "
+            f"{fmt(r['measured_decode_tok_s'], '.2f')} ({fmt(r['paired_vs_lru'], '.3f')}x) | "
+            f"{fmt(r['simulated_decode_tok_s'], '.2f')} | "
+            f"{fmt(r['measured_cache_hit_rate'], '.3f')} / "
+            f"{fmt(r['simulated_cache_hit_rate'], '.3f')} | "
+            f"{fmt(r['measured_loads_per_step'], '.1f')} / "
+            f"{fmt(r['simulated_loads_per_step'], '.1f')} | "
+            f"{fmt(r['measured_blocked_ms_per_step'], '.1f')} / "
+            f"{fmt(r['simulated_blocked_ms_per_step'], '.1f')} |")
+    lines += ["", "| model | cache | measured order | simulated order | same order | pairs "
+              "beyond noise agree | largest hit-rate error |", "|---|---|---|---|---|---|---|"]
+    for k in ranks:
+        lines.append(f"| {k['model']} | {k['config']} | {' > '.join(k['measured'])} | "
+                     f"{' > '.join(k['simulated'])} | {k['same_order']} | "
+                     f"{k['pairs_beyond_noise_agree']} | {k['max_hit_rate_error']:.3f} |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["models"])
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.2), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        per_model = result["models"][name]
+        c = per_model["curve"]
+        xs = [100 * f for f in c["fractions"]]
+        for policy in (*POLICIES, "belady"):
+            ax.plot(xs, c[policy], marker="o", label=f"{policy} (simulated)",
+                    linestyle="--" if policy == "belady" else "-")
+        for label, frac in (("hot 5%", 5), ("hot 25%", 25)):
+            for policy in POLICIES:
+                rates = [m["cache_hit_rate"]
+                         for m in per_model["configs"][label][policy]["measured"]]
+                ax.scatter([frac] * len(rates), rates, marker="x", color="k", s=14)
+        ax.set_xscale("log")
+        ax.set_xlabel("hot pool, % of the expert bytes")
+        ax.set_ylabel("app-cache hit rate (decode)")
+        ax.set_title(f"{name}: x = measured (every policy, every round)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tiny-trained", help="fixture names, comma separated")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--read-mbps", type=float, default=30.0, help="0: no throttle")
+    ap.add_argument("--noise", type=float, default=0.03,
+                    help="paired ratio difference below which two policies count as tied")
+    ap.add_argument("--from-json", action="store_true",
+                    help="re-render the table, plot and README from the models' JSONs")
+    args = ap.parse_args()
+    if not args.from_json:
+        for name in [m for m in args.models.split(",") if m]:
+            result = run(name, args)
+            (OUT / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    result = {"models": {}}
+    for path in sorted(p for p in OUT.glob("*.json") if p.name != "summary.json"):
+        result["models"].update(json.loads(path.read_text())["models"])
+    result["rows"] = summarize(result)
+    result["rankings"] = rankings(result["rows"], args.noise)
+    (OUT / "summary.json").write_text(json.dumps(
+        {"rows": result["rows"], "rankings": result["rankings"], "noise": args.noise},
+        indent=1) + "\n")
+    plot(result, OUT / "hit-rate.png")
+    text = table(result["rows"], result["rankings"])
+    readme = OUT / "README.md"
+    if readme.is_file() and MARK_BEGIN in readme.read_text():
+        body = readme.read_text()
+        head, rest = body.split(MARK_BEGIN, 1)
+        tail = rest.split(MARK_END, 1)[1]
+        readme.write_text(f"{head}{MARK_BEGIN}\n{text}\n{MARK_END}{tail}")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
