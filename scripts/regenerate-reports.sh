@@ -43,4 +43,5 @@ if [ $bench = 1 ]; then
         --json reports/bench/tiny-trained-budget25.json
     run uv run ssdmoe bench $M --arms on-demand,staged-layer,staged-prerouter --rounds 5 \
         --page-cache-budget 25% --read-mbps 15 --json reports/bench/tiny-trained-budget25-15mbps.json
+    run uv run python reports/policies/run.py --models tiny-trained   # cache policies, ~13 min
 fi

@@ -26,8 +26,10 @@ schema as a measured one.
                      bytes at full speed, then a wait) or a token bucket (a cloud disk)
   memory_budget.py   RAM budget: OS, engine, app caches; the page cache gets what is left
   swap.py            oversubscription: the engine's paged-out memory faulted back in
-  lru.py             byte-bounded LRU; page_cache.py (OS page cache), caches.py (the bundle
-                     LRU, the staged path's per-layer slot tables)
+  bounded_cache.py   a byte-bounded cache whose victims an eviction policy names (the
+                     engine's own, contract/eviction.py; belady.py: Belady's optimum);
+                     page_cache.py (OS page cache, or the engine's budget), caches.py (the
+                     bundle cache, the staged path's per-layer slot tables)
   policies.py        the engine's decode paths: exact, hot, staged (lead none, token, layer)
   routing_input.py, routing_synth.py   what is replayed; routing_fit.py: the generator's
                      reuse and skew (and their scaling with K) fitted to captured traces
@@ -54,7 +56,8 @@ names, thresholds) and traces/ (the schema, load sources):
     engine/manifest.py (layout)                      storage.py, token_bucket.py
                                                    (engine/throttle.py), model_profile.py
   engine/paths/exact.py                            policies.py Exact (path "exact")
-  engine/paths/hot.py                              policies.py Hot (path "hot"), lru.py
+  engine/paths/hot.py                              policies.py Hot (path "hot"), caches.py
+  engine/page_cache_budget.py                      page_cache.py (engine_budget)
   engine/paths/staged.py, slot_table.py            policies.py Staged (path "staged"),
                                                    caches.py SlotTables
   engine/paths/staged_fill.py (demand, ahead,      main_thread.py (_router_layer, stage,

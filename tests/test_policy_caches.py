@@ -175,3 +175,33 @@ def test_bad_policies_are_one_line():
     with pytest.raises(BadInput, match="exact path, which has no cache"):
         check_scenario(scenario(path="exact", cache_policy="lfu"))
     assert check_policy("fifo") == "fifo"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--preset", "on-demand", "--cache-policy", "lfu"], "no cache"),
+    (["--preset", "hot", "--cache-policy", "mru"], "unknown policy 'mru'"),
+    (["--preset", "hot", "--cache-policy", "belady"], "needs the future"),
+])
+def test_cli_bad_policy_is_one_line_and_writes_nothing(tiny_random_converted, tmp_path,
+                                                       monkeypatch, capsys, args, needle):
+    from cli_runner import run_cli
+
+    out = tmp_path / "trace"
+    code, _, err = run_cli(monkeypatch, capsys, "capture", str(tiny_random_converted),
+                           "--out", str(out), "--max-tokens", "2", *args)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    assert not out.exists()
+
+
+def test_cli_generate_records_the_policy(tiny_random_converted, tmp_path, monkeypatch, capsys):
+    import json
+
+    from cli_runner import run_cli
+
+    out = tmp_path / "trace"
+    code, _, err = run_cli(monkeypatch, capsys, "generate", str(tiny_random_converted),
+                           "--prompt", "hello", "--max-tokens", "3", "--preset", "staged",
+                           "--cache-policy", "least-stale", "--trace", str(out))
+    assert code == 0, err
+    assert json.loads((out / "run.json").read_text())["engine"]["cache_policy"] == "least-stale"

@@ -127,6 +127,34 @@ def curve(model: Path, trace: str) -> dict:
     return out
 
 
+def reuse_distances(trace: Path) -> dict:
+    """How far back (in tokens, same layer, same request) each decode access's expert was
+    last used: the share of accesses per distance bucket (what a policy can exploit)."""
+    sys.path.insert(0, str(ROOT))
+    import polars as pl
+
+    from traces.reader import read_trace
+
+    t = read_trace(trace)
+    decode = t.steps.filter(pl.col("phase") == "decode").select("step", "request")
+    rows = t.routing.join(decode, on="step").sort("request", "step", "layer")
+    last: dict = {}
+    buckets = {"1": 0, "2": 0, "3-4": 0, "5-8": 0, "9-16": 0, "17+": 0, "new": 0}
+    position: dict = {}
+    for request, step, layer, experts in rows.select(
+            "request", "step", "layer", "experts").iter_rows():
+        pos = position.setdefault((request, step), len(position))
+        for e in experts:
+            prev = last.get((request, layer, e))
+            last[(request, layer, e)] = pos
+            d = None if prev is None else pos - prev
+            key = "new" if d is None else "1" if d == 1 else "2" if d == 2 else \
+                "3-4" if d <= 4 else "5-8" if d <= 8 else "9-16" if d <= 16 else "17+"
+            buckets[key] += 1
+    total = sum(buckets.values())
+    return {k: v / total for k, v in buckets.items()}
+
+
 def summarize(result: dict) -> list[dict]:
     rows = []
     for name, per_model in result["models"].items():
@@ -136,18 +164,27 @@ def summarize(result: dict) -> list[dict]:
                 med = {k: statistics.median(m[k] for m in cell["measured"])
                        for k in KEYS} if cell["measured"] else {}
                 sim = {k: statistics.median(s[k] for s in cell["simulated"]) for k in KEYS}
-                paired = statistics.median(m["decode_tok_s"] / base for m, base in zip(
-                    cell["measured"], lru_tok, strict=True)) if cell["measured"] else None
+                rounds = [m["decode_tok_s"] / base for m, base in zip(
+                    cell["measured"], lru_tok, strict=True)] if cell["measured"] else []
                 rows.append({"model": name, "config": label, "policy": policy, **{
                     f"measured_{k}": med.get(k) for k in KEYS}, **{
-                    f"simulated_{k}": sim[k] for k in KEYS}, "paired_vs_lru": paired})
+                    f"simulated_{k}": sim[k] for k in KEYS},
+                    "paired_vs_lru": statistics.median(rounds) if rounds else None,
+                    "paired_rounds": rounds})
     return rows
 
 
-def rankings(rows: list[dict], noise: float) -> list[dict]:
+def separated(a: dict, b: dict) -> bool:
+    """Every round's paired ratio of one policy above every round's of the other: a
+    difference the run's noise does not explain."""
+    return min(a["paired_rounds"]) > max(b["paired_rounds"]) or \
+        min(b["paired_rounds"]) > max(a["paired_rounds"])
+
+
+def rankings(rows: list[dict]) -> list[dict]:
     """Per (model, config): the measured and simulated order of the engine policies by decode
-    tok/s, and whether every pair measured further apart than `noise` (paired) is ordered the
-    same way by the simulator."""
+    tok/s, and whether every pair the rounds separate (`separated`) is ordered the same way by
+    the simulator."""
     out = []
     for key in sorted({(r["model"], r["config"]) for r in rows}):
         cell = [r for r in rows if (r["model"], r["config"]) == key and r["policy"] in POLICIES]
@@ -156,15 +193,14 @@ def rankings(rows: list[dict], noise: float) -> list[dict]:
         agree = all(
             (a["simulated_decode_tok_s"] - b["simulated_decode_tok_s"])
             * (a["paired_vs_lru"] - b["paired_vs_lru"]) > 0
-            for a in cell for b in cell
-            if a is not b and abs(a["paired_vs_lru"] - b["paired_vs_lru"]) > noise)
+            for a in cell for b in cell if a is not b and separated(a, b))
         hit_err = max(abs(r["simulated_cache_hit_rate"] - r["measured_cache_hit_rate"])
                       for r in cell)
         out.append({"model": key[0], "config": key[1],
                     "measured": [r["policy"] for r in by_meas],
                     "simulated": [r["policy"] for r in by_sim],
                     "same_order": [r["policy"] for r in by_meas] == [r["policy"] for r in by_sim],
-                    "pairs_beyond_noise_agree": agree, "max_hit_rate_error": hit_err})
+                    "separated_pairs_agree": agree, "max_hit_rate_error": hit_err})
     return out
 
 
@@ -188,11 +224,12 @@ def table(rows: list[dict], ranks: list[dict]) -> str:
             f"{fmt(r['measured_blocked_ms_per_step'], '.1f')} / "
             f"{fmt(r['simulated_blocked_ms_per_step'], '.1f')} |")
     lines += ["", "| model | cache | measured order | simulated order | same order | pairs "
-              "beyond noise agree | largest hit-rate error |", "|---|---|---|---|---|---|---|"]
+              "the rounds separate agree | largest hit-rate error |",
+              "|---|---|---|---|---|---|---|"]
     for k in ranks:
         lines.append(f"| {k['model']} | {k['config']} | {' > '.join(k['measured'])} | "
                      f"{' > '.join(k['simulated'])} | {k['same_order']} | "
-                     f"{k['pairs_beyond_noise_agree']} | {k['max_hit_rate_error']:.3f} |")
+                     f"{k['separated_pairs_agree']} | {k['max_hit_rate_error']:.3f} |")
     return "\n".join(lines)
 
 
@@ -217,6 +254,8 @@ def plot(result: dict, path: Path) -> None:
                          for m in per_model["configs"][label][policy]["measured"]]
                 ax.scatter([frac] * len(rates), rates, marker="x", color="k", s=14)
         ax.set_xscale("log")
+        ax.set_xticks(xs, [f"{x:g}%" for x in xs])
+        ax.minorticks_off()
         ax.set_xlabel("hot pool, % of the expert bytes")
         ax.set_ylabel("app-cache hit rate (decode)")
         ax.set_title(f"{name}: x = measured (every policy, every round)")
@@ -232,8 +271,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--read-mbps", type=float, default=30.0, help="0: no throttle")
-    ap.add_argument("--noise", type=float, default=0.03,
-                    help="paired ratio difference below which two policies count as tied")
     ap.add_argument("--from-json", action="store_true",
                     help="re-render the table, plot and README from the models' JSONs")
     args = ap.parse_args()
@@ -242,13 +279,15 @@ def main() -> None:
             result = run(name, args)
             (OUT / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     result = {"models": {}}
-    for path in sorted(p for p in OUT.glob("*.json") if p.name != "summary.json"):
-        result["models"].update(json.loads(path.read_text())["models"])
+    for path in sorted(OUT.glob("*.json")):  # the models' runs (not summary.json, rechecks)
+        result["models"].update(json.loads(path.read_text()).get("models", {}))
     result["rows"] = summarize(result)
-    result["rankings"] = rankings(result["rows"], args.noise)
+    result["rankings"] = rankings(result["rows"])
+    reuse = {name: reuse_distances(ROOT / m["configs"]["hot 5%"]["lru"]["traces"][0])
+             for name, m in result["models"].items()}
     (OUT / "summary.json").write_text(json.dumps(
-        {"rows": result["rows"], "rankings": result["rankings"], "noise": args.noise},
-        indent=1) + "\n")
+        {"rows": result["rows"], "rankings": result["rankings"],
+         "reuse_distance_share": reuse}, indent=1) + "\n")
     plot(result, OUT / "hit-rate.png")
     text = table(result["rows"], result["rankings"])
     readme = OUT / "README.md"
