@@ -205,3 +205,41 @@ def test_cli_generate_records_the_policy(tiny_random_converted, tmp_path, monkey
                            "--cache-policy", "least-stale", "--trace", str(out))
     assert code == 0, err
     assert json.loads((out / "run.json").read_text())["engine"]["cache_policy"] == "least-stale"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_sim_bundle_cache_order_after_every_access(name):
+    """The simulator's shared bundle cache (sim.caches.BundleLRU, as sim.main_thread drives it:
+    a lookup, and an insert on a miss) holds the hand-worked order after every access."""
+    from contract.eviction import make
+    from sim.caches import BundleLRU
+    from test_eviction_policies import new_policy
+
+    orders, hits = EXPECTED[name]
+    cache = BundleLRU(3 * 1000, 1000, new_policy(name) if name == "belady" else make(name))
+    got = []
+    for i, ((_, key), now) in enumerate(zip(SEQUENCE, STAMPS, strict=True), start=1):
+        if cache.lookup(key, now):
+            got.append(i)
+        else:
+            cache.insert(key, now)
+        assert cache.policy.order() == orders[i - 1], (name, i)
+    assert got == hits and cache.hits == len(hits)
+
+
+@pytest.mark.parametrize("name", ENGINE)
+def test_sim_slot_tables_order_matches_the_engines(k1_store, name):
+    """The simulator's slot tables and the engine's slot table, driven by the same calls,
+    hold the same eviction order after every call."""
+    from sim.caches import SlotTables
+
+    store, stats, readers = k1_store
+    engine = SlotTable(store, 0, readers, stats, k=1, headroom=2, policy=name)
+    sim = SlotTables(1, 3, name)
+    for e in SLOT_SEQUENCE:
+        if engine.all_published([e]) is None:
+            engine.settle(engine.place([e], set(), source="demand"))
+        sim.touch(0, [e])
+        if e not in sim.held[0]:
+            sim.place(0, e, None, {e})
+        assert sim.policies[0].order() == engine.policy.order(), (name, e)
