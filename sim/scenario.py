@@ -477,7 +477,9 @@ class Scenario:
         """The engine arm in its own words: path, lead, readers."""
         lead = {"none": "", "token": ", lead token",
                 "layer": f", lead {self.lead_layers} layer(s)"}[self.lead]
-        return f"path {self.path}{lead}, readers {self.readers}"
+        cached = self.path != "exact" or self.engine_budget
+        policy = f", cache policy {self.cache_policy}" if cached else ""
+        return f"path {self.path}{lead}, readers {self.readers}{policy}"
 
     @property
     def predicts(self) -> bool:

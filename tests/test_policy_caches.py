@@ -11,10 +11,10 @@ import numpy as np
 import polars as pl
 import pytest
 from sim_helpers import MB, model, routing_input, scenario
-from test_eviction_policies import EXPECTED, SEQUENCE, STAMPS
+from test_eviction_policies import EXPECTED, SEQUENCE, STAMPS, new_policy
 
 from contract.errors import BadInput
-from contract.eviction import check_policy
+from contract.eviction import check_policy, make
 from engine.fill_points import FillPoints
 from engine.loader import routed_at
 from engine.manifest import read_manifest
@@ -24,6 +24,7 @@ from engine.paths.slot_table import SlotTable
 from engine.paths.stats import PathStats
 from engine.readers import ReaderPool
 from engine.store import ExpertStore
+from sim.caches import BundleLRU, SlotTables
 from sim.page_cache import PageCache
 from sim.profiles import check_scenario
 from sim.replay import run_scenario
@@ -211,10 +212,6 @@ def test_cli_generate_records_the_policy(tiny_random_converted, tmp_path, monkey
 def test_sim_bundle_cache_order_after_every_access(name):
     """The simulator's shared bundle cache (sim.caches.BundleLRU, as sim.main_thread drives it:
     a lookup, and an insert on a miss) holds the hand-worked order after every access."""
-    from contract.eviction import make
-    from sim.caches import BundleLRU
-    from test_eviction_policies import new_policy
-
     orders, hits = EXPECTED[name]
     cache = BundleLRU(3 * 1000, 1000, new_policy(name) if name == "belady" else make(name))
     got = []
@@ -231,8 +228,6 @@ def test_sim_bundle_cache_order_after_every_access(name):
 def test_sim_slot_tables_order_matches_the_engines(k1_store, name):
     """The simulator's slot tables and the engine's slot table, driven by the same calls,
     hold the same eviction order after every call."""
-    from sim.caches import SlotTables
-
     store, stats, readers = k1_store
     engine = SlotTable(store, 0, readers, stats, k=1, headroom=2, policy=name)
     sim = SlotTables(1, 3, name)
