@@ -63,19 +63,24 @@ class BoundedCache:
             self.policy.use(key, now)
             items[key] = value
             return
-        if len(items) >= self.capacity:
-            old = self.policy.victim(now, keep)
-            if old is None:
-                old = self.policy.victim(now)
-            self.policy.remove(old)
-            del items[old]
-            self.evictions += 1
-            if self.on_evict is not None:
-                self.on_evict(old)
+        self.make_room(1, now, keep)
         items[key] = value
         self.policy.admit(key, now)
         if len(items) > self.peak_items:
             self.peak_items = len(items)
+
+    def make_room(self, n: int, now: Stamp, keep: Collection[int] = ()) -> None:
+        """Evict the policy's victims (outside `keep` while any is left) until `n` more keys
+        fit: the engine's hot pool frees a call's rows before it admits the call's misses."""
+        while self.items and len(self.items) + n > self.capacity:
+            old = self.policy.victim(now, keep)
+            if old is None:
+                old = self.policy.victim(now)
+            self.policy.remove(old)
+            del self.items[old]
+            self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(old)
 
     def discard(self, key: int) -> None:
         self.items.pop(key, None)

@@ -73,6 +73,15 @@ from traces.schema import DEMAND, PREFETCH, WHOLE_LAYER
 MAIN_THREAD = "main"
 
 
+def engine_order(experts: list[int], held) -> list[int]:
+    """The order the engine's fills show a call's experts to the cache policy: all held (the
+    all-hit short paths: a Python set's order, built from the same list), else sorted
+    (engine.paths.hot.HotPool.rows_for, SlotTable.place)."""
+    if all(e in held for e in experts):
+        return list(set(experts))
+    return sorted(experts)
+
+
 class MainThread:
     def __init__(self, env: simpy.Environment, sc: Scenario, policy: Policy, cores: Cores,
                  compute: ComputeStream, fetcher: Fetcher, readers: ReaderThreads | None,
@@ -263,6 +272,7 @@ class MainThread:
         held experts keep their slots, the others get one outside the last call's (which may
         still compute), filled from the bundle LRU or by a prefetch."""
         slots, lru = self.slots, self.lru
+        predicted = sorted(predicted)  # the engine places a call's experts sorted
         keep = slots.protected(layer, last_call=True) | set(predicted)
         slots.touch(layer, predicted)
         held = slots.held[layer]
@@ -315,16 +325,22 @@ class MainThread:
             yield from self._fill_stack(len(set(executed)))
         if policy.slots:
             slots.take(layer)  # a set staged for this call (layer lead) is held in its slots
-            slots.touch(layer, executed)
+            slots.touch(layer, engine_order(executed, slots.held[layer]))
             keep = slots.protected(layer, last_call=False) | set(executed)
         base = layer * self.experts
         need: list[Load] = []
         held: list[Load] = []
         in_slots = slots.held[layer] if policy.slots else {}
         call = [base + e for e in executed]  # pinned while this call's misses pick victims
-        order = executed
-        if policy.app_cache and not policy.slots:  # the hot pool: hits, then misses, each
-            order = sorted(executed, key=lambda e: (base + e not in lru, e))  # sorted (rows_for)
+        order = sorted(executed) if policy.slots else executed  # SlotTable.place: sorted
+        if policy.app_cache and not policy.slots:  # the hot pool, as the engine takes a call
+            held_keys = {e for e in executed if base + e in lru}
+            order = engine_order(executed, held_keys)
+            if len(held_keys) < len(set(executed)):  # rows_for: hits, then misses, sorted
+                order = sorted(executed, key=lambda e: (e not in held_keys, e))
+        # the hot pool frees the rows of all of a call's misses before it admits any
+        room = len(set(executed)) - len(held_keys) if policy.app_cache and not policy.slots \
+            else 0
         for e in order:
             key = base + e
             if e in in_slots:
@@ -340,6 +356,9 @@ class MainThread:
                 if policy.slots:
                     slots.place(layer, e, load, keep)
             else:
+                if room:
+                    lru.make_room(room, (step, layer), call)
+                    room = 0
                 load = yield from self.new_load(step, layer, e, key, self.bundle_bytes,
                                                 self.sc.demand_pieces, DEMAND, hold=True)
                 if not load.done.triggered:

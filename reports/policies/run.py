@@ -95,25 +95,31 @@ def run(name: str, args) -> dict:
                 cells[policy].setdefault("command", "ssdmoe " + " ".join(cmd))
                 print(f"[{time.time() - t0:6.0f} s] {name} {label} round {r} {policy}: "
                       f"{cells[policy]['measured'][-1]['decode_tok_s']:.2f} tok/s", flush=True)
-        for policy in POLICIES:
-            for trace in cells[policy]["traces"]:
-                sim = simulated(ROOT / trace)
-                cells[policy]["simulated"].append({k: sim[k] for k in KEYS})
-        if label.startswith("hot"):  # the optimum on each round's routing (the LRU trace)
-            cells["belady"] = {"measured": [], "traces": list(cells["lru"]["traces"]),
-                               "simulated": []}
-            for trace in cells["lru"]["traces"]:
-                sim = simulated(ROOT / trace, "cache_policy=belady")
-                cells["belady"]["simulated"].append({k: sim[k] for k in KEYS})
         first = json.loads((ROOT / cells["lru"]["traces"][0] / "run.json").read_text())
         per_model["manifest_sha256"] = first["model"]["manifest_sha256"]
         per_model["configs"][label] = cells
-    per_model["curve"] = curve(model, per_model["configs"]["hot 5%"]["lru"]["traces"][0])
+    simulate(model, per_model)
     return {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                    time.gmtime(t0)),
             "max_tokens": args.max_tokens, "read_mbps": args.read_mbps, "rounds": args.rounds,
             "wall_s": time.time() - t0, "machine": os.uname().nodename,
             "models": {name: per_model}}
+
+
+def simulate(model: Path, per_model: dict) -> None:
+    """The simulator's side of every captured trace (replayed with its own policy; Belady on
+    each hot-pool LRU trace) and the hit-rate curve, from the traces on disk."""
+    for label, cells in per_model["configs"].items():
+        for policy in POLICIES:
+            cells[policy]["simulated"] = [
+                {k: v for k, v in simulated(ROOT / t).items() if k in KEYS}
+                for t in cells[policy]["traces"]]
+        if label.startswith("hot"):  # the optimum on each round's routing (the LRU trace)
+            cells["belady"] = {"measured": [], "traces": list(cells["lru"]["traces"]),
+                               "simulated": [
+                {k: v for k, v in simulated(ROOT / t, "cache_policy=belady").items()
+                 if k in KEYS} for t in cells["lru"]["traces"]]}
+    per_model["curve"] = curve(model, per_model["configs"]["hot 5%"]["lru"]["traces"][0])
 
 
 def curve(model: Path, trace: str) -> dict:
@@ -273,8 +279,18 @@ def main() -> None:
     ap.add_argument("--read-mbps", type=float, default=30.0, help="0: no throttle")
     ap.add_argument("--from-json", action="store_true",
                     help="re-render the table, plot and README from the models' JSONs")
+    ap.add_argument("--resimulate", action="store_true",
+                    help="replay the traces the models' JSONs name again (after a simulator "
+                    "change; needs them under runs/policies), then re-render")
     args = ap.parse_args()
-    if not args.from_json:
+    if args.resimulate:
+        for path in sorted(OUT.glob("*.json")):
+            result = json.loads(path.read_text())
+            for name, per_model in result.get("models", {}).items():
+                simulate(ROOT / "models" / f"{name}-stream", per_model)
+                result["resimulated"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+                path.write_text(json.dumps(result, indent=1) + "\n")
+    elif not args.from_json:
         for name in [m for m in args.models.split(",") if m]:
             result = run(name, args)
             (OUT / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
