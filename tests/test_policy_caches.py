@@ -238,3 +238,41 @@ def test_sim_slot_tables_order_matches_the_engines(k1_store, name):
         if e not in sim.held[0]:
             sim.place(0, e, None, {e})
         assert sim.policies[0].order() == engine.policy.order(), (name, e)
+
+
+@pytest.mark.parametrize("name", ENGINE)
+def test_sim_hot_path_hits_as_the_engines_pool_on_random_routing(tiny_random_converted, name):
+    """The engine's hot pool (through its fill points) and the simulator's hot path on the same
+    60 steps of random K-sets: the same hits at every step (the engine is the reference: a call's
+    experts in its order, its misses' rows freed before they are admitted)."""
+    store = ExpertStore(read_manifest(tiny_random_converted))
+    stats = PathStats()
+    readers = ReaderPool(store, 2, stats, help_main=False)
+    try:
+        m = store.manifest
+        layers, experts, k = len(m.moe_layers), m.num_experts, m.top_k
+        rng = np.random.default_rng(7)
+        # skewed so that reuse happens: the first 12 experts drawn 8x as often
+        weights = np.where(np.arange(experts) < 12, 8.0, 1.0)
+        weights /= weights.sum()
+        router = np.stack([[rng.choice(experts, size=k, replace=False, p=weights)
+                            for _ in range(layers)] for _ in range(60)]).astype(np.int16)
+        rows = 6 * k  # one and a half steps of the 4 layers
+        pool = HotPool(store, readers, stats, rows * m.bundle_bytes, name)
+        points = FillPoints()
+        paths = {i: HotPath(store, layer, pool, points) for i, layer in enumerate(m.moe_layers)}
+        engine_hits = []
+        for step in range(len(router)):
+            points.clock.step = step
+            before = stats.cache_hits
+            for i in range(layers):
+                paths[i]._fill(mx.array(router[step, i][None, :].astype(np.uint32)))
+            engine_hits.append(stats.cache_hits - before)
+    finally:
+        readers.close()
+        store.close()
+    sc = scenario(m=model(layers=layers, experts=experts, k=k), path="hot",
+                  lru_bytes=rows * MB, cache_policy=name, decode_steps=len(router))
+    steps = run_scenario(sc, routing=routing_input(router)).trace.steps
+    sim_hits = steps.filter(pl.col("phase") == "decode")["cache_hits"].to_list()
+    assert sum(engine_hits) > 0 and sim_hits == engine_hits
