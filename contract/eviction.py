@@ -138,6 +138,12 @@ class LFU(EvictionPolicy):
             for k in self.count:
                 self.count[k] //= 2
 
+    def victim(self, now: Stamp, keep: Collection[Key] = ()) -> Key | None:
+        # one pass, no sort: a victim is asked for on every miss of a full cache
+        best = min(((self.count[k], i, k) for i, k in enumerate(self._recent) if k not in keep),
+                   default=None)
+        return None if best is None else best[2]
+
     def order(self) -> list[Key]:
         rank = {k: i for i, k in enumerate(self._recent)}  # ties: least recent first
         return sorted(self._recent, key=lambda k: (self.count[k], rank[k]))
@@ -160,7 +166,14 @@ class LeastStale(EvictionPolicy):
 
     def victim(self, now: Stamp, keep: Collection[Key] = ()) -> Key | None:
         self.token = max(self.token, now[0])
-        return super().victim(now, keep)
+        # order()'s first unkept key without building it: a victim is asked for on every miss
+        recent = self._recent
+        current = next((k for k in reversed(recent)
+                        if recent[k][0] >= self.token and k not in keep), None)
+        if current is not None:
+            return current
+        return next((k for k, (token, _) in recent.items()
+                     if token < self.token and k not in keep), None)
 
     def order(self) -> list[Key]:
         current = [k for k, (token, _) in self._recent.items() if token >= self.token]

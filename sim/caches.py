@@ -55,12 +55,13 @@ class SlotTables:
     def place(self, layer: int, expert: int, load: object, protected: set[int]) -> None:
         """Give `expert` (not held) a slot, its read `load` in flight: an empty slot, else the
         policy's victim outside `protected`. With every slot protected (the engine raises
-        StagingError; sim.profiles requires the headroom that rules it out) the oldest goes."""
+        StagingError; sim.profiles requires the headroom that rules it out) the policy's first
+        goes."""
         held, policy, now = self.held[layer], self.policies[layer], (self.calls[layer], layer)
         if len(held) >= self.capacity:
             victim = policy.victim(now, protected)
             if victim is None:
-                victim = next(iter(held))
+                victim = policy.victim(now)
             del held[victim]
             policy.remove(victim)
             self.evictions += 1

@@ -278,6 +278,7 @@ class MainThread:
         held = slots.held[layer]
         staged: dict[int, object] = {}
         base = layer * self.experts
+        pinned = [base + e for e in predicted]  # the bundle cache keeps the set being staged
         for e in predicted:
             if e in held:
                 staged[e] = held[e]
@@ -288,7 +289,7 @@ class MainThread:
             else:
                 load = yield from self.new_load(step, layer, e, key, self.bundle_bytes,
                                                 self.sc.prefetch_pieces, PREFETCH)
-                lru.insert(key, (step, layer), load, keep=[base + p for p in predicted])
+                lru.insert(key, (step, layer), load, keep=pinned)
             slots.place(layer, e, load, keep)
             staged[e] = load
         slots.stage(layer, staged)
@@ -333,14 +334,12 @@ class MainThread:
         in_slots = slots.held[layer] if policy.slots else {}
         call = [base + e for e in executed]  # pinned while this call's misses pick victims
         order = sorted(executed) if policy.slots else executed  # SlotTable.place: sorted
+        room = 0  # the hot pool frees the rows of all of a call's misses before it admits any
         if policy.app_cache and not policy.slots:  # the hot pool, as the engine takes a call
             held_keys = {e for e in executed if base + e in lru}
-            order = engine_order(executed, held_keys)
-            if len(held_keys) < len(set(executed)):  # rows_for: hits, then misses, sorted
-                order = sorted(executed, key=lambda e: (e not in held_keys, e))
-        # the hot pool frees the rows of all of a call's misses before it admits any
-        room = len(set(executed)) - len(held_keys) if policy.app_cache and not policy.slots \
-            else 0
+            room = len(set(executed)) - len(held_keys)
+            order = sorted(executed, key=lambda e: (e not in held_keys, e)) if room \
+                else engine_order(executed, held_keys)  # rows_for: hits, then misses, sorted
         for e in order:
             key = base + e
             if e in in_slots:

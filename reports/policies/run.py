@@ -90,7 +90,8 @@ def run(name: str, args) -> dict:
                 trace = RUNS / name / label.replace(" ", "-").replace("%", "") / \
                     f"{policy}-r{r}"
                 cmd = capture(model, config, policy, trace, args)
-                cells[policy]["measured"].append({k: measured(trace)[k] for k in KEYS})
+                summary = measured(trace)
+                cells[policy]["measured"].append({k: summary[k] for k in KEYS})
                 cells[policy]["traces"].append(str(trace.relative_to(ROOT)))
                 cells[policy].setdefault("command", "ssdmoe " + " ".join(cmd))
                 print(f"[{time.time() - t0:6.0f} s] {name} {label} round {r} {policy}: "
