@@ -84,6 +84,7 @@ def load_engine(
     readers: int | None = None,
     hot_mb: float | None = None,
     cache_policy: str | None = None,
+    staged_headroom: int | None = None,
 ):
     """-> the Engine (engine.engine) for `preset`
     (contract.engine_config.PRESETS) with the page-cache budget given in MiB or as a fraction of the
@@ -102,6 +103,7 @@ def load_engine(
                                       lookahead=lookahead, lead_kind=lead, top_k=top_k,
                                       readers=readers, cache_policy=cache_policy,
                                       hot_bytes=None if hot_mb is None else int(hot_mb * 2**20),
+                                      staged_headroom=staged_headroom,
                                       prerouter=None if prerouter is None else str(prerouter),
                                       lora=None if lora is None else str(lora))
     return load_streaming(model_dir, verify=verify, config=config)

@@ -37,6 +37,8 @@ vocabulary (sim.policies):
   cache_policy                          as recorded (traces from before it existed: lru); with a
                                         page-cache budget it is the budget's policy too
                                         (engine_budget)
+  prefill path whole-layer              prefill_stacks_held=true: its two full-layer stacks are
+  (presets hot, staged)                 allocated when the engine is built and held (memory)
   k, o_direct, help_reads               as recorded (help_reads: the main thread reads a needed
                                         bundle no reader has started; traces without it: on)
   page_cache_budget                     the simulated page cache holds as many bundles as the
@@ -128,11 +130,11 @@ def profile_name(model: str) -> str:
     return model[: -len("-stream")] if model.endswith("-stream") else model
 
 
-def model_name(trace: Trace) -> str:
+def model_name(trace: Trace | PlannedRun) -> str:
     return profile_name(str((trace.run.get("model") or {}).get("name") or ""))
 
 
-def trace_model(trace: Trace, notes: list[str]):
+def trace_model(trace: Trace | PlannedRun, notes: list[str]):
     """The model profile for a trace: scenarios/models/<name>.toml, else from its manifest."""
     from sim.model_profile import profile_from_manifest
     from sim.profiles import ROOT, load_model
@@ -218,6 +220,9 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     if cfg.cache_policy is not None:
         sets.append(f"cache_policy={cfg.cache_policy}")
     sets.append(f"lookahead={'true' if looked_ahead(engine) else 'false'}")
+    whole = cfg.prefill == "whole-layer" or any(
+        d.get("prefill") == "whole-layer" for d in cfg.layers.values())
+    sets.append(f"prefill_stacks_held={'true' if whole else 'false'}")
     sets.append(f"help_reads={'true' if cfg.help_reads else 'false'}")
     sets.append("gil=true")  # this engine's threads are Python threads (sim.gil)
     sets.append(f"lora={'true' if cfg.lora else 'false'}")
@@ -229,7 +234,7 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     return sets, path, notes
 
 
-def paged_bundle_bytes(trace: Trace) -> float | None:
+def paged_bundle_bytes(trace: Trace | PlannedRun) -> float | None:
     """Mean bytes the engine's page-cache budget charges per bundle (its ranges rounded out to
     whole pages: sim.model_profile.paged_bundle_bytes), from the manifest the trace names;
     None if unknown."""
@@ -268,7 +273,7 @@ def with_page_cache(sc: Scenario, budget_bytes: int, notes: list[str],
     return dataclasses.replace(sc, hardware=hw)
 
 
-def with_trace_heads(sc: Scenario, trace: Trace, notes: list[str]) -> Scenario:
+def with_trace_heads(sc: Scenario, trace: Trace | PlannedRun, notes: list[str]) -> Scenario:
     """A trace taken with prerouter heads (run.json engine.prerouter: their directory) on a
     model profile without heads: the heads' layers and bytes from their prerouter.json."""
     from sim.model_profile import heads_profile
@@ -287,7 +292,7 @@ def with_trace_heads(sc: Scenario, trace: Trace, notes: list[str]) -> Scenario:
     return dataclasses.replace(sc, model=dataclasses.replace(sc.model, **values))
 
 
-def with_trace_lora(sc: Scenario, trace: Trace, notes: list[str]) -> Scenario:
+def with_trace_lora(sc: Scenario, trace: Trace | PlannedRun, notes: list[str]) -> Scenario:
     """A trace served with a recovery LoRA (run.json engine.lora: its directory) on a model
     profile without one: the adapter's bytes from its file."""
     from sim.model_profile import LORA_FILE, lora_profile
@@ -305,14 +310,26 @@ def with_trace_lora(sc: Scenario, trace: Trace, notes: list[str]) -> Scenario:
     return dataclasses.replace(sc, model=dataclasses.replace(sc.model, **values))
 
 
-def scenario_for(trace: Trace, scenario: str | None = None,
-                 sets: list[str] | None = None) -> tuple[Scenario, list[str], list[str]]:
-    """(scenario, derived --set items, notes) for replaying `trace`."""
+@dataclass
+class PlannedRun:
+    """A run not captured yet, as the engine would record it: run.json's `model`, `engine` and
+    `extra` (throttle, machine). `scenario_for` reads it as it reads a trace (ssdmoe advise
+    predicts configurations through the same mapping that `sim compare` replays them with)."""
+
+    run: dict[str, Any]
+    path: str = "planned run"
+
+
+def scenario_for(trace: Trace | PlannedRun, scenario: str | None = None,
+                 sets: list[str] | None = None,
+                 hardware: str | None = None) -> tuple[Scenario, list[str], list[str]]:
+    """(scenario, derived --set items, notes) for replaying `trace`. `hardware`: a hardware
+    profile instead of this machine's (then no this-machine scenario is looked for)."""
     from sim.profiles import ROOT, apply_overrides, check_scenario, load_hardware, load_scenario
 
     notes: list[str] = []
     default = f"{DEFAULT_HARDWARE}-{model_name(trace)}"
-    if scenario is None and (ROOT / f"{default}.toml").is_file():
+    if scenario is None and hardware is None and (ROOT / f"{default}.toml").is_file():
         scenario = default
         notes.append(f"scenario {default} (this machine's profile, the trace's model profile and "
                      "the engine's per-path main-thread costs)")
@@ -320,7 +337,8 @@ def scenario_for(trace: Trace, scenario: str | None = None,
         sc = load_scenario(scenario)
     else:
         sc = Scenario(name=f"compare-{model_name(trace) or 'trace'}",
-                      hardware=load_hardware(DEFAULT_HARDWARE), model=trace_model(trace, notes),
+                      hardware=load_hardware(hardware or DEFAULT_HARDWARE),
+                      model=trace_model(trace, notes),
                       source=f"sim compare {trace.path}")
     sc = with_trace_lora(with_trace_heads(sc, trace, notes), trace, notes)
     derived, _, more = engine_settings(trace.run.get("engine") or {}, sc)

@@ -29,12 +29,13 @@ class MemoryBudget:
     slot_views: int  # duplicate bundle views the stager keeps (the paper's, at consumer layers)
     runtime: int
     prefill_buffers: int  # whole-layer buffers while a prefill runs (transient)
+    prefill_stacks: int = 0  # the same buffers held for the engine's life (engine memory)
 
     @property
     def engine(self) -> int:
         """What the engine holds at decode (the MLX allocation)."""
         return (self.resident + self.kv + self.heads + self.adapter + self.lru + self.slots
-                + self.slot_views + self.runtime)
+                + self.slot_views + self.runtime + self.prefill_stacks)
 
     @property
     def unreclaimable(self) -> int:
@@ -79,6 +80,7 @@ def budget(sc: Scenario) -> MemoryBudget:
     m, hw = sc.model, sc.hardware
     tokens = sc.context_tokens + sc.prefill_tokens + sc.decode_steps
     heads = sc.predicts and sc.model.consumer_count > 0  # heads (or the layer lead's routers)
+    stacks = 2 * m.experts * m.bundle_bytes  # the whole-layer path's two full-layer stacks
     return MemoryBudget(
         ram=int(hw.ram_gib * GIB),
         os_reserve=int(hw.os_reserve_gib * GIB),
@@ -90,6 +92,7 @@ def budget(sc: Scenario) -> MemoryBudget:
         slots=m.layers * sc.staged_slots * m.bundle_bytes,
         slot_views=predicted_layers(sc) * sc.k * m.bundle_bytes if sc.stager_dup_views else 0,
         runtime=int(sc.runtime_gib * GIB),
-        prefill_buffers=2 * m.experts * m.bundle_bytes if sc.prefill_tokens else 0,
+        prefill_buffers=stacks if sc.prefill_tokens and not sc.prefill_stacks_held else 0,
+        prefill_stacks=stacks if sc.prefill_stacks_held else 0,
         page_cache_floor=int(hw.page_cache_floor_gib * GIB),
     )

@@ -34,11 +34,12 @@ from sim.scenario import (
 from sim.token_bucket import THROTTLE_KINDS
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
+ROUTING_KEYS = ("routing_k", "routing_reuse", "routing_skew", "routing_recall",
+                "routing_recall_window")  # fitted per K (sim.routing_fit), own and prerouted
 OPTIONAL = {"description", "whole_layer_reads", "bundle_reads", "unembed_bytes",
             "device_bundle_bytes", "shared_page_reads", "page_group",
             "lora_bytes", "lora_build_ms", "fill_ms_per_layer",
-            "routing_k", "routing_reuse", "routing_skew", "routing_recall",
-            "routing_recall_window",
+            *ROUTING_KEYS, *(f"prerouted_{k}" for k in ROUTING_KEYS),
             *HARDWARE_OPTIONAL}
 
 _SIZE = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
@@ -147,6 +148,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "recall_window": (_positive, "must be >= 1"),
     "seed": (_nonneg, "must be >= 0"),
 }
+RULES.update({f"prerouted_{k}": RULES[k] for k in ROUTING_KEYS})  # the same checks
 
 
 def _types(cls: type) -> dict[str, Any]:
@@ -300,11 +302,12 @@ def check_model(where: str, m: ModelProfile) -> None:
                        f"{m.consumer_last}) must be (-1, -1) or within 0..{m.layers - 1}")
     if not no_heads and m.consumer_first < 1:
         raise BadInput(f"{where}: consumer_first: layer 0 has no owner layer before it")
-    table = ("routing_reuse", "routing_skew", "routing_recall", "routing_recall_window")
-    for key in table:
-        if len(getattr(m, key)) != len(m.routing_k):
-            raise BadInput(f"{where}: {key}: {len(getattr(m, key))} values for "
-                           f"{len(m.routing_k)} K in routing_k (one per K)")
+    for prefix in ("", "prerouted_"):
+        ks = getattr(m, f"{prefix}routing_k")
+        for key in ROUTING_KEYS[1:]:
+            if len(getattr(m, prefix + key)) != len(ks):
+                raise BadInput(f"{where}: {prefix}{key}: {len(getattr(m, prefix + key))} "
+                               f"values for {len(ks)} K in {prefix}routing_k (one per K)")
 
 
 def check_scenario(sc: Scenario) -> None:

@@ -192,9 +192,10 @@ def fit_skew(layers: int, experts: int, k: int, steps: int, reuse: float,
     return decreasing_root(generated, entropy, lo, hi, 12)
 
 
-def profile_values(fits: list[RoutingFit]) -> dict[str, tuple[Any, str]]:
+def profile_values(fits: list[RoutingFit], prefix: str = "") -> dict[str, tuple[Any, str]]:
     """Model-profile keys (value, how): one entry per captured K, in ascending K (one fit per
-    K: BadInput on two traces of the same K)."""
+    K: BadInput on two traces of the same K). prefix "prerouted_": traces routed by the
+    prerouter's heads."""
     fits = sorted(fits, key=lambda f: f.k)
     ks = [f.k for f in fits]
     if len(set(ks)) != len(ks):
@@ -203,15 +204,16 @@ def profile_values(fits: list[RoutingFit]) -> dict[str, tuple[Any, str]]:
                     f"{f.load_entropy:.3f}, novelty {_fmt(f.novelty)} at "
                     f"{'/'.join(map(str, NOVELTY_WINDOWS))} tokens back (generated "
                     f"{_fmt(f.novelty_generated)})" for f in fits)
-    return {"routing_k": (ks, f"K of the traces fitted ({per})"),
-            "routing_reuse": ([round(f.reuse, 4) for f in fits],
-                              "mean adjacent-token overlap per K"),
-            "routing_skew": ([round(f.skew, 4) for f in fits],
-                             "Zipf exponent giving the traces' load entropy per K"),
-            "routing_recall": ([f.recall for f in fits], "share of fresh draws copied from "
-                               "recent tokens, fitted to the traces' novelty per K"),
-            "routing_recall_window": ([f.window for f in fits],
-                                      "tokens back recall copies from, per K")}
+    values = {"routing_k": (ks, f"K of the traces fitted ({per})"),
+              "routing_reuse": ([round(f.reuse, 4) for f in fits],
+                                "mean adjacent-token overlap per K"),
+              "routing_skew": ([round(f.skew, 4) for f in fits],
+                               "Zipf exponent giving the traces' load entropy per K"),
+              "routing_recall": ([f.recall for f in fits], "share of fresh draws copied from "
+                                 "recent tokens, fitted to the traces' novelty per K"),
+              "routing_recall_window": ([f.window for f in fits],
+                                        "tokens back recall copies from, per K")}
+    return {prefix + key: value for key, value in values.items()}
 
 
 def _fmt(values: list[float] | None) -> str:

@@ -40,13 +40,13 @@ def _merge_predicted(router: np.ndarray, predicted: np.ndarray) -> np.ndarray | 
     return np.where(have[..., None], predicted, router).astype(np.int16)
 
 
-def at_k(m: ModelProfile, k: int) -> tuple[float, float, float, int]:
+def at_k(m: ModelProfile, k: int, prefix: str = "") -> tuple[float, float, float, int]:
     """(reuse, skew, recall, window) of the model's fitted routing at K: linear between the
-    captured K, the nearest captured K outside them."""
-    ks = np.asarray(m.routing_k, dtype=np.float64)
-    reuse, skew, recall, window = (float(np.interp(k, ks, np.asarray(v, dtype=np.float64)))
-                                   for v in (m.routing_reuse, m.routing_skew, m.routing_recall,
-                                             m.routing_recall_window))
+    captured K, the nearest captured K outside them. prefix "prerouted_": the heads' routing."""
+    ks = np.asarray(getattr(m, f"{prefix}routing_k"), dtype=np.float64)
+    reuse, skew, recall, window = (
+        float(np.interp(k, ks, np.asarray(getattr(m, prefix + key), dtype=np.float64)))
+        for key in ("routing_reuse", "routing_skew", "routing_recall", "routing_recall_window"))
     return min(reuse, 0.95), skew, recall, max(int(round(window)), 1)
 
 
@@ -60,7 +60,9 @@ def synthetic_params(sc: Scenario) -> SynthRouting:
         predicted_layers = [layer for layer in range(m.layers) if m.is_consumer(layer)] or None
     reuse, skew, recall, window = sc.overlap, sc.skew, sc.recall, sc.recall_window
     if sc.routing_stats == "model":  # fitted to the model's traces, at this K
-        reuse, skew, recall, window = at_k(m, sc.k)
+        # the token lead routes by the heads' predictions: their own statistics, when fitted
+        heads = sc.lead == "token" and sc.prediction_is_routing and m.prerouted_routing_k
+        reuse, skew, recall, window = at_k(m, sc.k, "prerouted_" if heads else "")
     return SynthRouting(layers=m.layers, experts=m.experts, k=sc.k,
                         steps=max(sc.decode_steps, 1), skew=skew, reuse=reuse,
                         recall=recall, window=window,

@@ -291,6 +291,24 @@ class ModelProfile:
     routing_recall_window: list[int] = key([],
         help="... tokens back",
         obtain="captured traces (sim.routing_fit)")
+    prerouted_routing_k: list[int] = key([],
+        help=("the same statistics of the routing the prerouter's heads give (lead token: "
+              "their predictions are the routing, with more reuse and skew than the model's "
+              "own routers); synthetic routing of a token-lead scenario uses them when fitted. "
+              "Empty: not fitted"),
+        obtain="captured traces run with --prerouter (`ssdmoe sim profile-model --trace`)")
+    prerouted_routing_reuse: list[float] = key([],
+        help="adjacent-token reuse, prerouted",
+        obtain="captured prerouted traces (sim.routing_fit)")
+    prerouted_routing_skew: list[float] = key([],
+        help="Zipf popularity, prerouted",
+        obtain="captured prerouted traces (sim.routing_fit)")
+    prerouted_routing_recall: list[float] = key([],
+        help="multi-token reuse, prerouted",
+        obtain="captured prerouted traces (sim.routing_fit)")
+    prerouted_routing_recall_window: list[int] = key([],
+        help="... tokens back, prerouted",
+        obtain="captured prerouted traces (sim.routing_fit)")
     unembed_bytes: int = key(0,
         help=("the output projection's share of resident_bytes, read once per step after the "
               "last layer (0: spread over the layers with the rest)"),
@@ -433,6 +451,13 @@ class Scenario:
         help=("serve the model's recovery LoRA, unmerged (its bytes and build time from the "
               "model profile: lora_bytes, lora_build_ms)"),
         obtain="the engine config (--lora)")
+    prefill_stacks_held: bool = key(False,
+        help=("the engine holds its two full-layer prefill stacks (2 x experts x bundle bytes) "
+              "for its whole life: the whole-layer path allocates them when it is built "
+              "(engine.paths.whole_layer), so they are engine memory at decode; false: they "
+              "exist only while a prefill runs (the paper's engine)"),
+        obtain=("sim compare: true where the trace's engine has a whole-layer prefill path "
+                "(presets hot and staged)"))
     runtime_gib: float = key(0.0,
         help="other unreclaimable engine memory (activations, allocator slack)",
         obtain="the engine's measured memory beyond weights and caches (run.json)")

@@ -173,9 +173,18 @@ def run_point(scenario: str, sets: list[str], trace: str | None) -> dict[str, An
     """One point, in a worker: the metrics row, or status "failed" with a one-line reason."""
     try:
         from sim.profiles import load_scenario
-        from sim.replay import run_scenario
 
         sc = load_scenario(scenario, sets)
+    except Exception as err:  # noqa: BLE001 - any failure is this point's, reported as data
+        return {"status": STATUS_FAILED, "error": one_line(err)}
+    return run_scenario_point(sc, trace)
+
+
+def run_scenario_point(sc: Scenario, trace: str | None = None) -> dict[str, Any]:
+    """A built scenario as one point (the row `run_point` gives; ssdmoe advise's candidates)."""
+    try:
+        from sim.replay import run_scenario
+
         measured = None
         if trace is not None:
             from traces.reader import read_trace
@@ -208,47 +217,57 @@ def point_sets(grid: Grid, point: dict[str, Any]) -> list[str]:
 BACKENDS = ("local", "ray")
 
 
+def run_calls(point: Callable[..., dict[str, Any]], args: list[tuple],
+              workers: int | None = None, progress: Callable[[int, int], None] | None = None,
+              backend: str = "local", address: str | None = None) -> list[dict[str, Any]]:
+    """point(*a) for every a in `args`, in parallel; rows in the order of `args` (a point that
+    raised or whose worker died: status "failed"). `progress(done, total)` as points finish.
+    workers=1 runs in-process; backend "ray" runs them as Ray tasks (sim.sweep_ray; `address`:
+    a cluster to join)."""
+    if backend not in BACKENDS:
+        raise BadInput(f"--backend {backend}: unknown backend (one of {', '.join(BACKENDS)})")
+    total = len(args)
+    if backend == "ray":
+        from sim.sweep_ray import run_points
+
+        return list(run_points(args, point, one_line, address, progress))
+    results: list[dict[str, Any]] = [{}] * total
+    workers = max(1, min(workers or os.cpu_count() or 1, total))
+    if workers == 1:
+        for i, a in enumerate(args):
+            results[i] = point(*a)
+            if progress:
+                progress(i + 1, total)
+        return results
+    saved = os.environ.get("POLARS_MAX_THREADS")
+    os.environ["POLARS_MAX_THREADS"] = "1"  # workers already fill the cores
+    try:
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(point, *a): i for i, a in enumerate(args)}
+            for done, fut in enumerate(as_completed(futures), 1):
+                i = futures[fut]
+                try:
+                    results[i] = fut.result()
+                except Exception as err:  # noqa: BLE001 - a worker died: that point failed
+                    results[i] = {"status": STATUS_FAILED, "error": one_line(err)}
+                if progress:
+                    progress(done, total)
+    finally:
+        if saved is None:
+            os.environ.pop("POLARS_MAX_THREADS", None)
+        else:
+            os.environ["POLARS_MAX_THREADS"] = saved
+    return results
+
+
 def run_grid(grid: Grid, workers: int | None = None,
              progress: Callable[[int, int], None] | None = None, backend: str = "local",
              address: str | None = None) -> list[dict[str, Any]]:
     """Run every point; rows in point order: `point`, axis values, (seed), status, error,
-    metrics. `progress(done, total)` is called as points finish. workers=1 runs in-process.
-    backend "ray" runs the points as Ray tasks (sim.sweep_ray; `address`: a cluster to join)."""
-    if backend not in BACKENDS:
-        raise BadInput(f"--backend {backend}: unknown backend (one of {', '.join(BACKENDS)})")
+    metrics (run_calls: local worker processes or Ray)."""
     points = grid.points()
-    total = len(points)
-    results: list[dict[str, Any] | None] = [None] * total
-    workers = max(1, min(workers or os.cpu_count() or 1, total))
     args = [(grid.scenario, point_sets(grid, p), grid.trace) for p in points]
-    if backend == "ray":
-        from sim.sweep_ray import run_points
-
-        results = list(run_points(args, run_point, one_line, address, progress))
-    elif workers == 1:
-        for i, a in enumerate(args):
-            results[i] = run_point(*a)
-            if progress:
-                progress(i + 1, total)
-    else:
-        saved = os.environ.get("POLARS_MAX_THREADS")
-        os.environ["POLARS_MAX_THREADS"] = "1"  # workers already fill the cores
-        try:
-            with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-                futures = {pool.submit(run_point, *a): i for i, a in enumerate(args)}
-                for done, fut in enumerate(as_completed(futures), 1):
-                    i = futures[fut]
-                    try:
-                        results[i] = fut.result()
-                    except Exception as err:  # noqa: BLE001 - a worker died: that point failed
-                        results[i] = {"status": STATUS_FAILED, "error": one_line(err)}
-                    if progress:
-                        progress(done, total)
-        finally:
-            if saved is None:
-                os.environ.pop("POLARS_MAX_THREADS", None)
-            else:
-                os.environ["POLARS_MAX_THREADS"] = saved
+    results = run_calls(run_point, args, workers, progress, backend, address)
     rows = []
     for i, (point, res) in enumerate(zip(points, results, strict=True)):
         axis_values = {k: resolved(k, v) for k, v in point.items() if k != "seed"}

@@ -18,6 +18,8 @@ from ssdmoe_cli.options import (
     CachePolicy,
     CpuQuota,
     Cpus,
+    HotMb,
+    Lead,
     LoraDir,
     MemLimit,
     NoLora,
@@ -25,7 +27,9 @@ from ssdmoe_cli.options import (
     ReadIops,
     ReadMbps,
     Seed,
+    StagedHeadroom,
     Temp,
+    check_engine_options,
     served_lora,
 )
 from traces.regime import DECODE_SEED, DECODE_TEMP
@@ -67,10 +71,7 @@ def capture(
         help="Page-cache budget as a fraction of the model's expert bytes.")] = None,
     o_direct: Annotated[bool, typer.Option(
         "--o-direct", help="Read experts with O_DIRECT (bypasses the page cache).")] = False,
-    lead: Annotated[str, typer.Option(
-        "--lead", help="How far ahead staged experts are known: none (on demand), token "
-        "(prerouter heads, one token ahead; implied by --prerouter), layer (same token, the "
-        "next layer's router on this layer's state; preset staged).")] = "none",
+    lead: Lead = "none",
     top_k: Annotated[int | None, typer.Option(
         "--top-k", help="Route at K experts per token instead of the model's own K.")] = None,
     lora: LoraDir = None,
@@ -106,9 +107,8 @@ def capture(
     rounds: Annotated[int, typer.Option("--rounds", help="--overhead: measured rounds.")] = 5,
     readers: Readers = None,
     cache_policy: CachePolicy = None,
-    hot_mb: Annotated[float | None, typer.Option(
-        "--hot-mb", help="The hot path's LRU of expert bundles in MiB (--preset hot; default "
-        "25% of the expert bytes). Under --mem-limit it takes from the page cache.")] = None,
+    hot_mb: HotMb = None,
+    staged_headroom: StagedHeadroom = None,
     report: Annotated[Path | None, typer.Option(
         "--report", help="--overhead: JSON output path "
         "(default reports/trace-overhead/<model>.json).")] = None,
@@ -129,8 +129,7 @@ def capture(
         raise BadInput(f"--page-cache-fraction: must be in (0, 1], got {page_cache_fraction}")
     if rounds < 1:
         raise BadInput(f"--rounds: must be >= 1, got {rounds}")
-    if hot_mb is not None and not hot_mb > 0:
-        raise BadInput(f"--hot-mb: must be > 0, got {hot_mb}")
+    check_engine_options(hot_mb, staged_headroom)
     if not overhead and out is None:
         raise BadInput("--out: required (the trace directory to write)")
     if greedy:
@@ -156,7 +155,7 @@ def capture(
         model, preset=preset, o_direct=o_direct, page_cache_mb=page_cache_mb,
         page_cache_fraction=page_cache_fraction, verify=verify, lookahead=lookahead,
         prerouter=prerouter, lead=lead, top_k=top_k, readers=readers, hot_mb=hot_mb,
-        cache_policy=cache_policy,
+        staged_headroom=staged_headroom, cache_policy=cache_policy,
         lora=served_lora(model, lora, no_lora, prerouter, top_k))
     # the emulated machine starts once the model is loaded (as the throttle always did: loading
     # is not what is measured), and before --out is touched: a refused limit loses nothing

@@ -9,6 +9,7 @@ import typer
 
 from contract.errors import BadInput, IOFault
 from ssdmoe_cli import (
+    advise_cmd,
     bench_cmd,
     calibrate_cmd,
     capture_cmd,
@@ -49,7 +50,7 @@ def root(device: str | None = typer.Option(
 
 
 for module in (demo_cmd, fixture_cmd, model_cmds, capture_cmd, bench_cmd, calibrate_cmd,
-               validate_cmd, eval_cmd, serve_cmd, loadtest_cmd):
+               validate_cmd, eval_cmd, serve_cmd, loadtest_cmd, advise_cmd):
     module.register(app)
 app.add_typer(trace_cmds.app, name="trace")
 app.add_typer(sim_cmds.app, name="sim")

@@ -37,6 +37,26 @@ CachePolicy = Annotated[str | None, typer.Option(
     "page-cache budget): lru (default), lfu, least-stale, fifo (contract.eviction; belady is "
     "the simulator's).")]
 
+HotMb = Annotated[float | None, typer.Option(
+    "--hot-mb", help="The hot path's LRU of expert bundles in MiB (--preset hot; default "
+    "25% of the expert bytes). Under --mem-limit it takes from the page cache.")]
+Lead = Annotated[str, typer.Option(
+    "--lead", help="How far ahead staged experts are known: none (on demand), token "
+    "(prerouter heads, one token ahead; implied by --prerouter), layer (same token, the "
+    "next layer's router on this layer's state; preset staged).")]
+StagedHeadroom = Annotated[int | None, typer.Option(
+    "--staged-headroom", help="Staged slots per layer beyond K (--preset staged; default K: "
+    "room to stage the next call's set while the last call's is in use).")]
+
+
+def check_engine_options(hot_mb: float | None, staged_headroom: int | None) -> None:
+    from contract.errors import BadInput
+
+    if hot_mb is not None and not hot_mb > 0:
+        raise BadInput(f"--hot-mb: must be > 0, got {hot_mb}")
+    if staged_headroom is not None and staged_headroom < 0:
+        raise BadInput(f"--staged-headroom: must be >= 0, got {staged_headroom}")
+
 
 def served_lora(model: Path, lora: Path | None, no_lora: bool, prerouter: Path | None,
                 top_k: int | None = None) -> str | None:

@@ -11,7 +11,17 @@ from typing import Annotated
 import typer
 
 from contract.errors import BadInput
-from ssdmoe_cli.options import CachePolicy, LoraDir, NoLora, Readers, served_lora
+from ssdmoe_cli.options import (
+    CachePolicy,
+    HotMb,
+    Lead,
+    LoraDir,
+    NoLora,
+    Readers,
+    StagedHeadroom,
+    check_engine_options,
+    served_lora,
+)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -33,15 +43,18 @@ def register(app: typer.Typer) -> None:
 def load_served(model: Path, preset: str, prerouter: Path | None, no_prerouter: bool,
                 lora: Path | None, no_lora: bool, top_k: int | None, trace: Path | None = None,
                 force: bool = False, on_load=None, readers: int | None = None,
-                cache_policy: str | None = None):
-    """-> the Engine as `serve` and `chat` run it."""
+                cache_policy: str | None = None, hot_mb: float | None = None,
+                lead: str = "none", staged_headroom: int | None = None):
+    """-> the Engine as `serve` and `chat` run it (the model's heads by default, unless
+    --no-prerouter or the layer lead)."""
     from contract.engine_config import EngineConfig
     from engine.loader import load_streaming
     from ssdmoe_cli.train_cmds import heads_dir
 
     if prerouter is not None and no_prerouter:
         raise BadInput("--prerouter and --no-prerouter exclude each other")
-    if prerouter is None and not no_prerouter:
+    check_engine_options(hot_mb, staged_headroom)
+    if prerouter is None and not no_prerouter and lead != "layer":
         default = heads_dir(Path(model), top_k)
         prerouter = default if (default / "prerouter.json").is_file() else None
     if trace is not None:
@@ -50,6 +63,9 @@ def load_served(model: Path, preset: str, prerouter: Path | None, no_prerouter: 
         trace = prepare_out_dir(trace, force, "--trace")
     config = EngineConfig.from_preset(
         preset, top_k=top_k, readers=readers, cache_policy=cache_policy,
+        lead_kind="token" if prerouter is not None and lead == "none" else lead,
+        hot_bytes=None if hot_mb is None else int(hot_mb * 2**20),
+        staged_headroom=staged_headroom,
         prerouter=None if prerouter is None else str(prerouter),
         lora=served_lora(model, lora, no_lora, prerouter, top_k))
     return load_streaming(model, config=config, on_load=on_load)
@@ -82,6 +98,9 @@ def serve(
         = None,
     readers: Readers = None,
     cache_policy: CachePolicy = None,
+    hot_mb: HotMb = None,
+    lead: Lead = "none",
+    staged_headroom: StagedHeadroom = None,
     max_queue: Annotated[int, typer.Option(
         "--max-queue", help="Requests that may wait for the engine; beyond, 503 with "
         "Retry-After.")] = 64,
@@ -120,7 +139,8 @@ def serve(
     from server.worker import Worker
 
     engine = load_served(model, preset, prerouter, no_prerouter, lora, no_lora, top_k, trace,
-                         force, readers=readers, cache_policy=cache_policy)
+                         force, readers=readers, cache_policy=cache_policy, hot_mb=hot_mb,
+                         lead=lead, staged_headroom=staged_headroom)
     config = engine.config
     engine.store.verify_cold = verify_reads
     rec = None if trace is None else start_recorder(trace, engine)

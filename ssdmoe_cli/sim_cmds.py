@@ -224,7 +224,8 @@ def profile_model(
         "default: machine-notes' tiny-model figure).")] = None,
     traces: Annotated[list[Path] | None, typer.Option(
         "--trace", help="Also fit routing statistics to this trace (repeatable: traces routed "
-        "at several K fit how reuse and skew scale with K).")] = None,
+        "at several K fit how reuse and skew scale with K; a trace run with --prerouter fits "
+        "the prerouted_ keys: the heads' routing).")] = None,
 ) -> None:
     """Write a simulator model profile derived from a converted model's manifest, and routing
     statistics fitted to traces (sim.routing_fit; scenarios use them with
@@ -262,8 +263,12 @@ def profile_model(
         print(f"{f.source}: K={f.k}, {f.tokens} token pairs: reuse {f.reuse:.3f}, load entropy "
               f"{f.load_entropy:.3f}, recall {f.recall} over {f.window} tokens -> skew "
               f"{f.skew:.3f}")
-    if fits:
-        values.update(profile_values(fits))
+    # traces run with prerouter heads route by the heads' predictions: fitted apart
+    prerouted = [bool((t.run.get("engine") or {}).get("prerouter")) for t in fitted]
+    for prefix, mine in (("", [f for f, p in zip(fits, prerouted, strict=True) if not p]),
+                         ("prerouted_", [f for f, p in zip(fits, prerouted, strict=True) if p])):
+        if mine:
+            values.update(profile_values(mine, prefix))
     cmd = " ".join(["ssdmoe sim profile-model", str(source), "--out", str(out),
                     *(f"--trace {t}" for t in traces or [])])
     header = [f"{out.stem}: derived from {model_dir}/manifest.json by `{cmd}`."]

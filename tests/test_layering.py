@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("contract", "engine", "sim", "traces", "ssdmoe_cli", "validation", "server",
-        "calibration")
+        "calibration", "advise")
 
 
 def _imports(path: Path) -> set[str]:
@@ -33,6 +33,7 @@ ALLOWED = {
     "server": {"contract", "traces", "engine", "server"},
     "calibration": {"contract", "traces", "engine", "sim", "calibration"},
     "validation": {"contract", "traces", "engine", "sim", "calibration", "validation"},
+    "advise": {"contract", "traces", "sim", "advise"},  # the simulator's user: no MLX
     "ssdmoe_cli": set(OURS),
 }
 

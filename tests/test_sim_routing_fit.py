@@ -158,3 +158,43 @@ def test_profile_model_cli_fits_traces_per_k_and_sim_run_uses_them(ssdmoe, tmp_p
         run = ssdmoe("sim", "run", str(sc), "--set", f"k={k}", "--json")
         assert run.returncode == 0, run.stderr
         assert json.loads(run.stdout)["adjacent_overlap"] == pytest.approx(reuse, abs=0.04)
+
+
+@pytest.mark.slow
+def test_prerouted_traces_fit_their_own_table_and_the_token_lead_uses_it(
+        ssdmoe, tmp_path, tiny_random_converted):
+    """A trace run with prerouter heads routes by their predictions (more reuse than the
+    model's own routers): `sim profile-model` fits it into the prerouted_ keys, and synthetic
+    routing uses them for the token lead only."""
+    import json
+
+    from traces.writer import write_tables
+
+    manifest = json.loads((tiny_random_converted / "manifest.json").read_text())
+    layers, experts = len(manifest["layers"]), manifest["num_experts"]
+    dirs = []
+    for name, reuse, heads in (("own", 0.1, None), ("heads", 0.45, "models/x/prerouter")):
+        params = SynthRouting(layers=layers, experts=experts, k=4, steps=160, skew=0.5,
+                              reuse=reuse, recall=0.5, window=16, seed=1)
+        t = synthetic_trace(params, bundle_bytes=manifest["bundle_bytes"])
+        d = tmp_path / name
+        write_tables(d, {"steps": t.steps, "routing": t.routing, "loads": t.loads},
+                     {**t.run, "engine": {"k": 4, "prerouter": heads}})
+        dirs.append(d)
+    out = tmp_path / "models" / "mine.toml"
+    r = ssdmoe("sim", "profile-model", str(tiny_random_converted), "--out", str(out),
+               "--trace", str(dirs[0]), "--trace", str(dirs[1]))  # both at K=4: two tables
+    assert r.returncode == 0, r.stderr
+    m = load_model(str(out))
+    assert m.routing_k == m.prerouted_routing_k == [4]
+    assert m.routing_reuse == pytest.approx([0.1], abs=0.03)
+    assert m.prerouted_routing_reuse == pytest.approx([0.45], abs=0.03)
+    sc = tmp_path / "s.toml"
+    sc.write_text(f'hardware = "this-machine"\nmodel = "{out}"\nrouting_stats = "model"\n'
+                  'decode_steps = 200\npath = "staged"\n')
+    heads = ["--set", "model.consumer_first=1", "--set", f"model.consumer_last={layers - 1}",
+             "--set", f"model.heads={layers - 1}", "--set", "model.head_bytes=0"]
+    for lead, reuse in (("none", 0.1), ("token", 0.45), ("layer", 0.1)):
+        run = ssdmoe("sim", "run", str(sc), "--set", f"lead={lead}", *heads, "--json")
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout)["adjacent_overlap"] == pytest.approx(reuse, abs=0.05), lead
