@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from advise.frontier import OBJECTIVES, Advice, Entry
+from advise.frontier import Advice, Entry
 from advise.predict import Setting
 
 MIB = 2**20
@@ -104,8 +104,9 @@ def to_json(setting: Setting, advice: Advice, how: str, wall_s: float,
     }
 
 
-def plot(advice: Advice, path: Path, title: str) -> None:
-    """Objective against engine memory, one colour per K, each K's frontier joined."""
+def plot(advice: Advice, path: Path, title: str, ceiling: int | None = None) -> None:
+    """Objective against engine memory, one colour per K, each K's frontier joined, the
+    memory ceiling dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,8 +127,10 @@ def plot(advice: Advice, path: Path, title: str) -> None:
     if rec is not None:
         ax.scatter([rec.engine_bytes / MIB], [rec.value(key)], marker="*", s=220, color="k",
                    zorder=5, label=f"recommended: {rec.candidate.label}")
+    if ceiling is not None:
+        ax.axvline(ceiling / MIB, color="grey", ls="--", lw=1, label="--max-memory")
     ax.set_xlabel("engine memory (MiB, simulated)")
-    ax.set_ylabel(f"{OBJECTIVES[key].replace('_', ' ')} (simulated)")
+    ax.set_ylabel(f"{key} tok/s (simulated)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
@@ -136,9 +139,10 @@ def plot(advice: Advice, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write(out: Path, data: dict[str, Any], advice: Advice, title: str) -> list[Path]:
+def write(out: Path, data: dict[str, Any], advice: Advice, title: str,
+          ceiling: int | None = None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "advise.json", out / "frontier.png"]
     paths[0].write_text(json.dumps(data, indent=1) + "\n")
-    plot(advice, paths[1], title)
+    plot(advice, paths[1], title, ceiling)
     return paths

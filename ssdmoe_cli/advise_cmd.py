@@ -114,7 +114,8 @@ def advise(
                            "give the machine by name or by its settings, not both")
         mach = load_machine(machines, machine)
     else:
-        mach = Machine(name="emulated" if given else "this machine", **given)
+        plain = hardware if hardware is not None else "this machine"
+        mach = Machine(name="emulated" if given else plain, **given)
     ceiling = None
     if max_memory is not None:
         from engine.machine_limits import parse_size
@@ -170,8 +171,8 @@ def advise(
     print_advice(typer.echo, setting, advice, how, top, wall)
     if out is None:
         out = Path("reports/advise") / f"{info.name}-{mach.name.replace(' ', '-')}"
-    title = f"{info.name} on {mach.describe()} ({hardware or 'this machine'})"
-    paths = write(out, to_json(setting, advice, how, wall, command), advice, title)
+    title = f"{info.name} on {mach.name}, hardware {hardware or 'this-machine'}"
+    paths = write(out, to_json(setting, advice, how, wall, command), advice, title, ceiling)
     typer.echo(f"wrote {', '.join(map(str, paths))}")
     if advice.recommended is None:
         raise BadInput(f"advise: no configuration meets the constraints: {advice.reason}")
