@@ -271,3 +271,24 @@ def test_routing_trace_replays_at_its_k(tiny_random_converted, tmp_path, monkeyp
                            "--routing", str(trace), "--routing", str(trace), "--out",
                            str(tmp_path / "b"))
     assert code == 2 and f"a second trace at K={k}" in err, err
+
+
+def test_ray_backend_gives_the_local_predictions(tiny_random_converted, tmp_path, monkeypatch,
+                                                 capsys):
+    from sim.sweep_ray import ray_module
+
+    try:
+        ray_module()
+    except BadInput:
+        pytest.skip("the ray extra is not installed")
+    args = ("advise", str(tiny_random_converted), "--arm", "on-demand", "--page-cache-fraction",
+            "0.5", "--decode-steps", "40", "--prompt-tokens", "8")
+    rows = {}
+    for backend in ("local", "ray"):
+        code, _, err = run_cli(monkeypatch, capsys, *args, "--backend", backend, "--out",
+                               str(tmp_path / backend))
+        assert code == 0, err
+        rows[backend] = json.loads((tmp_path / backend / "advise.json").read_text())
+    assert len(rows["ray"]["candidates"]) == 4  # the four policies of the page-cache budget
+    assert [c["predicted"] for c in rows["ray"]["candidates"]] == \
+        [c["predicted"] for c in rows["local"]["candidates"]]

@@ -78,7 +78,8 @@ def test_engine_configs_map_onto_scenario_keys():
     sets, path, _ = engine_settings({"preset": "on-demand", "decode": "exact", "k": 2,
                                      "readers": 2, "o_direct": False}, sc)
     assert path == "exact" and sets == ["k=2", "path=exact", "lead=none", "lru_bytes=0",
-                                        "readers=0", "lookahead=false", "help_reads=true",
+                                        "readers=0", "lookahead=false",
+                                        "prefill_stacks_held=false", "help_reads=true",
                                         "gil=true", "lora=false", "o_direct=false"]
     sets, _, _ = engine_settings({"decode": "exact", "k": 2, "lora": "/some/adapter"}, sc)
     assert "lora=true" in sets
@@ -86,6 +87,9 @@ def test_engine_configs_map_onto_scenario_keys():
     assert "help_reads=false" in sets
     sets, _, _ = engine_settings({"decode": "hot", "k": 2, "readers": 3, "hot_bytes": None}, sc)
     assert "lru_bytes=16000" in sets and "readers=3" in sets  # 25% of 4 x 16 x 1000 bytes
+    assert "prefill_stacks_held=false" in sets  # prefill exact (the config's default)
+    sets, _, _ = engine_settings({"prefill": "whole-layer", "decode": "hot", "k": 2}, sc)
+    assert "prefill_stacks_held=true" in sets  # the preset's whole-layer prefill keeps them
     sets, _, notes = engine_settings({"decode": "staged", "k": 2, "readers": 2,
                                       "staged_headroom": None,
                                       "o_direct_effective": True}, sc)
