@@ -26,6 +26,7 @@ from sim.scenario import (
     MODEL_KEYS,
     RENAMED,
     RETIRED,
+    ROUTING_KEYS,
     SCENARIO_KEYS,
     Hardware,
     ModelProfile,
@@ -34,8 +35,6 @@ from sim.scenario import (
 from sim.token_bucket import THROTTLE_KINDS
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
-ROUTING_KEYS = ("routing_k", "routing_reuse", "routing_skew", "routing_recall",
-                "routing_recall_window")  # fitted per K (sim.routing_fit), own and prerouted
 OPTIONAL = {"description", "whole_layer_reads", "bundle_reads", "unembed_bytes",
             "device_bundle_bytes", "shared_page_reads", "page_group",
             "lora_bytes", "lora_build_ms", "fill_ms_per_layer",

@@ -10,7 +10,7 @@ import polars as pl
 
 from contract.errors import BadInput
 from sim.routing_synth import SynthRouting, generate_sets, routing_sets
-from sim.scenario import ModelProfile, Scenario
+from sim.scenario import ROUTING_KEYS, ModelProfile, Scenario
 from traces.reader import Trace
 
 PlanStep = tuple[str, int, int, int]  # (phase, tokens, request, routing row or -1)
@@ -46,7 +46,7 @@ def at_k(m: ModelProfile, k: int, prefix: str = "") -> tuple[float, float, float
     ks = np.asarray(getattr(m, f"{prefix}routing_k"), dtype=np.float64)
     reuse, skew, recall, window = (
         float(np.interp(k, ks, np.asarray(getattr(m, prefix + key), dtype=np.float64)))
-        for key in ("routing_reuse", "routing_skew", "routing_recall", "routing_recall_window"))
+        for key in ROUTING_KEYS[1:])
     return min(reuse, 0.95), skew, recall, max(int(round(window)), 1)
 
 

@@ -516,6 +516,10 @@ SCENARIO_KEYS = tuple(
     f.name for f in fields(Scenario) if f.name not in ("name", "hardware", "model", "source",
                                                         "notes")
 )
+# the model profile's routing statistics, fitted per K (sim.routing_fit); each has a
+# prerouted_ twin for the prerouter's heads' routing
+ROUTING_KEYS = ("routing_k", "routing_reuse", "routing_skew", "routing_recall",
+                "routing_recall_window")
 HARDWARE_KEYS = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "description"))
 HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
                      "handoff_ms", "gil_handoff_ms", "cold_read_cpu_ms",

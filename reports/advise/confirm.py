@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from advise.machine import load_machine  # noqa: E402
+from advise.model import load_model  # noqa: E402
 from advise.space import Candidate  # noqa: E402
 
 OUT = ROOT / "reports" / "advise" / "confirm"
@@ -82,6 +83,7 @@ def candidate(d: dict) -> Candidate:
 
 def run_one(model: Path, machine_name: str, args) -> dict:
     machine = load_machine(MACHINES, machine_name)
+    info = load_model(str(model))  # expert bytes, calibrated readers, native K
     name = f"{model.name}-{machine_name}"
     advice_dir = OUT / name
     advise_cmd = ["advise", str(model.relative_to(ROOT)), "--machines",
@@ -91,17 +93,14 @@ def run_one(model: Path, machine_name: str, args) -> dict:
     if machine_name in CEILING:
         probe = json.loads(_advise(advise_cmd + ["--arm", "on-demand"], advice_dir))
         base = probe["candidates"][0]["predicted"]["peak_engine_bytes"]
-        expert = _expert_bytes(model)
-        ceiling = int(base + CEILING[machine_name] * expert)
+        ceiling = int(base + CEILING[machine_name] * info.expert_bytes)
         advise_cmd += ["--max-memory", str(ceiling)]
     started = time.time()
     advice = json.loads(_advise(advise_cmd, advice_dir))
     advise_s = time.time() - started
     rec = candidate(advice["recommended"])
     predicted = {c["label"]: c["predicted"] for c in advice["candidates"]}
-    info = json.loads((model / "manifest.json").read_text())
-    readers = _default_readers(model)
-    configs = [with_budget_policy(c, machine) for c in grid(info["top_k"], readers)]
+    configs = [with_budget_policy(c, machine) for c in grid(info.k, info.readers)]
     if rec not in configs:
         configs.append(rec)
     heads = str(model / "prerouter")
@@ -112,7 +111,7 @@ def run_one(model: Path, machine_name: str, args) -> dict:
         got: dict[str, dict] = {}
         for i, c in enumerate(order, 1):
             out = RUNS / name / f"r{r}" / c.label.replace(", ", "_").replace(" ", "-")
-            flags = c.capture_flags(heads, info["bundle_bytes"], _expert_bytes(model))
+            flags = c.capture_flags(heads, info.bundle_bytes, info.expert_bytes)
             cmd = ["capture", str(model.relative_to(ROOT)), *flags, "--no-lora",
                    *machine.flags(), "--prompts", str(PROMPTS.relative_to(ROOT)),
                    "--max-tokens", str(args.max_tokens), "--out", str(out), "--force",
@@ -161,16 +160,6 @@ def run_one(model: Path, machine_name: str, args) -> dict:
 def _advise(cmd: list[str], out: Path) -> str:
     ssdmoe(*cmd)
     return (out / "advise.json").read_text()
-
-
-def _expert_bytes(model: Path) -> int:
-    m = json.loads((model / "manifest.json").read_text())
-    return m["bundle_bytes"] * m["num_experts"] * len(m["layers"])
-
-
-def _default_readers(model: Path) -> int:
-    q = model / "queue_depth.json"
-    return json.loads(q.read_text())["readers"] if q.is_file() else 2
 
 
 def spearman(a: list[float], b: list[float]) -> float:
