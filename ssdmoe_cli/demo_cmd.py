@@ -22,8 +22,8 @@ DEMO_HEAD_WINDOWS = 64  # windows, ~6 min here)
 # The first demo on this project's 2-core x86 VM, otherwise idle (README): the fixture build
 # (120 training steps, the corpus, tokenizer and routing report), then the rest: convert,
 # generate, quick heads, two captures and their simulations
-IDLE_BUILD_MIN_2_CORES = 16.1
-REST_OF_DEMO_MIN = 1.2
+IDLE_BUILD_MIN_2_CORES = 10.7
+REST_OF_DEMO_MIN = 1.0
 
 
 def register(app: typer.Typer) -> None:

@@ -30,6 +30,7 @@ import mlx.optimizers as optim
 import numpy as np
 
 from engine.fixtures.train_loop import forward_with_taps, set_recall, window_batches
+from engine.fixtures.two_stream_training import two_stream_training
 from engine.prerouter import Prerouter, PrerouterSpec, owners_for, router_weight
 from engine.routing import RoutingSpec, route
 
@@ -212,8 +213,9 @@ def train_heads(model: nn.Module, train_tokens: np.ndarray, eval_tokens: np.ndar
                          top_k=moe.top_k, hidden=cfg.hidden)
     routers = {o + 1: router_weight(layers[o + 1].mlp.gate) for o in owners}
     pre = Prerouter.warm_started(spec, routers, seed=cfg.seed)
-    train = record(model, train_tokens, cfg.seq_len, cfg.train_windows)
-    held = record(model, eval_tokens, cfg.seq_len, cfg.eval_windows)
+    with two_stream_training(model):  # the same records, two cores (its module doc)
+        train = record(model, train_tokens, cfg.seq_len, cfg.train_windows)
+        held = record(model, eval_tokens, cfg.seq_len, cfg.eval_windows)
     t_record = time.perf_counter() - t0
     before = evaluate(pre, held, routers)
 
@@ -245,7 +247,8 @@ def train_heads(model: nn.Module, train_tokens: np.ndarray, eval_tokens: np.ndar
             progress(i + 1, float(loss.item()))
     t_train = time.perf_counter() - t1
     after = evaluate(pre, held, routers)
-    quality = lm_quality(model, pre, eval_tokens, cfg.seq_len, cfg.eval_windows)
+    with two_stream_training(model):
+        quality = lm_quality(model, pre, eval_tokens, cfg.seq_len, cfg.eval_windows)
     spec.report = {
         "phase": "head distillation (phase 1)", "config": cfg.__dict__,
         "train_rows_per_head": rows, "heldout_rows_per_head": len(next(iter(held.values())).x),
