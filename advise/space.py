@@ -26,6 +26,7 @@ READERS = (1, 2, 4, 6)
 # staged headroom as multiples of K (the engine's default is K: room to stage the next call's
 # set while the last call's is in use)
 HEADROOM_OF_K = (0.5, 1.0, 2.0)
+LEAD_ARMS = ("staged-layer", "staged-token")  # a lead needs headroom >= K (EngineConfig.validate)
 AXES = ("hot_fraction", "headroom", "readers", "cache_policy")
 
 
@@ -118,7 +119,9 @@ class Space:
         if arm == "hot":
             out["hot_fraction"] = list(self.hot_fractions)
         if arm.startswith("staged"):
-            out["headroom"] = sorted({max(0, int(round(f * k))) for f in self.headroom_of_k})
+            least = k if arm in LEAD_ARMS else 0  # the next token's slots never overwrite these
+            out["headroom"] = sorted({h for f in self.headroom_of_k
+                                      if (h := max(0, int(round(f * k)))) >= least}) or [least]
         if arm != "on-demand":
             out["readers"] = list(self.readers)
         if arm != "on-demand" or self.page_cache_budget:

@@ -24,14 +24,28 @@ def _space(**kw) -> Space:
 
 
 def test_space_size_is_the_product_of_each_arms_axes():
-    # on-demand 1; hot 5 pools x 4 readers x 4 policies; three staged arms 3 headrooms x 4 x 4
-    assert _space().size() == 1 + 5 * 4 * 4 + 3 * (3 * 4 * 4)
+    # on-demand 1; hot 5 pools x 4 readers x 4 policies; staged 3 headrooms x 4 x 4; the two
+    # lead arms 2 headrooms (K, 2K: a lead needs at least K) x 4 x 4
+    assert _space().size() == 1 + 5 * 4 * 4 + 3 * 4 * 4 + 2 * (2 * 4 * 4)
     # a page-cache budget evicts on every arm: on-demand gets the 4 policies
-    assert _space(page_cache_budget=True).size() == 4 + 5 * 4 * 4 + 3 * (3 * 4 * 4)
+    assert _space(page_cache_budget=True).size() == 4 + 5 * 4 * 4 + 3 * 4 * 4 + 2 * (2 * 4 * 4)
     # no heads at K=2: the token lead is not a line there
     two = Space(arms=list(ARMS), ks=[2, 4], heads_k={4}, default_readers=2)
     assert ("staged-token", 2) not in two.lines() and ("staged-token", 4) in two.lines()
     assert two.axes("staged", 2)["headroom"] == [1, 2, 4]  # 0.5, 1, 2 x K
+    assert two.axes("staged-layer", 2)["headroom"] == [2, 4]
+
+
+def test_every_candidate_is_a_configuration_the_engine_accepts():
+    from types import SimpleNamespace
+
+    space = Space(arms=list(ARMS), ks=[1, 2, 4, 8], heads_k={1, 2, 4, 8}, default_readers=2)
+    for arm, k in space.lines():
+        model = SimpleNamespace(top_k=k, bundle_bytes=4096, num_experts=64,
+                                layers={i: None for i in range(3)}, moe_layers=[0, 1, 2])
+        for c in space.every(arm, k):
+            c.engine_config(64 * 3 * 4096, "heads" if arm == "staged-token" else None,
+                            None).validate(model)  # BadInput if the engine would refuse it
 
 
 def test_candidate_is_the_engine_config_its_flags_give():
