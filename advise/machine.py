@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import BadInput, read_toml_table
+from contract.thresholds import PAGE_CACHE_SHARES
 
-PAGE_CACHE = {"all": None, "1/2": 0.5, "1/4": 0.25}
 KEYS = ("cpus", "cpu_quota", "page_cache", "read_mbps", "read_iops", "description")
 BURST_S = 0.1  # the kernel's blk-throttle slice, as engine.machine_limits records it
 
@@ -122,7 +122,7 @@ def load_machine(path: Path, name: str) -> Machine:
             raise BadInput(f"{where}: {key} {value!r}: expected {kind.__name__}")
         values[key] = kind(value)
     page_cache = values.pop("page_cache", "all")
-    if page_cache not in PAGE_CACHE:
+    if page_cache not in PAGE_CACHE_SHARES:
         raise BadInput(f"{where}: page_cache {page_cache!r}: expected one of "
-                       f"{', '.join(PAGE_CACHE)}")
-    return Machine(name=name, page_cache_fraction=PAGE_CACHE[page_cache], **values)
+                       f"{', '.join(PAGE_CACHE_SHARES)}")
+    return Machine(name=name, page_cache_fraction=PAGE_CACHE_SHARES[page_cache], **values)

@@ -197,8 +197,8 @@ def require_page_drop(what: str) -> None:
 # mapping of it (an untouched mapping maps no pages, so it neither warms the cache nor pins
 # pages against POSIX_FADV_DONTNEED).
 
-# A mincore call from Python costs ~1.8 us, each page it covers ~50 ns more (measured here):
-# ranges closer than this share one call.
+# A mincore call from Python costs far more than each page it covers: ranges closer than this
+# share one call.
 MERGE_GAP_PAGES = 16
 
 _libc = ctypes.CDLL(None, use_errno=True)

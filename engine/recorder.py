@@ -33,8 +33,8 @@ What each step row holds (one row per forward step, written in `on_step`, after 
   DURING the step (the recorder resets MLX's process-wide peak at every step start);
   rss_bytes: /proc/self/statm.
 - page_cache_bytes: resident bytes of the expert files (store.page_cache_bytes(), mincore over
-  every file: ~0.1 ms per 4 MiB of experts here, so it is sampled: by default at most ~0.2% of
-  wall time, i.e. a sample is taken when 500x the last sample's cost has passed; -1 on other
+  every file: its cost grows with the experts' bytes, so it is sampled: by default at most ~0.2%
+  of wall time, i.e. a sample is taken when 500x the last sample's cost has passed; -1 on other
   steps).
 
 Routing: the blocks hand over lazy (inds, weights) per layer; they are kept lazy during the step

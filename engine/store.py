@@ -27,10 +27,10 @@ writable NumPy views (`np.asarray(mx_array)` is a zero-copy writable view of MLX
   An O_DIRECT store that falls back to buffered reads mid-run keeps mincore.
   At open, a buffered store checks RWF_NOWAIT (`_nowait_refusal`): each file's cached first
   page must be read, and one uncached page must be refused with no read started (IOCB_NOIO).
-  Linux 6.18 starts it (a refused page lands ~1 ms later) and then a fast device can answer
-  within the call, so a cold read looks warm: there, and wherever the flag is refused or
-  missing, the store classes by mincore; `residency_fallback` says why, `nowait_starts_io`
-  what the probe saw.
+  Some kernels start it (Linux 6.18 does: the refused page lands soon after) and then a fast
+  device can answer within the call, so a cold read looks warm: there, and wherever the flag
+  is refused or missing, the store classes by mincore; `residency_fallback` says why,
+  `nowait_starts_io` what the probe saw.
   A failed mincore is ResidencyUnknown, never "nothing resident": a load it classes counts cold.
 - Page-cache budget: the expert bytes this store has read are kept within `page_cache_budget`
   bytes by dropping the least recently read bundles with POSIX_FADV_DONTNEED (ranges rounded
@@ -81,7 +81,8 @@ class ResidencyUnknown(IOFault):
 
 
 # How long the open-time probe waits for the read a refused RWF_NOWAIT may have started (one
-# page; landed within ~1 ms here, slower on a busy disk): it drops the page again once it lands.
+# page: far longer than a page read takes, to allow for a busy disk): it drops the page again
+# once it lands.
 NOWAIT_IO_WAIT_S = 0.1
 
 
@@ -156,10 +157,9 @@ class ExpertStore:
         One uncached page (the files share a directory, so a filesystem; page 0 of the first
         file, dropped if cached) must be refused AND its read not started (IOCB_NOIO): where
         the flag starts the read, a fast device can answer within the call, and a cold read
-        comes back looking warm (reports/store/nowait_probe.py: on Linux 6.18 every refused
-        page landed within 5 ms; CI saw the warm cold reads). The probe waits for a started
-        read to land and drops the page again: it leaves nothing in flight (a read in flight
-        survives a drop unseen by mincore, not being up to date yet)."""
+        comes back looking warm (reports/store/nowait_probe.py measured it). The probe waits
+        for a started read to land and drops the page again: it leaves nothing in flight (a
+        read in flight survives a drop unseen by mincore, not being up to date yet)."""
         if self.direct:
             return "O_DIRECT reads bypass the page cache"
         if self._nowait is None:

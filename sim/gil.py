@@ -25,9 +25,9 @@ reports/validation/history.md.
 Taking it back (`take_back`): MLX's eval and async_eval and a wait on a reader's event let go of
 the lock while they block, so the main thread returning from one runs Python again only once it
 holds the lock: where a reader is doing a load's Python at that moment, the main thread waits
-for it. Measured (session 24, tiny-trained, staged with the layer lead at a full page cache):
-a gather's async_eval took 0.14-0.25 ms where the reads of the next layer had just been queued
-and 0.08 where none had, with the same main-thread CPU in it and no wait for a core.
+for it: a gather's async_eval takes longer where the reads of the next layer have just been
+queued than where none have, with the same main-thread CPU in it and no wait for a core
+(reports/validation/history.md).
 """
 
 from __future__ import annotations

@@ -231,8 +231,8 @@ class Fetcher:
         first pread (engine.store._load finds the ranges, the views and the bundle's residency
         before it reads, so a reader starts its first read only once it holds the GIL) and one
         after each. (A warm pread returns in microseconds, before a waiting thread is even
-        awake: a GIL hand-over, the hardware's gil_handoff_ms, is about 0.04 ms median here,
-        so a warm load keeps the GIL, as a load always did in the sim.) Without a holder it
+        awake: a GIL hand-over, the hardware's gil_handoff_ms, takes longer, so a warm load
+        keeps the GIL, as a load always did in the sim.) Without a holder it
         costs what the one-shot load does (tests/test_sim_mechanisms.py). Each pread copies
         its share of the bytes; the fault work is the device requests'. With `fill` the
         bundle enters the page cache after its last request; returns how many bundles that

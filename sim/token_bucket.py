@@ -8,16 +8,16 @@ blk-throttle  Linux's block-I/O throttle (cgroup v1 blkio.throttle.read_*_device
               one that does not waits for the end of the current slice plus the time its
               excess takes at the rate (block/blk-throttle.c, tg_within_bps_limit). So an
               engine that reads faster than the rate reads a slice's worth at full speed and
-              then stalls until the next slice: on this machine one wait of ~70 ms about every
-              1.5 decode steps, the rest at device speed (reports/validation traces at 15 MB/s).
+              then stalls until the next slice: a long wait every few decode steps, the rest at
+              device speed (the 15 MB/s traces of reports/validation show it).
 token-bucket  a bucket that refills continuously up to a burst of `burst_s` seconds' worth
               (a cloud disk's burst credits): after the burst every request waits just for its
               own tokens, so the same average rate is spread over every read.
 
 Requests pass in arrival order (the throttle queues bios FIFO per cgroup). Demand below the rate
 passes at full device speed either way, and only demand above it is held to the rate: what
-machine-notes measured (on-demand decode at ~43 MB/s of cold reads barely slowed under a 50 MB/s
-throttle, and fell by half under 20 MB/s)."""
+machine-notes measured (on-demand decode barely slowed under a throttle above its cold-read
+rate, and fell by half under one well below it)."""
 
 from __future__ import annotations
 

@@ -2,28 +2,26 @@
 with every expert in the page cache (no storage effects), measured inside real decode
 (concurrent with compute, on this machine's cores), and sets figures `sim compare` uses (the
 scenario's [notes]); `ssdmoe calibrate` measures the same figures in isolated loops, and in
-decode they are larger, which is what the held-out configurations then test.
+decode they are larger, which is what the held-out configurations then test. How each fit
+came to be, with the runs that shaped it: reports/validation/history.md.
   build_ms_per_layer.<path>   per path, the main-thread cost per layer:
                               new = old + (measured build/step - simulated build/step) / layers
   compute_factor              machine-wide, the accelerator's time inside decode against the
                               microbenchmarks': old x median(measured / simulated eval per step)
                               over the configurations that decode in the synchronous loop
-                              (on-demand), where eval is the compute and its syncs alone
+                              (on-demand), where eval is the compute and its syncs alone. Kept
+                              apart from the next: one factor for both charged the synchronous
+                              loop the lookahead paths' hand-over
   fill_ms_per_layer.<path>    per lookahead path (hot, staged, staged-layer), the main-thread
                               work per layer as it hands work over (MLX's dispatch on the
                               calling thread, which compute waits on, and the fill's host work:
                               an LRU lookup on the hot path, slot tables on the staged one; the
                               layer lead's fill points also bring the next layer's predicted ids
-                              to the host and queue their reads, and hand more over: the lead
-                              probe measured 0.07-0.09 ms more per point to start the next
-                              layer and 0.04-0.09 more to hand the gather over): old +
+                              to the host, queue their reads and hand the gather over): old +
                               median((measured - simulated eval per step) / layers) over that
                               path's warm configurations (staged: with and without heads; the
                               layer lead: its own, which fits nothing machine-wide); old starts
-                              at calibrate's isolated figure (the model profile's).
-                              Before these two were split, one compute_factor fitted mostly to
-                              the lookahead configurations (1.26) charged the synchronous loop
-                              ~25% too much eval
+                              at calibrate's isolated figure (the model profile's)
   load_overhead_ms.in_decode  machine-wide, a warm load's CPU inside decode: old + median((measured
                               - simulated blocked per step) / loads per step)
   ssd_latency_ms.in_decode    machine-wide, the device's time per read request inside decode,
@@ -31,22 +29,18 @@ decode they are larger, which is what the held-out configurations then test.
                               main thread (on-demand, 1/2 page cache): old + median(measured -
                               simulated mean cold read, a load row's start to finish on the
                               main thread, sim.compare.cold_read_ms) / the bundle's preads. The
-                              storage probes are a snapshot of a shared device: one fresh run's
-                              calibrate measured 0.088 ms and a 2-reader speedup of 1.22 where
-                              the run before measured 0.063 and 1.32, and its simulated cold
-                              reads came out 15-54% long in every unthrottled configuration
-                              without a lead. It alone takes a cold read's gap: a cold
-                              overhead fitted from the same configuration's blocked time
-                              corrected it twice (fit_budget_evict)
+                              storage probes are a snapshot of a shared device, so the run's own
+                              cold reads set it. It alone takes a cold read's gap: a cold
+                              overhead fitted from the same configuration's blocked time would
+                              correct it twice (fit_budget_evict)
   budget_evict_ms.in_decode   the main-thread work per cold read under the engine's emulated
                               budget (its page drops after the read, engine.page_cache_budget,
                               and what else a cold read leaves the main thread), from the same
                               configuration: old + measured - simulated slope of a decode
                               step's build time over its cold loads
-                              (sim.compare.build_per_cold_read_ms). A slope within one capture:
-                              the build time's difference from the warm configuration's,
-                              captured minutes apart, swung 0.01-0.22 ms over eight fresh runs
-                              (the slope: 0.04-0.08 in seven, 0 in one)
+                              (sim.compare.build_per_cold_read_ms): a slope within one capture,
+                              as a difference from the warm configuration's build time, captured
+                              minutes apart, moves with the machine's load
   head_build_ms.in_decode     the prerouter heads' graph building per head, from the staged
                               path with heads (lead token), every expert in the page cache:
                               old + (measured - simulated build/step) / heads
@@ -57,28 +51,23 @@ decode they are larger, which is what the held-out configurations then test.
                               readers read cold (hot, 1/2 page cache): old + measured -
                               simulated blocked time per fill beyond the span of the fill's
                               loads, first issue to last finish
-                              (sim.compare.blocked_past_loads_ms). It was fitted from the whole
-                              blocked time per reader wait, and so absorbed how much shorter
-                              the simulated reads are (0.19-0.50 ms over nine runs, against
-                              0.045 isolated); past the loads the main thread resumes
-                              0.04-0.07 ms after its last load in every configuration without
-                              a lead, and the fit lands at 0-0.06 ms
+                              (sim.compare.blocked_past_loads_ms): past the loads, so that it
+                              does not absorb how much shorter the simulated reads are
   cold_fill_compute_ms.in_decode  machine-wide, the lookahead loop's compute thread runs its
                               next work this much later after a fill that waited on a cold
                               load: old + median((measured -
                               simulated eval per step) / measured such fills per step) over its
                               cold calibration configuration (hot, 1/2 page cache); .sync the
-                              same for the synchronous loop (on-demand, 1/2). The held-out cold
-                              configurations evaluated 0.9-1.6 ms a step over their warm ones
+                              same for the synchronous loop (on-demand, 1/2)
   reader_wake_ms.in_decode    machine-wide, how late an idle reader thread starts a load handed
                               to it, inside decode (its wake-up waits for a core beside the main
                               and compute threads, and for the GIL), from every calibration
                               configuration whose reader threads read: old + median(measured -
                               simulated median delay from a load's issue to its start on a
-                              reader that was idle, sim.compare.reader_start_ms). Measured in
-                              isolation by calibrate's no-op requests (0.02-0.05 ms); in decode
-                              the traces show 0.1-0.35 ms, and without it the simulated readers
-                              claimed at once what the engine's main thread reads itself
+                              reader that was idle, sim.compare.reader_start_ms); calibrate's
+                              no-op requests measure it in isolation, where it is much shorter,
+                              and without it the simulated readers would claim at once what the
+                              engine's main thread reads itself
 With several rounds each measured figure is its median over the rounds (validation.matrix_run).
 validation.matrix_run repeats the fit (FIT_ROUNDS): with shared cores the simulated times are not
 linear in these figures. Device figures (latency, bandwidth, queue depth, throttle) are never
@@ -271,8 +260,7 @@ def fit_cold_fill(results: list[dict[str, Any]], scenario: Path,
     calibration configurations of that loop that read cold (a page-cache budget, unthrottled;
     the layer lead's is left out by the caller): old + median((measured - simulated eval per
     step) / measured fills per step that waited on a cold load). Calibrate's stall probes stand
-    for it (the busy-stall curve moved 0.005-0.15 ms per fill over four runs, the synchronous
-    curve at a ~1.2 ms stall 0.00-0.19); this is what such a fill cost inside the run being
+    for it, but they move from run to run; this is what such a fill cost inside the run being
     predicted."""
     cold = [r for r in _reads_cold(results) if looks_ahead(r) == lookahead]
     deltas = [(r["measured"]["eval_ms_per_step"] - r["simulated"]["eval_ms_per_step"])
@@ -363,14 +351,10 @@ def fit_budget_evict(results: list[dict[str, Any]],
     emulated page-cache budget adds per cold read (it drops an evicted bundle's pages after the
     read, outside the read's wait), old + median(measured - simulated slope of build time over
     cold loads across one capture's decode steps).
-    A cold read's own time is fit_latency's alone. This was fit_cold, and it fitted
-    cold_overhead_ms too, from the same configuration's blocked time per cold load, which is
-    mostly that read: both corrected the read's gap from one comparison, so it was corrected
-    twice, and the repeated fit (validation.matrix_run.FIT_ROUNDS) swung between too long and too
-    short instead of settling (cold overhead 0.27, 0.14, 0.31 ms and latency 0.063, 0.040,
-    0.055 over the three passes of the 17:36 run, which left the simulated blocked time long in
-    every configuration that reads on demand, the fitting one included). Both sit inside the
-    read, so one configuration
+    A cold read's own time is fit_latency's alone: a cold overhead fitted from the same
+    configuration's blocked time per cold load (mostly that read) would correct the read's gap a
+    second time, and the repeated fit (validation.matrix_run.FIT_ROUNDS) would swing instead of
+    settling (reports/validation/history.md). Both sit inside the read, so one configuration
     cannot split them; the device's latency takes the gap and the cold overhead stays
     calibrate's isolated figure."""
     cold = _reads_cold_on_main(results)

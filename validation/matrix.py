@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import BadInput, read_toml_table
+from contract.thresholds import PAGE_CACHE_SHARES
 
 AXES = ("page_cache", "path", "storage", "k")
 PATHS = ("on-demand", "hot", "staged", "staged-token", "staged-layer")
-PAGE_CACHE = {"all": None, "1/2": 0.5, "1/4": 0.25}
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Config:
             args += ["--prerouter", str(heads)]
         if self.path == "staged-layer":
             args += ["--lead", "layer"]
-        fraction = PAGE_CACHE[self.page_cache]
+        fraction = PAGE_CACHE_SHARES[self.page_cache]
         if fraction is not None:
             args += ["--page-cache-fraction", str(fraction)]
         if self.read_mbps is not None:
@@ -138,8 +138,8 @@ def _k(v: Any, where: str) -> str:
 
 def _value(axis: str, v: Any, where: str) -> str:
     if axis == "page_cache":
-        if v not in PAGE_CACHE:
-            raise BadInput(f"{where}: page_cache {v!r}: one of {', '.join(PAGE_CACHE)}")
+        if v not in PAGE_CACHE_SHARES:
+            raise BadInput(f"{where}: page_cache {v!r}: one of {', '.join(PAGE_CACHE_SHARES)}")
         return v
     if axis == "path":
         if v not in PATHS:

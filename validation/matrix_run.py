@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import BadInput
+from contract.thresholds import PAGE_CACHE_SHARES
 from engine.bench.benchmark import expert_files, warm_files  # MLX-free helpers
 from traces.regime import DECODE_SEED, DECODE_TEMP
 from traces.writer import write_json_atomic
-from validation.matrix import PAGE_CACHE, Config
+from validation.matrix import Config
 
 FIT_ROUNDS = 3
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "traces" / "prompts" / "default.jsonl"
@@ -99,7 +100,7 @@ def cli(*args: str) -> list[str]:
 
 def capture(plan: Plan, c: Config, prompts: Path, round_: int = 0) -> None:
     out = plan.trace_dir(c, round_)
-    if PAGE_CACHE[c.page_cache] is None and "--mem-limit" not in plan.machine:
+    if PAGE_CACHE_SHARES[c.page_cache] is None and "--mem-limit" not in plan.machine:
         warm_files(expert_files(plan.model))  # "all": every expert file cached
     cmd = cli("capture", str(plan.model), "--out", str(out), "--force", "--no-progress",
               "--prompts", str(prompts), "--max-tokens", str(plan.max_tokens),

@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import BadInput, read_toml_table
+from contract.thresholds import PAGE_CACHE_SHARES
 from engine.bench.benchmark import expert_bytes
-from validation.matrix import PAGE_CACHE, Config
+from validation.matrix import Config
 from validation.matrix_run import cli
 
 MACHINE_KEYS = ("cpus", "cpu_quota", "page_cache", "page_cache_share", "read_mbps",
@@ -69,8 +70,8 @@ class Machine:
             out += ["--cpu-quota", f"{self.cpu_quota:g}"]
         if self.page_cache_share is not None:
             out += ["--mem-limit", str(int(own_bytes + self.page_cache_share * experts))]
-        elif PAGE_CACHE[self.page_cache] is not None:
-            out += ["--page-cache-fraction", str(PAGE_CACHE[self.page_cache])]
+        elif PAGE_CACHE_SHARES[self.page_cache] is not None:
+            out += ["--page-cache-fraction", str(PAGE_CACHE_SHARES[self.page_cache])]
         if self.read_mbps is not None:
             out += ["--read-mbps", f"{self.read_mbps:g}"]
         if self.read_iops is not None:
@@ -143,9 +144,9 @@ def load_machines(path: Path) -> TransferPlan:
         kinds = {"cpus": int, "cpu_quota": float, "page_cache": str, "page_cache_share": float,
                  "read_mbps": float, "read_iops": int, "description": str}
         values = {k: _typed(where, k, v, kinds[k]) for k, v in m.items()}
-        if values.get("page_cache", "all") not in PAGE_CACHE:
+        if values.get("page_cache", "all") not in PAGE_CACHE_SHARES:
             raise BadInput(f"{where}: page_cache {values['page_cache']!r}: expected one of "
-                           f"{', '.join(PAGE_CACHE)}")
+                           f"{', '.join(PAGE_CACHE_SHARES)}")
         share = values.get("page_cache_share")
         if share is not None and not 0 < share <= 1:
             raise BadInput(f"{where}: page_cache_share {share}: expected (0, 1]")
