@@ -270,14 +270,14 @@ class ModelProfile:
               "cached (sim.page_cache)"),
         obtain="the manifest's layout (stacked slices smaller than a page)")
     page_group: int = key(1,
-        help=("experts a shared page holds (expert e's group: e // page_group) routing "
-              "statistics fitted to traces (sim.routing_fit, `sim profile-model --trace`), one "
-              "entry per K the model was captured at; synthetic routing at another K "
-              "interpolates linearly between them (the nearest outside), when a scenario says "
-              "routing_stats = 'model'"),
+        help="experts a shared page holds (expert e's group: e // page_group)",
         obtain="the manifest's layout")
     routing_k: list[int] = key([],
-        help="empty: not fitted",
+        help=("the K of each entry of the routing statistics below, fitted to traces "
+              "(sim.routing_fit, `sim profile-model --trace`), one entry per K the model was "
+              "captured at; synthetic routing at another K interpolates linearly between them "
+              "(the nearest outside), when a scenario says routing_stats = 'model'. Empty: not "
+              "fitted"),
         obtain="captured traces (`ssdmoe sim profile-model --trace`)")
     routing_reuse: list[float] = key([],
         help="adjacent-token reuse",
