@@ -79,6 +79,8 @@ def print_advice(echo, setting: Setting, advice: Advice, how: str, top: int,
     echo(f"recommended: {rec.candidate.label}: {rec.value(advice.objective):.2f} "
          f"{advice.objective} tok/s predicted, engine {rec.engine_bytes / MIB:.1f} MiB")
     echo(f"why: {advice.reason}")
+    if rec.row.get("warnings"):  # memory the OS gives up, or the engine pages (sim.sweep)
+        echo(f"memory: {rec.row['warnings']}")
     for name, cmd in commands(setting, rec).items():
         echo(f"{name}: {cmd}")
 

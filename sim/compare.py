@@ -264,12 +264,13 @@ def with_page_cache(sc: Scenario, budget_bytes: int, notes: list[str],
                      f"engine charges {paged:.0f} bytes per bundle (ranges rounded to pages)")
         budget_bytes = bundles * sc.model.bundle_bytes
     mem = budget(sc)
-    reserve = mem.ram - (mem.unreclaimable - mem.os_reserve) - budget_bytes
+    reserve = mem.ram - mem.engine - budget_bytes
     if reserve < 0:
         notes.append(f"page-cache budget {budget_bytes} bytes is more than RAM leaves; using the "
                      "RAM-derived page cache")
         return sc
-    hw = dataclasses.replace(sc.hardware, os_reserve_gib=reserve / GIB)
+    # the page cache is the budget: nothing else gives way
+    hw = dataclasses.replace(sc.hardware, os_reserve_gib=reserve / GIB, os_floor_gib=-1.0)
     return dataclasses.replace(sc, hardware=hw)
 
 

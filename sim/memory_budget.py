@@ -1,12 +1,15 @@
 """Memory budget: what is unreclaimable, and what is left for the OS page cache.
 
-RAM = OS reserve + engine (resident weights + KV cache + heads + adapter + bundle LRU + staged
-slot tables and their views + runtime) + page cache. The page cache gets what is left,
-so every byte an app cache holds is a byte the page cache cannot: a bigger app cache can starve
-it.
-When what is left is below the kernel's floor for file pages (`page_cache_floor_gib`), the page
-cache keeps the floor and the difference is paged out of the engine's own memory: `swapped` is
-that fraction of the engine's bytes, which sim.swap turns into faults (reads that slow down).
+RAM = what the OS and other processes hold + engine (resident weights + KV cache + heads +
+adapter + bundle LRU + staged slot tables and their views + runtime) + page cache. The page
+cache gets what is left, so every byte an app cache holds is a byte the page cache cannot: a
+bigger app cache can starve it.
+Under memory pressure the kernel gives way in this order:
+  1. the page cache, down to its floor for file pages (`page_cache_floor_gib`);
+  2. other processes' idle memory, down to `os_floor_gib` (macOS compresses it; -1: it does
+     not shrink, as on Linux without swap or zswap, and the OS holds `os_reserve_gib`);
+  3. the engine's own memory: the difference is paged out of it, and `swapped` is that
+     fraction of the engine's bytes, which sim.swap turns into faults (reads that slow down).
 """
 
 from __future__ import annotations
@@ -37,11 +40,21 @@ class MemoryBudget:
         return (self.resident + self.kv + self.heads + self.adapter + self.lru + self.slots
                 + self.slot_views + self.runtime + self.prefill_stacks)
 
+    page_cache_floor: int = 0
+    os_floor: int = -1  # what the OS and others shrink to under pressure (-1: they do not)
+
+    @property
+    def os_held(self) -> int:
+        """What the OS and other processes hold: their reserve, less what the kernel takes
+        from them (down to `os_floor`) so that the engine and the page cache's floor fit."""
+        if self.os_floor < 0:
+            return self.os_reserve
+        room = self.ram - self.engine - self.page_cache_floor
+        return min(self.os_reserve, max(self.os_floor, room))
+
     @property
     def unreclaimable(self) -> int:
-        return self.os_reserve + self.engine
-
-    page_cache_floor: int = 0
+        return self.os_held + self.engine
 
     @property
     def left(self) -> int:
@@ -50,7 +63,7 @@ class MemoryBudget:
 
     @property
     def page_cache(self) -> int:
-        return max(self.left, min(self.page_cache_floor, max(self.ram - self.os_reserve, 0)))
+        return max(self.left, min(self.page_cache_floor, max(self.ram - self.os_held, 0)))
 
     @property
     def oversubscribed(self) -> int:
@@ -65,7 +78,7 @@ class MemoryBudget:
     def as_dict(self) -> dict[str, float]:
         out: dict[str, float] = {name: int(getattr(self, name))
                                  for name in self.__dataclass_fields__}
-        out.update(engine=self.engine, unreclaimable=self.unreclaimable,
+        out.update(engine=self.engine, os_held=self.os_held, unreclaimable=self.unreclaimable,
                    page_cache=self.page_cache, oversubscribed=self.oversubscribed)
         out["swapped_fraction"] = self.swapped
         return out
@@ -95,4 +108,5 @@ def budget(sc: Scenario) -> MemoryBudget:
         prefill_buffers=stacks if sc.prefill_tokens and not sc.prefill_stacks_held else 0,
         prefill_stacks=stacks if sc.prefill_stacks_held else 0,
         page_cache_floor=int(hw.page_cache_floor_gib * GIB),
+        os_floor=int(hw.os_floor_gib * GIB) if hw.os_floor_gib >= 0 else -1,
     )

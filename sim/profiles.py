@@ -82,6 +82,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "cpu_cores": (_nonneg, "must be >= 0 (0 = not modelled)"),
     "background_cores": (_nonneg, "must be >= 0"),
     "page_cache_floor_gib": (_nonneg, "must be >= 0"),
+    "os_floor_gib": (lambda v: v == -1 or v >= 0, "must be -1 (does not give way) or >= 0"),
     "queue_ahead_ms": (_nonneg, "must be >= 0 (inf = the host never waits)"),
     "refused_warm_ms": (_nonneg, "must be >= 0"),
     "zero_fill_gbps": (_nonneg, "must be >= 0 (0 = not charged)"),
@@ -315,6 +316,11 @@ def check_scenario(sc: Scenario) -> None:
         if key != "notes":
             check_value(where, key, getattr(sc, key))
     check_model(where, sc.model)
+    hw = sc.hardware
+    if hw.os_floor_gib > hw.os_reserve_gib:
+        raise BadInput(f"{where}: os_floor_gib: {hw.os_floor_gib} GiB is above os_reserve_gib "
+                       f"({hw.os_reserve_gib} GiB): what the OS gives way down to cannot be more "
+                       "than what it holds")
     if not 1 <= sc.k <= sc.model.experts // 2:
         raise BadInput(f"{where}: k: {sc.k} must be in 1..experts/2 ({sc.model.experts // 2})")
     if sc.routing_stats == "model" and not sc.model.routing_k:

@@ -47,25 +47,33 @@ class SimResult:
 
 
 def check_memory(sc: Scenario, mem: MemoryBudget) -> list[str]:
-    """BadInput when RAM cannot even hold the OS reserve and the resident weights; when the
+    """BadInput when RAM cannot even hold the OS (its reserve, or its floor where it gives way)
+    and the resident weights; notes the OS giving way under pressure; when the
     rest does not fit, the breakdown and what the model does about it (returned, printed)."""
     where = sc.source or sc.name
-    if mem.ram < mem.os_reserve + mem.resident:
-        raise BadInput(f"{where}: ram_gib: {sc.hardware.ram_gib} GiB cannot hold the OS reserve "
-                       f"({mem.os_reserve / GIB:.2f} GiB) and the resident weights of "
+    least_os = mem.os_reserve if mem.os_floor < 0 else mem.os_floor
+    if mem.ram < least_os + mem.resident:
+        what = "OS reserve" if mem.os_floor < 0 else "OS floor under pressure"
+        raise BadInput(f"{where}: ram_gib: {sc.hardware.ram_gib} GiB cannot hold the {what} "
+                       f"({least_os / GIB:.2f} GiB) and the resident weights of "
                        f"{sc.model.name} ({mem.resident / GIB:.2f} GiB)")
+    gave = []
+    if mem.os_held < mem.os_reserve:
+        gave = [f"the OS and other processes gave way under memory pressure: they hold "
+                f"{mem.os_held / GIB:.2f} GiB of their {mem.os_reserve / GIB:.2f} GiB (floor "
+                f"{mem.os_floor / GIB:.2f} GiB), so the engine and the page cache's floor fit"]
     if not mem.oversubscribed:
-        return []
+        return gave
     parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in _parts(mem).items())
     return [f"memory oversubscribed by {mem.oversubscribed / GIB:.2f} GiB (RAM "
             f"{mem.ram / GIB:.2f} GiB; {parts}; page cache floor {mem.page_cache_floor / GIB:.2f}"
             f"): the page cache is held at {mem.page_cache / GIB:.2f} GiB and "
             f"{mem.swapped:.0%} of the engine's memory is paged out, so layers and app-cache "
-            "hits fault it back in from the device (sim.swap)"]
+            "hits fault it back in from the device (sim.swap)"] + gave
 
 
 def _parts(mem: MemoryBudget) -> dict[str, int]:
-    names = ("os_reserve", "resident", "kv", "heads", "adapter", "lru", "slots", "slot_views",
+    names = ("os_held", "resident", "kv", "heads", "adapter", "lru", "slots", "slot_views",
              "runtime")
     return {n: getattr(mem, n) for n in names if getattr(mem, n)}
 

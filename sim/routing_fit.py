@@ -248,7 +248,8 @@ def check(trace: Trace, fit: RoutingFit, scenario: str, page_cache_fraction: flo
     mem = budget(sc)
     reserve = (mem.ram - mem.engine - page_cache_fraction * sc.model.expert_bytes) / GIB
     # the page cache stands for the captures' page-cache budget, which drops by recency
-    sc = apply_overrides(sc, [f"os_reserve_gib={reserve:.9f}", "page_cache_policy=lru"])
+    sc = apply_overrides(sc, [f"os_reserve_gib={reserve:.9f}", "os_floor_gib=-1",
+                              "page_cache_policy=lru"])
     routing = from_trace(trace, sc)
     # decode steps only, as the generator's: a prefill's whole-layer reads would warm the page
     # cache for the trace alone

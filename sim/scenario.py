@@ -185,6 +185,14 @@ class Hardware:
               "(sim.swap); below it an oversubscribed engine faults"),
         obtain=("the kernel's floor of file pages before it pages out anonymous memory (min_free "
                 "and the watermarks on Linux)"))
+    os_floor_gib: float = key(-1.0,
+        help=("what the OS and other processes still hold under memory pressure, once the kernel "
+              "has compressed or swapped their idle memory: below os_reserve_gib they give way "
+              "after the page cache reaches its floor and before the engine's memory pages out "
+              "(sim.memory_budget); -1 = they do not give way"),
+        obtain=("-1 where other processes' memory cannot shrink (Linux without swap or zswap); on "
+                "macOS (memory compressor) the least the OS and others were seen to hold under "
+                "pressure"))
     refused_warm_ms: float = key(0.0,
         help=("main-thread cost of asking whether a demand miss is wholly in the page cache and "
               "being refused (engine.readers: small bundles, help_reads)"),
@@ -527,6 +535,6 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "throttle_read_mbps", "throttle_read_iops", "throttle_burst_s",
                      "throttle_kind", "page_cache_policy", "compute_factor", "cpu_cores",
                      "compute_on_cpu",
-                     "background_cores", "page_cache_floor_gib", "queue_ahead_ms",
+                     "background_cores", "page_cache_floor_gib", "os_floor_gib", "queue_ahead_ms",
                      "refused_warm_ms", "zero_fill_gbps", "page_drop_us_per_page")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

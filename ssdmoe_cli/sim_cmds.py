@@ -86,6 +86,7 @@ def _print(sc: Any, result: Any, chrome: Path | None, out: Path | None) -> None:
         ("page cache (capacity)", format_metric("x_bytes", e.page_cache_capacity_bytes)),
         ("engine memory (MLX model)", format_metric("x_bytes", mem["engine"])),
         ("OS reserve", format_metric("x_bytes", mem["os_reserve"])),
+        ("OS held (after giving way)", format_metric("x_bytes", mem["os_held"])),
         ("page-cache hit rate", format_metric("", e.page_cache_hit_rate)),
         ("bundle LRU hit rate", format_metric("", e.lru_hit_rate)),
         ("device busy", format_metric("", e.device_busy_fraction)),

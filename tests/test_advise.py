@@ -306,3 +306,16 @@ def test_ray_backend_gives_the_local_predictions(tiny_random_converted, tmp_path
     assert len(rows["ray"]["candidates"]) == 4  # the four policies of the page-cache budget
     assert [c["predicted"] for c in rows["ray"]["candidates"]] == \
         [c["predicted"] for c in rows["local"]["candidates"]]
+
+
+def test_advice_that_takes_memory_from_other_processes_says_so(tmp_path, monkeypatch, capsys):
+    """An OS reserve that leaves the engine no room gives way (down to os_floor_gib): the
+    recommendation then says how much of it the other processes keep."""
+    args = ("advise", "edge0-35b", "--hardware", "m2-16gb", "--arm", "on-demand", "--k", "4",
+            "--decode-steps", "10", "--workers", "1", "--out", str(tmp_path))
+    code, text, err = run_cli(monkeypatch, capsys, *args, "--set", "os_reserve_gib=15")
+    assert code == 0, err
+    line = next(t for t in text.splitlines() if t.startswith("memory: "))
+    assert "gave way under memory pressure" in line and "of their 15.00 GiB" in line, text
+    code, text, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0 and "memory: " not in text, text

@@ -90,8 +90,8 @@ def test_ram_smaller_than_resident_weights_is_bad_input(tmp_path):
     scen = tmp_path / "s.toml"
     scen.write_text(f'hardware = "{hw}"\nmodel = "edge0-35b"\ndecode_steps = 2\n')
     sc = load_scenario(str(scen))
-    with pytest.raises(BadInput, match=r"s\.toml: ram_gib: 1\.0 GiB cannot hold the OS reserve "
-                                       r".* and the resident weights"):
+    with pytest.raises(BadInput, match=r"s\.toml: ram_gib: 1\.0 GiB cannot hold the OS floor "
+                                       r"under pressure \(5\.80 GiB\) and the resident weights"):
         run_scenario(sc)
 
 
@@ -148,3 +148,57 @@ def test_sim_run_cli_bad_input_is_one_line(ssdmoe):
     assert "ssd_bandwidth_gbps" in result.stderr and "must be > 0" in result.stderr
     missing = ssdmoe("sim", "run", "no-such-scenario")
     assert missing.returncode == 2 and "no-such-scenario.toml: no such profile" in missing.stderr
+
+
+@pytest.mark.parametrize("engine, os_floor, held, page_cache, paged_out", [
+    (3.0, 6.0, 12.0, 1.0, 0.0),   # room for all: the OS keeps its reserve
+    (4.0, 6.0, 11.5, 0.5, 0.0),   # the page cache at its floor, then the OS gives 0.5 GiB
+    (10.0, 6.0, 6.0, 0.5, 0.5),   # the OS at its floor: the engine's own 0.5 GiB pages out
+    (4.0, -1.0, 12.0, 0.5, 0.5),  # an OS that does not give way: the engine pages at once
+])
+def test_the_os_gives_way_down_to_its_floor_before_the_engine_pages(engine, os_floor, held,
+                                                                    page_cache, paged_out):
+    """16 GiB of RAM, an OS reserve of 12 GiB, a page-cache floor of 0.5 GiB, worked by hand:
+    the page cache gives way first, then the OS and other processes (down to their floor),
+    then the engine's own memory."""
+    from sim.memory_budget import MemoryBudget
+    from sim.scenario import GIB
+
+    g = lambda x: int(x * GIB)  # noqa: E731
+    mem = MemoryBudget(ram=g(16), os_reserve=g(12), resident=g(engine), kv=0, heads=0,
+                       adapter=0, lru=0, slots=0, slot_views=0, runtime=0, prefill_buffers=0,
+                       page_cache_floor=g(0.5), os_floor=g(os_floor) if os_floor >= 0 else -1)
+    assert (mem.os_held, mem.page_cache, mem.oversubscribed) == (g(held), g(page_cache),
+                                                                  g(paged_out))
+    assert mem.swapped == pytest.approx(paged_out / engine)
+
+
+def test_the_m2_at_k8_compresses_the_desktop_session_instead_of_paging_the_engine():
+    """The M2's K=8 engine does not fit beside the 12.58 GiB its desktop session held at K=4:
+    macOS compresses the session's memory (down to the 5.8 GiB floor it kept under the M4 Pro's
+    resident run) before it pages the engine. Without the floor the engine pages."""
+    from sim.memory_budget import budget
+    from sim.scenario import GIB
+
+    for lead in ("token", "none"):
+        mem = budget(load_scenario("paper-m2-16gb", ["k=8", f"lead={lead}"]))
+        assert mem.swapped == 0.0 and mem.page_cache / GIB == pytest.approx(0.5)
+        assert 5.8 < mem.os_held / GIB < 12.58
+        assert mem.os_held + mem.engine + mem.page_cache == mem.ram
+        stiff = budget(load_scenario("paper-m2-16gb", ["k=8", f"lead={lead}", "os_floor_gib=-1"]))
+        assert stiff.swapped > 0.05 and stiff.os_held / GIB == pytest.approx(12.58)
+
+
+def test_an_os_floor_is_checked(ssdmoe):
+    above = ssdmoe("sim", "run", "paper-m2-16gb", "--set", "os_floor_gib=13")
+    assert above.returncode != 0
+    line = above.stderr.strip()
+    assert "os_floor_gib: 13.0 GiB is above os_reserve_gib (12.58 GiB)" in line
+    assert "\n" not in line and "Traceback" not in above.stderr
+    bad = ssdmoe("sim", "run", "paper-m2-16gb", "--set", "os_floor_gib=-2")
+    assert bad.returncode != 0 and "os_floor_gib: " in bad.stderr
+    assert "must be -1 (does not give way) or >= 0" in bad.stderr
+    small = ssdmoe("sim", "run", "paper-m2-16gb", "--set", "ram_gib=6")
+    assert small.returncode != 0
+    assert "cannot hold the OS floor under pressure (5.80 GiB) and the resident weights" \
+        in small.stderr
