@@ -45,21 +45,21 @@ vocabulary (sim.policies):
                                         engine's budget does (it charges each bundle its ranges
                                         rounded out to pages); the OS reserve is set so that
                                         RAM - unreclaimable = that
-  build_ms_per_layer                    the scenario's notes "build_ms_per_layer.<path>" when
+  build_ms_per_layer                    the scenario's [in_decode] "build_ms_per_layer.<path>" when
                                         present (per-path main-thread CPU, from calibrate)
-  fill_ms_per_layer                     the scenario's notes "fill_ms_per_layer.<path>" when
+  fill_ms_per_layer                     the scenario's [in_decode] "fill_ms_per_layer.<path>" when
                                         present (the lookahead loop's dispatch per layer, fitted
                                         per path by ssdmoe validate; the layer lead's
                                         "fill_ms_per_layer.staged-layer", else the staged path's)
-  compute_factor, load_overhead_ms,     the scenario's notes "compute_factor",
+  compute_factor, load_overhead_ms,     the scenario's [in_decode] "compute_factor",
   handoff_ms, reader_wake_ms,           "load_overhead_ms.in_decode", "handoff_ms.in_decode",
   ssd_latency_ms, cold_overhead_ms      "reader_wake_ms.in_decode", "ssd_latency_ms.in_decode"
                                         and (buffered reads) "cold_overhead_ms.in_decode" when
                                         present (fitted inside decode by ssdmoe validate's
                                         calibration subset)
-  head_build_ms (traces with heads)     the scenario's note "head_build_ms.in_decode" when
+  head_build_ms (traces with heads)     the scenario's [in_decode] "head_build_ms.in_decode" when
                                         ssdmoe validate fitted it
-  cold_overhead_ms (O_DIRECT traces)    the scenario's notes "cold_overhead_ms.o_direct" when
+  cold_overhead_ms (O_DIRECT traces)    the scenario's [in_decode] "cold_overhead_ms.o_direct" when
                                         present (an O_DIRECT bundle read, from calibrate)
 Routing (and the step plan: prefill chunks, decode steps, requests) comes from the trace.
 
@@ -228,7 +228,7 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     sets.append(f"lora={'true' if cfg.lora else 'false'}")
     o_direct = engine.get("o_direct_effective", cfg.o_direct)
     sets.append(f"o_direct={'true' if o_direct else 'false'}")
-    fits = InDecode.from_notes(sc.source or sc.name, sc.notes)  # fitted inside decode
+    fits = InDecode.from_table(sc.source or sc.name, sc.in_decode)  # fitted inside decode
     sets += [f"{key}={value}" for key, value in fits.settings(
         path, cfg.lead_kind, looked_ahead(engine), bool(cfg.prerouter), bool(o_direct))]
     return sets, path, notes
@@ -288,8 +288,8 @@ def with_trace_heads(sc: Scenario, trace: Trace | PlannedRun, notes: list[str]) 
     values = {k: v for k, (v, _) in heads_profile(meta).items() if k != "head_build_ms"}
     notes.append(f"prediction heads from {meta}: owners {values['consumer_first'] - 1}-"
                  f"{values['consumer_last'] - 1}, {values['head_bytes']} bytes each; "
-                 "head_build_ms the scenario's note head_build_ms.in_decode (ssdmoe validate) "
-                 "if fitted, else the profile's")
+                 "head_build_ms the scenario's [in_decode] head_build_ms.in_decode (ssdmoe "
+                 "validate) if fitted, else the profile's")
     return dataclasses.replace(sc, model=dataclasses.replace(sc.model, **values))
 
 
@@ -379,7 +379,7 @@ def scenario_for(trace: Trace | PlannedRun, scenario: str | None = None,
         sc = with_page_cache(sc, int(budget_bytes), notes, paged, kernel=bool(memory))
         if not memory:  # (under a memory limit the kernel reclaims)
             # the drops' kernel work per page, and what validate fitted inside decode beside it
-            evict = InDecode.from_notes(sc.source or sc.name, sc.notes).budget_evict_ms
+            evict = InDecode.from_table(sc.source or sc.name, sc.in_decode).budget_evict_ms
             pages = -(-int(round(paged or sc.model.bundle_bytes)) // PAGE)
             drops = pages * sc.hardware.page_drop_us_per_page / 1e3
             if evict is not None or drops:

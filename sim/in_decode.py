@@ -1,10 +1,12 @@
 """What `ssdmoe validate` fits inside decode (validation/decode_fits.py), as one typed record.
 
-A scenario keeps the fits in its `[notes]` table, one "figure.variant" = "value" line each with
-how it was fitted. `InDecode.from_notes` reads every fitted figure once, checks it is a number
-(one line naming the scenario and the figure otherwise), and `settings` says which profile keys
-a replay of a given engine configuration takes from them: `sim compare` is the one reader.
-Notes that are not fits (records such as build_ms_per_layer.pure) are left alone."""
+A scenario keeps the fits in its `[in_decode]` table, numbers keyed "figure" or
+"figure.variant", each line's comment saying how it was fitted (`ssdmoe calibrate` writes the
+starting values, `validate` refits them). `InDecode.from_table` checks every entry once (a
+figure this record reads, a number; one line naming the scenario and the figure otherwise), and
+`settings` says which profile keys a replay of a given engine configuration takes from them:
+`sim compare` is the one reader. A scenario's `[notes]` holds text only (records such as
+build_ms_per_layer.pure); a fit found there is refused with a line saying where it belongs."""
 
 from __future__ import annotations
 
@@ -32,6 +34,19 @@ PER_VARIANT = {
 }
 
 
+def known_keys() -> list[str]:
+    return [*SINGLE, *(f"{p}.{v}" for p, variants in PER_VARIANT.items() for v in variants)]
+
+
+def check_notes(where: str, notes: dict[str, object]) -> None:
+    """A scenario's [notes] hold text; a fitted figure there is refused (it would be unused)."""
+    for key in notes:
+        if is_fitted(key):
+            raise BadInput(f"{where}: notes {key}: a fitted figure, which belongs in the "
+                           "[in_decode] table as a number (move it there, or rerun `ssdmoe "
+                           "calibrate`)")
+
+
 def is_fitted(key: str) -> bool:
     """Whether `key` names a figure validate fits inside decode (and this record reads)."""
     prefix, _, variant = key.partition(".")
@@ -44,16 +59,16 @@ class InDecode:
     per_variant: dict[str, dict[str, float]] = field(default_factory=dict)  # PER_VARIANT's
 
     @classmethod
-    def from_notes(cls, where: str, notes: dict[str, str]) -> InDecode:
-        def number(key: str) -> float:
-            try:
-                return float(notes[key])
-            except (TypeError, ValueError):
-                raise BadInput(f"{where}: notes {key}: {notes[key]!r} is not a number (a "
-                               "figure `ssdmoe validate` fitted)") from None
-
-        single = {k: number(k) for k in SINGLE if k in notes}
-        per = {p: {v: number(f"{p}.{v}") for v in variants if f"{p}.{v}" in notes}
+    def from_table(cls, where: str, table: dict[str, object]) -> InDecode:
+        for key, value in table.items():
+            if not is_fitted(key):
+                raise BadInput(f"{where}: in_decode {key}: not a figure `ssdmoe validate` fits "
+                               f"(known: {', '.join(known_keys())})")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise BadInput(f"{where}: in_decode {key}: {value!r} is not a number (a figure "
+                               "`ssdmoe validate` fitted)")
+        single = {k: float(table[k]) for k in SINGLE if k in table}
+        per = {p: {v: float(table[f"{p}.{v}"]) for v in variants if f"{p}.{v}" in table}
                for p, variants in PER_VARIANT.items()}
         return cls(single, per)
 

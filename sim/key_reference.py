@@ -36,6 +36,8 @@ def unit(name: str, kind: type | str) -> str:
         return "true/false"
     if "list" in kind:
         return "list"
+    if "dict[str, float]" in kind:
+        return "table of numbers"
     if "str" in kind:
         return "text"
     return "count" if "int" in kind else "-"

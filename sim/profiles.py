@@ -18,6 +18,7 @@ from contract.engine_config import LEADS
 from contract.errors import BadInput
 from contract.eviction import DEFAULT as DEFAULT_POLICY
 from contract.eviction import POLICIES
+from sim.in_decode import InDecode, check_notes
 from sim.page_cache import PAGE_CACHE_POLICIES
 from sim.scenario import (
     DECODE_PATHS,
@@ -313,8 +314,7 @@ def check_model(where: str, m: ModelProfile) -> None:
 def check_scenario(sc: Scenario) -> None:
     where = sc.source or sc.name
     for key in SCENARIO_KEYS:
-        if key != "notes":
-            check_value(where, key, getattr(sc, key))
+        check_value(where, key, getattr(sc, key))
     check_model(where, sc.model)
     hw = sc.hardware
     if hw.os_floor_gib > hw.os_reserve_gib:
@@ -376,11 +376,15 @@ def load_scenario(name_or_path: str, sets: list[str] | None = None) -> Scenario:
         raise BadInput(f"{where}: hardware/model: expected profile names (strings)")
     description = data.pop("description", "")
     notes = data.pop("notes", {})
+    check_notes(where, notes)
+    in_decode = data.pop("in_decode", {})
+    InDecode.from_table(where, in_decode)  # checked here: one line naming the file
     values = _fields(where, data, Scenario, SCENARIO_KEYS, required=False)
     hardware = load_hardware(hw_name, hw_over, where)
     model = load_model(model_name, model_over, where)
     sc = Scenario(name=path.stem, hardware=hardware, model=model, source=where,
-                  notes={"description": description, **notes}, **values)
+                  notes={"description": description, **notes},
+                  in_decode={k: float(v) for k, v in in_decode.items()}, **values)
     if sets:
         sc = apply_overrides(sc, rest)
         sc.source = f"{where} (with --set {' '.join(sets)})"
@@ -400,7 +404,8 @@ def apply_overrides(sc: Scenario, sets: list[str]) -> Scenario:
     scenario, then the hardware profile, then the model profile; `hardware.X` / `model.X`
     address a profile explicitly."""
     sc = dataclasses.replace(sc, hardware=dataclasses.replace(sc.hardware),
-                             model=dataclasses.replace(sc.model), notes=dict(sc.notes))
+                             model=dataclasses.replace(sc.model), notes=dict(sc.notes),
+                             in_decode=dict(sc.in_decode))
     targets = {"scenario": (sc, SCENARIO_KEYS), "hardware": (sc.hardware, HARDWARE_KEYS),
                "model": (sc.model, MODEL_KEYS)}
     for item in sets:
@@ -412,7 +417,7 @@ def apply_overrides(sc: Scenario, sets: list[str]) -> Scenario:
         order = [section] if section else ["scenario", "hardware", "model"]
         for name in order:
             obj, keys = targets[name]
-            if field in keys and field != "notes":
+            if field in keys:
                 typ = _types(type(obj))[field]
                 value = parse_text(where, field, text, typ)
                 check_value(where, field, value)

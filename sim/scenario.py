@@ -420,7 +420,7 @@ class Scenario:
         obtain="the engine config")
     cold_fill_compute_ms: float = key(0.0,
         help=("the compute thread's next work runs this much later after a fill that waited on a "
-              "cold load (fitted inside decode by ssdmoe validate per decode loop, notes "
+              "cold load (fitted inside decode by ssdmoe validate per decode loop, [in_decode] "
               "cold_fill_compute_ms.in_decode and .sync; 0 = none)"),
         obtain="fitted inside decode by `ssdmoe validate`")
     budget_evict_ms: float = key(0.0,
@@ -490,8 +490,12 @@ class Scenario:
         obtain="the run")
     source: str = ""  # file the scenario came from (for error messages and run.json)
     notes: dict[str, str] = key({},
-        help="what each fitted value came from (key -> how)",
-        obtain="written by `ssdmoe validate` (what each fitted value came from)")
+        help="records in words (key -> text): what a profile value came from",
+        obtain="written by `ssdmoe calibrate`")
+    in_decode: dict[str, float] = key({},
+        help=("figures fitted inside decode (sim.in_decode: figure or figure.variant -> number), "
+              "which `sim compare` applies per engine configuration"),
+        obtain="written by `ssdmoe calibrate` (starting values) and refitted by `ssdmoe validate`")
 
     def __post_init__(self) -> None:
         if self.k == 0:
@@ -522,7 +526,7 @@ class Scenario:
 
 SCENARIO_KEYS = tuple(
     f.name for f in fields(Scenario) if f.name not in ("name", "hardware", "model", "source",
-                                                        "notes")
+                                                        "notes", "in_decode")
 )
 # the model profile's routing statistics, fitted per K (sim.routing_fit); each has a
 # prerouted_ twin for the prerouter's heads' routing

@@ -132,6 +132,7 @@ PRESET_NOTES = {
 
 
 def _write_scenario(path: Path, hardware: str, model: str, cal: Any, command: str) -> Path:
+    from sim.in_decode import is_fitted
     from sim.profiles import load_scenario, write_checked
 
     c = cal.compute
@@ -154,21 +155,28 @@ def _write_scenario(path: Path, hardware: str, model: str, cal: Any, command: st
         "",
         "[model_overrides]",
         f"build_ms_per_layer = {exact:.4f}   # measured: the exact path's main-thread work per "
-        "layer (graph building + np.unique + stack allocation), see [notes]",
+        "layer (graph building + np.unique + stack allocation), see [in_decode]",
         "",
-        "[notes]  # per-path main-thread CPU per layer (ms), used by `sim compare` per trace",
+        "[notes]  # records, in words",
     ]
+    fits = ["", "[in_decode]  # figures `sim compare` applies per engine configuration "
+            "(sim.in_decode); `ssdmoe validate` refits them inside decode"]
     for p, v in c.path_build_ms_per_layer.items():
-        lines.append(f'"build_ms_per_layer.{p}" = "{v:.4f}"  # {PRESET_NOTES.get(p, p)}')
+        key = f"build_ms_per_layer.{p}"
+        if is_fitted(key):
+            fits.append(f'"{key}" = {v:.4f}  # {PRESET_NOTES.get(p, p)}')
+        else:
+            lines.append(f'"{key}" = "{v:.4f}"  # {PRESET_NOTES.get(p, p)}')
     lines.append(f'"build_ms_per_layer.pure" = "{c.build_ms_per_layer:.4f}"  # graph building '
                  "only (the model profile's value)")
     from calibration.profile_values import direct_cold_overhead
 
     direct = direct_cold_overhead(cal.storage, c, cal.hardware)
     if direct is not None:
-        lines.append(f'"cold_overhead_ms.o_direct" = "{direct:.4f}"  # O_DIRECT bundle read '
-                     f"{c.direct_bundle_ms:.3f} ms through the engine's store, minus device "
-                     "time, copy and load overhead (used by `sim compare` for O_DIRECT traces)")
+        fits.append(f'"cold_overhead_ms.o_direct" = {direct:.4f}  # O_DIRECT bundle read '
+                    f"{c.direct_bundle_ms:.3f} ms through the engine's store, minus device "
+                    "time, copy and load overhead (used by `sim compare` for O_DIRECT traces)")
+    lines += fits
     return write_checked(path, "\n".join(lines) + "\n", load_scenario)
 
 

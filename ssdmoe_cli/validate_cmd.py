@@ -167,12 +167,12 @@ def _refit_from_isolated(scenario: Path, fit_file: Path) -> None:
     the first fit started from, before anything is compared: the fit is a few correction rounds
     of coupled figures, not a fixed point, so starting from where it ended walks it further on
     every rerun, and the same traces would not give the same report."""
-    from validation.decode_fits import write_note
+    from validation.decode_fits import write_fit
 
     if not (scenario.is_file() and fit_file.is_file()):
         return
     for key, v in read_json_object(fit_file).items():
-        write_note(scenario, key, v["before"], "isolated-loop figure, refitted by ssdmoe "
+        write_fit(scenario, key, v["before"], "isolated-loop figure, refitted by ssdmoe "
                    "validate")
 
 

@@ -4,6 +4,7 @@ configurations set in the profile, from the isolated figures, never from the las
 from __future__ import annotations
 
 import json
+import tomllib
 
 import pytest
 
@@ -17,7 +18,7 @@ def test_calibration_fit_by_hand(tmp_path):
       fill_ms_per_layer.staged = the model profile's isolated figure + (3.0 - 2.5) / 6 layers;
       the hot path's has no warm hot configuration here: not fitted."""
     from sim.profiles import load_hardware, load_model
-    from validation.decode_fits import current_note, fit, fitted_build
+    from validation.decode_fits import current_fit, fit, fitted_build
 
     isolated = load_model("tiny-trained").fill_ms_per_layer
 
@@ -36,9 +37,9 @@ def test_calibration_fit_by_hand(tmp_path):
             "layers": 6, "settings": ["path=exact", "lookahead=false"]}
     assert fitted_build(r, 6, 0.2) == pytest.approx(0.2 + 6.0 / 6)
     sc = tmp_path / "s.toml"
-    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n\n[notes]\n'
-                  '"build_ms_per_layer.staged" = "0.2000"  # old\n'
-                  '"build_ms_per_layer.hot" = "0.1000"  # untouched\n')
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n\n[in_decode]\n'
+                  '"build_ms_per_layer.staged" = 0.2000  # old\n'
+                  '"build_ms_per_layer.hot" = 0.1000  # untouched\n')
     # the 1/4 page-cache result is not a calibration configuration: it changes nothing
     other = {**r, "config": {**r["config"], "page_cache": "1/4"},
              "measured": {**r["measured"], "eval_ms_per_step": 100.0}}
@@ -51,15 +52,13 @@ def test_calibration_fit_by_hand(tmp_path):
                                                 "after": pytest.approx(isolated + 0.5 / 6)},
                    "load_overhead_ms.in_decode": {"before": warm_load,
                                                   "after": pytest.approx(warm_load + 0.1)}}
-    assert current_note(sc, "build_ms_per_layer.staged") == pytest.approx(1.2)
-    assert current_note(sc, "build_ms_per_layer.hot") == pytest.approx(0.1)
-    assert current_note(sc, "compute_factor") == pytest.approx(1.5)
-    assert current_note(sc, "fill_ms_per_layer.staged") == pytest.approx(isolated + 0.5 / 6,
+    assert current_fit(sc, "build_ms_per_layer.staged") == pytest.approx(1.2)
+    assert current_fit(sc, "build_ms_per_layer.hot") == pytest.approx(0.1)
+    assert current_fit(sc, "compute_factor") == pytest.approx(1.5)
+    assert current_fit(sc, "fill_ms_per_layer.staged") == pytest.approx(isolated + 0.5 / 6,
                                                                           abs=1e-4)
-    assert current_note(sc, "fill_ms_per_layer.hot") is None
-    import tomllib
-
-    assert tomllib.loads(sc.read_text())["notes"]["build_ms_per_layer.staged"] == "1.2000"
+    assert current_fit(sc, "fill_ms_per_layer.hot") is None
+    assert tomllib.loads(sc.read_text())["in_decode"]["build_ms_per_layer.staged"] == 1.2
 
 
 def test_dispatch_fit_is_per_lookahead_path(tmp_path):
@@ -69,7 +68,7 @@ def test_dispatch_fit_is_per_lookahead_path(tmp_path):
       staged: + median((8.0 - 7.4) / 6, (8.0 - 7.7) / 6) = 0.075 (with and without heads)
     The synchronous on-demand configuration fits compute_factor only."""
     from sim.profiles import load_model
-    from validation.decode_fits import current_note, fit_machine
+    from validation.decode_fits import current_fit, fit_machine
 
     isolated = load_model("tiny-trained").fill_ms_per_layer
 
@@ -90,7 +89,7 @@ def test_dispatch_fit_is_per_lookahead_path(tmp_path):
     assert got["fill_ms_per_layer.staged"] == {"before": isolated,
                                                "after": pytest.approx(isolated + 0.075)}
     assert got["compute_factor"] == {"before": 1.0, "after": pytest.approx(1.2)}
-    assert current_note(sc, "fill_ms_per_layer.hot") == pytest.approx(isolated + 0.2, abs=1e-4)
+    assert current_fit(sc, "fill_ms_per_layer.hot") == pytest.approx(isolated + 0.2, abs=1e-4)
 
 
 def test_the_layer_lead_fits_its_own_hand_over_and_nothing_machine_wide(tmp_path):
@@ -134,23 +133,24 @@ def test_a_refit_starts_from_the_isolated_figures_not_from_the_last_fit(tmp_path
     correction rounds, not a fixed point: from its own result it walked on, 16.1% -> 10.8%
     p90 on one report); figures the fit never set are left alone; no fit file: nothing."""
     from ssdmoe_cli.validate_cmd import _refit_from_isolated
-    from validation.decode_fits import current_note
+    from validation.decode_fits import current_fit
 
     sc = tmp_path / "s.toml"
     sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n\n[notes]\n'
-                  '"build_ms_per_layer.staged" = "0.2519"  # fitted\n'
-                  '"handoff_ms.in_decode" = "0.8207"  # fitted\n'
-                  '"build_ms_per_layer.pure" = "0.1090"  # measured, never fitted\n')
+                  '"build_ms_per_layer.pure" = "0.1090"  # measured, never fitted\n\n'
+                  '[in_decode]\n'
+                  '"build_ms_per_layer.staged" = 0.2519  # fitted\n'
+                  '"handoff_ms.in_decode" = 0.8207  # fitted\n')
     fit_file = tmp_path / "calibration-fit.json"
     _refit_from_isolated(sc, fit_file)  # no fit file yet (a fresh run): unchanged
-    assert current_note(sc, "handoff_ms.in_decode") == pytest.approx(0.8207)
+    assert current_fit(sc, "handoff_ms.in_decode") == pytest.approx(0.8207)
     fit_file.write_text(json.dumps({
         "build_ms_per_layer.staged": {"before": 0.1995, "after": 0.2519},
         "handoff_ms.in_decode": {"before": 0.0869, "after": 0.8207}}))
     _refit_from_isolated(sc, fit_file)
-    assert current_note(sc, "build_ms_per_layer.staged") == pytest.approx(0.1995)
-    assert current_note(sc, "handoff_ms.in_decode") == pytest.approx(0.0869)
-    assert current_note(sc, "build_ms_per_layer.pure") == pytest.approx(0.1090)
+    assert current_fit(sc, "build_ms_per_layer.staged") == pytest.approx(0.1995)
+    assert current_fit(sc, "handoff_ms.in_decode") == pytest.approx(0.0869)
+    assert tomllib.loads(sc.read_text())["notes"] == {"build_ms_per_layer.pure": "0.1090"}
 
 
 def test_reader_handoff_fit_by_hand(tmp_path):
@@ -158,7 +158,7 @@ def test_reader_handoff_fit_by_hand(tmp_path):
     loads' span (0.06 - 0.26: -0.2 ms), from the calibration configuration whose readers read
     cold; not from the whole blocked time (2 ms long here: it holds the reads); held-out ones
     and main-thread-only ones change nothing."""
-    from validation.decode_fits import current_note, fit_handoff
+    from validation.decode_fits import current_fit, fit_handoff
 
     sc = tmp_path / "s.toml"
     sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n')
@@ -174,7 +174,7 @@ def test_reader_handoff_fit_by_hand(tmp_path):
     got = fit_handoff([hot, held, main_only], sc, isolated)
     assert got == {"handoff_ms.in_decode": {"before": isolated,
                                             "after": pytest.approx(isolated - 0.2)}}
-    assert current_note(sc, "handoff_ms.in_decode") == pytest.approx(isolated - 0.2, abs=1e-4)
+    assert current_fit(sc, "handoff_ms.in_decode") == pytest.approx(isolated - 0.2, abs=1e-4)
     assert fit_handoff([held, main_only], sc, isolated) == {}
 
 
@@ -182,7 +182,7 @@ def test_reader_wake_fit_by_hand(tmp_path):
     """reader_wake_ms.in_decode = isolated + median(measured - simulated delay of an idle
     reader's start) over the calibration configurations that have such loads (0.2 and 0.1 ->
     +0.15); held-out ones and ones without reader loads change nothing."""
-    from validation.decode_fits import current_note, fit_reader_wake
+    from validation.decode_fits import current_fit, fit_reader_wake
 
     sc = tmp_path / "s.toml"
     sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n')
@@ -198,7 +198,7 @@ def test_reader_wake_fit_by_hand(tmp_path):
     got = fit_reader_wake([hot, token, held, main_only], sc, isolated)
     assert got == {"reader_wake_ms.in_decode": {"before": isolated,
                                                 "after": pytest.approx(isolated + 0.15)}}
-    assert current_note(sc, "reader_wake_ms.in_decode") == pytest.approx(isolated + 0.15,
+    assert current_fit(sc, "reader_wake_ms.in_decode") == pytest.approx(isolated + 0.15,
                                                                          abs=1e-4)
     assert fit_reader_wake([held, main_only], sc, isolated) == {}
 
@@ -210,7 +210,7 @@ def test_cold_fit_by_hand(tmp_path):
     build time per step, which a slow spell moves: here it is 3 ms long and changes nothing).
     The cold overhead is not fitted from its blocked time (2 ms a step long here): a cold
     read's gap is the latency fit's alone. A throttled one and a reader path's are not in it."""
-    from validation.decode_fits import current_note, fit_budget_evict
+    from validation.decode_fits import current_fit, fit_budget_evict
 
     cold = {"config": {"name": "on-demand-pc50-unthrottled", "path": "on-demand",
                        "page_cache": "1/2", "storage": "unthrottled"},
@@ -224,12 +224,12 @@ def test_cold_fit_by_hand(tmp_path):
                               "blocked_ms_per_step": 90.0}}
     hot = {**throttled, "config": {**cold["config"], "path": "hot"}}
     sc = tmp_path / "s.toml"
-    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n\n[notes]\n'
-                  '"budget_evict_ms.in_decode" = "0.3000"  # old\n')
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n\n[in_decode]\n'
+                  '"budget_evict_ms.in_decode" = 0.3000  # old\n')
     got = fit_budget_evict([cold, throttled, hot], sc)
     assert got == {"budget_evict_ms.in_decode": {"before": 0.3, "after": pytest.approx(0.05)}}
-    assert current_note(sc, "cold_overhead_ms.in_decode") is None
-    assert current_note(sc, "budget_evict_ms.in_decode") == pytest.approx(0.05, abs=1e-4)
+    assert current_fit(sc, "cold_overhead_ms.in_decode") is None
+    assert current_fit(sc, "budget_evict_ms.in_decode") == pytest.approx(0.05, abs=1e-4)
     # no slope measured (the cold loads did not vary): the drops are not fitted
     del cold["measured"]["build_per_cold_read_ms"]
     assert fit_budget_evict([cold], sc) == {}
@@ -240,7 +240,7 @@ def test_latency_fit_by_hand(tmp_path):
     bundle, from the configuration that reads cold on the main thread: 0.088 + (0.74 - 0.93)
     / 9 = 0.0669 (a calibrate that met a slow device); a reader path's reads, which wait on
     cores and the GIL as well, are not in it. sim compare then sets it on every trace."""
-    from validation.decode_fits import current_note, fit_latency
+    from validation.decode_fits import current_fit, fit_latency
 
     cold = {"config": {"name": "on-demand-pc50-unthrottled", "path": "on-demand",
                        "page_cache": "1/2", "storage": "unthrottled"},
@@ -252,18 +252,18 @@ def test_latency_fit_by_hand(tmp_path):
     got = fit_latency([cold, readers], sc, 0.088, 9)
     assert got == {"ssd_latency_ms.in_decode": {"before": 0.088,
                                                 "after": pytest.approx(0.088 - 0.19 / 9)}}
-    assert current_note(sc, "ssd_latency_ms.in_decode") == pytest.approx(0.0669, abs=1e-4)
+    assert current_fit(sc, "ssd_latency_ms.in_decode") == pytest.approx(0.0669, abs=1e-4)
     assert fit_latency([readers], sc, 0.088, 9) == {}  # no main-thread cold reads: no fit
 
 
 def test_head_build_fit_by_hand(tmp_path):
     """head_build_ms.in_decode = old + (measured - simulated build) / heads, from the warm
     configuration with heads only; sim compare then sets it on traces taken with heads."""
-    from validation.decode_fits import current_note, fit_heads
+    from validation.decode_fits import current_fit, fit_heads
 
     sc = tmp_path / "s.toml"
-    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n\n[notes]\n'
-                  '"head_build_ms.in_decode" = "0.1000"  # old\n')
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n\n[in_decode]\n'
+                  '"head_build_ms.in_decode" = 0.1000  # old\n')
     token = {"config": {"name": "staged-token-pcall-unthrottled", "path": "staged-token",
                         "page_cache": "all", "role": "calibration"}, "heads": 5,
              "measured": {"build_ms_per_step": 9.0}, "simulated": {"build_ms_per_step": 7.0}}
@@ -272,7 +272,7 @@ def test_head_build_fit_by_hand(tmp_path):
     no_heads = {**token, "config": {**token["config"], "path": "staged"}, "heads": 0}
     got = fit_heads([token, cold, no_heads], sc)
     assert got == {"head_build_ms.in_decode": {"before": 0.1, "after": pytest.approx(0.5)}}
-    assert current_note(sc, "head_build_ms.in_decode") == pytest.approx(0.5)
+    assert current_fit(sc, "head_build_ms.in_decode") == pytest.approx(0.5)
     assert fit_heads([cold, no_heads], sc) == {}
 
 
@@ -282,7 +282,7 @@ def test_cold_fill_fit_by_hand(tmp_path):
     loop's cold calibration configuration; a second pass adds to the first; warm, throttled,
     synchronous-loop and held-out configurations change nothing; the synchronous loop's note
     (.sync) comes from its own configuration alone."""
-    from validation.decode_fits import current_note, fit_cold_fill
+    from validation.decode_fits import current_fit, fit_cold_fill
 
     sc = tmp_path / "s.toml"
     sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n')
@@ -303,12 +303,12 @@ def test_cold_fill_fit_by_hand(tmp_path):
     got = fit_cold_fill([hot, *others], sc)
     assert got == {"cold_fill_compute_ms.in_decode": {"before": 0.0,
                                                       "after": pytest.approx(0.4)}}
-    assert current_note(sc, "cold_fill_compute_ms.in_decode") == pytest.approx(0.4, abs=1e-4)
+    assert current_fit(sc, "cold_fill_compute_ms.in_decode") == pytest.approx(0.4, abs=1e-4)
     closer = {**hot, "simulated": {"eval_ms_per_step": 6.75}}  # 0.25 / 2.5 more
     fit_cold_fill([closer], sc)
-    assert current_note(sc, "cold_fill_compute_ms.in_decode") == pytest.approx(0.5, abs=1e-4)
+    assert current_fit(sc, "cold_fill_compute_ms.in_decode") == pytest.approx(0.5, abs=1e-4)
     assert fit_cold_fill([warm, held, throttled], sc) == {}
     # the synchronous loop's own note, from its own configuration only
     got = fit_cold_fill([hot, *others], sc, lookahead=False)
     assert got == {"cold_fill_compute_ms.sync": {"before": 0.0, "after": pytest.approx(0.4)}}
-    assert current_note(sc, "cold_fill_compute_ms.in_decode") == pytest.approx(0.5, abs=1e-4)
+    assert current_fit(sc, "cold_fill_compute_ms.in_decode") == pytest.approx(0.5, abs=1e-4)

@@ -96,23 +96,23 @@ def test_engine_configs_map_onto_scenario_keys():
     assert sets[1:6] == ["path=staged", "lead=none", "staged_headroom=2", "readers=2",
                          "lru_bytes=0"]  # K + K slots per layer, no LRU behind them
     assert "o_direct=true" in sets and not notes  # the engine's slot tables, no stand-in
-    sc.notes["build_ms_per_layer.hot"] = "0.42"
-    sc.notes["cold_overhead_ms.o_direct"] = "0.9"
-    sc.notes["cold_overhead_ms.in_decode"] = "0.6"
-    sc.notes["compute_factor"] = "1.2"
+    sc.in_decode["build_ms_per_layer.hot"] = 0.42
+    sc.in_decode["cold_overhead_ms.o_direct"] = 0.9
+    sc.in_decode["cold_overhead_ms.in_decode"] = 0.6
+    sc.in_decode["compute_factor"] = 1.2
     sets, _, _ = engine_settings({"decode": "hot", "k": 2}, sc)
     # buffered: the in-decode cold cost, not the O_DIRECT one
     assert sets[-3:] == ["build_ms_per_layer=0.42", "compute_factor=1.2", "cold_overhead_ms=0.6"]
     sets, _, _ = engine_settings({"decode": "hot", "k": 2, "o_direct": True}, sc)
     assert sets[-3:] == ["build_ms_per_layer=0.42", "compute_factor=1.2", "cold_overhead_ms=0.9"]
     # the device's latency inside decode: the device's, so buffered and O_DIRECT alike
-    sc.notes["ssd_latency_ms.in_decode"] = "0.07"
+    sc.in_decode["ssd_latency_ms.in_decode"] = 0.07
     for o_direct in (False, True):
         sets, _, _ = engine_settings({"decode": "hot", "k": 2, "o_direct": o_direct}, sc)
         assert "ssd_latency_ms=0.07" in sets
     # the lookahead loop's dispatch is fitted per path: each trace gets its own path's
-    sc.notes["fill_ms_per_layer.hot"] = "0.05"
-    sc.notes["fill_ms_per_layer.staged"] = "0.16"
+    sc.in_decode["fill_ms_per_layer.hot"] = 0.05
+    sc.in_decode["fill_ms_per_layer.staged"] = 0.16
     sets, _, _ = engine_settings({"decode": "hot", "k": 2}, sc)
     assert "fill_ms_per_layer=0.05" in sets and "fill_ms_per_layer=0.16" not in sets
     sets, _, _ = engine_settings({"decode": "staged", "k": 2}, sc)
@@ -124,7 +124,7 @@ def test_engine_configs_map_onto_scenario_keys():
     layer = {"decode": "staged", "k": 2, "lead_kind": "layer"}
     sets, _, _ = engine_settings(layer, sc)
     assert "fill_ms_per_layer=0.16" in sets
-    sc.notes["fill_ms_per_layer.staged-layer"] = "0.31"
+    sc.in_decode["fill_ms_per_layer.staged-layer"] = 0.31
     sets, _, _ = engine_settings(layer, sc)
     assert "fill_ms_per_layer=0.31" in sets and "fill_ms_per_layer=0.16" not in sets
     sets, _, _ = engine_settings({"decode": "staged", "k": 2}, sc)
@@ -208,7 +208,7 @@ def test_the_budgets_page_drops_cost_per_page(captured, tmp_path):
     (copy / "run.json").write_text(json.dumps(run))
     trace = read_trace(copy)
     pages = -(-int(round(paged_bundle_bytes(trace))) // 4096)
-    fitted = float(scenario_for(trace)[0].notes.get("budget_evict_ms.in_decode", 0.0))
+    fitted = float(scenario_for(trace)[0].in_decode.get("budget_evict_ms.in_decode", 0.0))
     sc, _, _ = scenario_for(trace, sets=["page_drop_us_per_page=2"])
     assert sc.budget_evict_ms == pytest.approx(fitted + pages * 2 / 1e3)
     sc, _, _ = scenario_for(trace, sets=["page_drop_us_per_page=0"])

@@ -1,9 +1,10 @@
 """The calibration subset's named configurations fit the profile: each runs one decode path
 with every expert in the page cache (no storage effects), measured inside real decode
 (concurrent with compute, on this machine's cores), and sets figures `sim compare` uses (the
-scenario's [notes]); `ssdmoe calibrate` measures the same figures in isolated loops, and in
-decode they are larger, which is what the held-out configurations then test. How each fit
-came to be, with the runs that shaped it: reports/validation/history.md.
+scenario's [in_decode] table, read by sim.in_decode); `ssdmoe calibrate` measures the same
+figures in isolated loops, and in decode they are larger, which is what the held-out
+configurations then test. How each fit came to be, with the runs that shaped it:
+reports/validation/history.md.
   build_ms_per_layer.<path>   per path, the main-thread cost per layer:
                               new = old + (measured build/step - simulated build/step) / layers
   compute_factor              machine-wide, the accelerator's time inside decode against the
@@ -79,6 +80,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -105,29 +107,37 @@ def fitted_build(result: dict[str, Any], layers: int, old: float) -> float:
     return max(old + (m - s) / layers, 0.0)
 
 
-def current_note(scenario: Path, key: str) -> float | None:
-    match = re.search(rf'^"{re.escape(key)}"\s*=\s*"([0-9.eE+-]+)"', scenario.read_text(), re.M)
-    return float(match.group(1)) if match else None
+def current_fit(scenario: Path, key: str) -> float | None:
+    """The scenario's [in_decode] figure `key` (None when it has none)."""
+    value = tomllib.loads(scenario.read_text()).get("in_decode", {}).get(key)
+    return None if value is None else float(value)
 
 
-def write_note(scenario: Path, key: str, value: float, why: str) -> None:
-    """Set `"key" = "value"  # why` in the scenario's [notes] (replacing the line if any).
-    Only figures sim.in_decode reads: a fit written under a name the replay does not read
-    would be silently unused."""
+def write_fit(scenario: Path, key: str, value: float, why: str) -> None:
+    """Set `"key" = value  # why` in the scenario's [in_decode] table (replacing the line if
+    any, else at the table's end). Only figures sim.in_decode reads: a fit written under a name
+    the replay does not read would be silently unused."""
     from sim.in_decode import is_fitted
 
     if not is_fitted(key):
         raise ValueError(f"{key}: not a figure sim.in_decode reads (SINGLE, PER_VARIANT)")
-    text = scenario.read_text()
-    line = f'"{key}" = "{value:.4f}"  # {why}'
-    pattern = re.compile(rf'^"{re.escape(key)}"\s*=.*$', re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: line, text)
-    elif re.search(r"^\[notes\]", text, re.M):
-        text = text.rstrip("\n") + "\n" + line + "\n"
+    lines = scenario.read_text().splitlines()
+    line = f'"{key}" = {value:.4f}  # {why}'
+    header = next((i for i, t in enumerate(lines) if re.match(r"\[in_decode\]", t)), None)
+    if header is None:
+        lines += ["", "[in_decode]", line]
     else:
-        text = text.rstrip("\n") + "\n\n[notes]\n" + line + "\n"
-    scenario.write_text(text)
+        end = next((i for i in range(header + 1, len(lines)) if re.match(r"\[", lines[i])),
+                   len(lines))
+        mine = re.compile(rf'^"{re.escape(key)}"\s*=')
+        at = next((i for i in range(header + 1, end) if mine.match(lines[i])), None)
+        if at is not None:
+            lines[at] = line
+        else:
+            while end > header + 1 and not lines[end - 1].strip():
+                end -= 1  # after the table's last line, before blank lines
+            lines.insert(end, line)
+    scenario.write_text("\n".join(lines) + "\n")
 
 
 def fit(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict[str, float]]:
@@ -138,12 +148,12 @@ def fit(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict[str, fl
         if path is None or r["config"]["page_cache"] != "all":
             continue
         key = f"build_ms_per_layer.{path}"
-        old = current_note(scenario, key)
+        old = current_fit(scenario, key)
         if old is None:
             continue
         layers = int(r["layers"])
         new = fitted_build(r, layers, old)
-        write_note(scenario, key, new,
+        write_fit(scenario, key, new,
                    f"fitted by ssdmoe validate: {r['config']['name']} measured "
                    f"{r['measured']['build_ms_per_step']:.2f} ms of graph building per decode "
                    f"step inside decode (before this fit: {old:.4f} ms/layer)")
@@ -162,7 +172,7 @@ def fit_heads(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict[s
               / r["heads"] for r in with_heads]
     return _shift(
         scenario, "head_build_ms.in_decode",
-        current_note(scenario, "head_build_ms.in_decode") or 0.0, deltas,
+        current_fit(scenario, "head_build_ms.in_decode") or 0.0, deltas,
         "fitted by ssdmoe validate: the prerouter heads' graph building per head inside decode, "
         "from the build time of {n} calibration configuration(s) with heads (the model "
         "profile has none: the heads run as one batched flush per step)")
@@ -192,7 +202,7 @@ def _shift(scenario: Path, key: str, old: float, deltas: list[float],
     if not deltas:
         return {}
     new = max(old + statistics.median(deltas), 0.0)
-    write_note(scenario, key, new, why.format(n=len(deltas)))
+    write_fit(scenario, key, new, why.format(n=len(deltas)))
     return {key: {"before": old, "after": new}}
 
 
@@ -213,21 +223,21 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
     sc = load_scenario(str(scenario))
     hw = sc.hardware
     out: dict[str, dict[str, float]] = {}
-    old_cf = current_note(scenario, "compute_factor") or hw.compute_factor
+    old_cf = current_fit(scenario, "compute_factor") or hw.compute_factor
     ratios = [r["measured"]["eval_ms_per_step"] / r["simulated"]["eval_ms_per_step"]
               for r in cal if not looks_ahead(r)
               and (r["simulated"].get("eval_ms_per_step") or 0) > 0
               and r["measured"].get("eval_ms_per_step") is not None]
     if ratios:
         new_cf = max(old_cf * statistics.median(ratios), 0.05)
-        write_note(scenario, "compute_factor", new_cf,
+        write_fit(scenario, "compute_factor", new_cf,
                    f"fitted by ssdmoe validate: median measured / simulated eval per decode step "
                    f"over {len(ratios)} calibration configuration(s) of the synchronous decode "
                    f"loop (before this fit: {old_cf:.4f})")
         out["compute_factor"] = {"before": old_cf, "after": new_cf}
     for path in FILL_PATHS:
         key = f"fill_ms_per_layer.{path}"
-        old_fill = current_note(scenario, key)
+        old_fill = current_fit(scenario, key)
         out.update(_shift(
             scenario, key, sc.model.fill_ms_per_layer if old_fill is None else old_fill,
             [(r["measured"]["eval_ms_per_step"] - r["simulated"]["eval_ms_per_step"])
@@ -240,7 +250,7 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
             f"{sc.model.fill_ms_per_layer:.4f} ms)"))
     out.update(_shift(
         scenario, "load_overhead_ms.in_decode",
-        current_note(scenario, "load_overhead_ms.in_decode") or hw.load_overhead_ms,
+        current_fit(scenario, "load_overhead_ms.in_decode") or hw.load_overhead_ms,
         _per_load(cal, "blocked_ms_per_step"),
         "fitted by ssdmoe validate: a warm load's main-thread cost inside decode, from blocked "
         "ms over loads per step of {n} calibration configurations (isolated calibrate loop: "
@@ -268,7 +278,7 @@ def fit_cold_fill(results: list[dict[str, Any]], scenario: Path,
               if (r["measured"].get("cold_fills_per_step") or 0) > 0
               and r["simulated"].get("eval_ms_per_step") is not None]
     key = "cold_fill_compute_ms." + ("in_decode" if lookahead else "sync")
-    old = current_note(scenario, key) or 0.0
+    old = current_fit(scenario, key) or 0.0
     loop = "lookahead" if lookahead else "synchronous"
     return _shift(
         scenario, key, old, deltas,
@@ -293,7 +303,7 @@ def fit_handoff(results: list[dict[str, Any]], scenario: Path,
     deltas = _differences(readers, "blocked_past_loads_ms")
     return _shift(
         scenario, "handoff_ms.in_decode",
-        current_note(scenario, "handoff_ms.in_decode") or isolated, deltas,
+        current_fit(scenario, "handoff_ms.in_decode") or isolated, deltas,
         "fitted by ssdmoe validate: the hand-off of a reader's load the main thread waits for, "
         "inside decode, from the blocked ms per fill past its loads' span in {n} calibration "
         f"configuration(s) (isolated calibrate loop: {isolated:.4f} ms)")
@@ -308,7 +318,7 @@ def fit_reader_wake(results: list[dict[str, Any]], scenario: Path,
                           "reader_start_ms")
     return _shift(
         scenario, "reader_wake_ms.in_decode",
-        current_note(scenario, "reader_wake_ms.in_decode") or isolated, deltas,
+        current_fit(scenario, "reader_wake_ms.in_decode") or isolated, deltas,
         "fitted by ssdmoe validate: how late an idle reader thread starts a load handed to it "
         "inside decode, from the delay between a load's issue and its start on such a reader "
         "in {n} calibration configuration(s) (isolated calibrate loop: "
@@ -337,7 +347,7 @@ def fit_latency(results: list[dict[str, Any]], scenario: Path, isolated: float,
     cold = _reads_cold_on_main(results)
     return _shift(
         scenario, "ssd_latency_ms.in_decode",
-        current_note(scenario, "ssd_latency_ms.in_decode") or isolated,
+        current_fit(scenario, "ssd_latency_ms.in_decode") or isolated,
         [(d / max(bundle_reads, 1)) for d in _differences(cold, "cold_read_ms")],
         "fitted by ssdmoe validate: the device's time per read request inside decode, from the "
         "mean cold read on the main thread of {n} calibration configuration(s) over "
@@ -358,7 +368,7 @@ def fit_budget_evict(results: list[dict[str, Any]],
     cannot split them; the device's latency takes the gap and the cold overhead stays
     calibrate's isolated figure."""
     cold = _reads_cold_on_main(results)
-    old = current_note(scenario, "budget_evict_ms.in_decode") or 0.0
+    old = current_fit(scenario, "budget_evict_ms.in_decode") or 0.0
     return _shift(
         scenario, "budget_evict_ms.in_decode", old,
         _differences(cold, "build_per_cold_read_ms"),
