@@ -36,9 +36,7 @@ from collections import deque
 
 import simpy
 
-from sim.cpu import Cores
-
-COMPUTE_THREAD = "compute"
+from sim.cpu import COMPUTE_THREAD, Cores
 
 
 class ComputeStream:

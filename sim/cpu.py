@@ -2,9 +2,15 @@
 
 Graph building and fill work (the main thread), a CPU backend's compute thread, reader
 threads' syscalls, copies and page faults all ask for CPU time here. The kernel shares cores by
-time slicing, so the model is processor sharing: with n jobs runnable on c cores each job
-progresses at min(1, c / n) CPU seconds per second. Other processes' load (`background`, in
-cores kept busy) takes its share first.
+time slicing, so the model is processor sharing, with one rule of the kernel's scheduler:
+threads that sleep between short bursts run first. Linux's EEVDF (and CFS before it) keeps
+the lag of a thread that slept, so when the main thread or a reader wakes for a burst shorter
+than a time slice it takes a core from a thread that computes without pause (MLX's CPU compute
+thread) and finishes the burst; the compute thread gets the cores they leave. Among the
+sleepers, with n runnable on c cores, each progresses at min(1, c / n) CPU seconds per second.
+Other processes' load (`background`, in cores kept busy) takes its share first. (Measured on
+one core and under a CPU quota, reports/transfer: the main thread's graph building is not
+stretched by the compute thread beside it; its eval waits are.)
 
 A job is `yield cores.work(seconds, thread)` (sim.sharing: one event per job whatever the
 contention).
@@ -25,6 +31,8 @@ import simpy
 from sim.sharing import ProcessorSharing
 
 READER_THREAD = "reader"  # reader threads are named reader0, reader1, ... (sim.reader_threads)
+COMPUTE_THREAD = "compute"  # MLX's CPU compute thread (sim.compute_stream): it never sleeps
+# while it has work, so the threads that do (main, readers) run before it
 
 
 class Cores(ProcessorSharing):
@@ -42,13 +50,6 @@ class Cores(ProcessorSharing):
         self.capacity = 0.0 if self.unbounded else capacity
         self.contended_s = 0.0  # wall time with more runnable jobs than cores
 
-    def rate(self, n: int | None = None) -> float:
-        """CPU seconds per second each of n runnable jobs gets."""
-        n = len(self.jobs) if n is None else n
-        if self.unbounded or n == 0:
-            return 1.0
-        return min(1.0, self.capacity / n)
-
     def on_elapsed(self, elapsed: float, n: int) -> None:
         if n > self.capacity:
             self.contended_s += elapsed
@@ -59,3 +60,20 @@ class Cores(ProcessorSharing):
             self.busy_s[thread] += seconds
             return self.env.timeout(max(seconds, 0.0))
         return super().work(seconds, thread)
+
+    def rates(self) -> dict[int, float]:
+        """The sleepers (every thread but the compute thread) share the cores first, each at
+        most one; the compute thread gets what they leave."""
+        if self.unbounded:
+            return dict.fromkeys(self.jobs, 1.0)
+        hogs = {k for k, job in self.jobs.items() if job[2] == COMPUTE_THREAD}
+        sleepers = [k for k in self.jobs if k not in hogs]
+        out: dict[int, float] = {}
+        left = self.capacity
+        if sleepers:
+            rate = min(1.0, self.capacity / len(sleepers))
+            out.update(dict.fromkeys(sleepers, rate))
+            left = max(self.capacity - rate * len(sleepers), 0.0)
+        if hogs:
+            out.update(dict.fromkeys(hogs, min(1.0, left / len(hogs))))
+        return out

@@ -47,6 +47,28 @@ def test_processor_sharing_by_hand():
     assert _finish_times(1, [(0, 1)], background=0.5) == pytest.approx([2.0])
 
 
+def test_threads_that_sleep_run_before_the_compute_thread():
+    """The kernel's scheduler lets a thread waking for a short burst (main, readers) take a
+    core from the compute thread (sim.cpu): the compute thread gets what the others leave."""
+    both = ["main", "compute"]
+    # one core, main 1 s and compute 2 s from t=0: main runs alone (done at 1), then compute
+    assert _finish_times(1, [(0, 1), (0, 2)], threads=both) == pytest.approx([1.0, 3.0])
+    # a main-thread burst arriving while compute runs takes the core at once
+    assert _finish_times(1, [(0.5, 1), (0, 2)], threads=both) == pytest.approx([1.5, 3.0])
+    # two cores, main, a reader and compute, 1 s each: main and the reader have a core each,
+    # compute starts when they are done
+    assert _finish_times(2, [(0, 1)] * 3, threads=["main", "reader0", "compute"]) == \
+        pytest.approx([1.0, 1.0, 2.0])
+    # half a core (a CPU quota): main at half speed, done at 2; then compute at half speed
+    assert _finish_times(0.5, [(0, 1), (0, 1)], threads=both) == pytest.approx([2.0, 4.0])
+    # among the sleepers, processor sharing: main and a reader on one core
+    assert _finish_times(1, [(0, 1), (0, 1)], threads=["main", "reader0"]) == \
+        pytest.approx([2.0, 2.0])
+    # two compute jobs share what is left beside main: one core, main 1 s, compute 1 s each
+    assert _finish_times(1, [(0, 1), (0, 1), (0, 1)], threads=["main", "compute", "compute"]) \
+        == pytest.approx([1.0, 3.0, 3.0])
+
+
 def test_unbounded_cores_are_plain_timeouts():
     assert _finish_times(0, [(0, 1), (0, 2), (0.5, 1)]) == pytest.approx([1.0, 2.0, 1.5])
 
@@ -84,7 +106,8 @@ def test_compute_on_the_cpu_competes_with_the_main_thread():
 
     env.process(host())
     env.run()
-    assert seen == {"build": pytest.approx(2.0), "sync": pytest.approx(2.0)}
+    # the main thread's building runs first (sim.cpu); compute has the core after it
+    assert seen == {"build": pytest.approx(1.0), "sync": pytest.approx(2.0)}
 
 
 def _lookahead_run(cores: float, compute_on_cpu: bool, shortcut: bool = True):
