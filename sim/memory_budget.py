@@ -33,15 +33,14 @@ class MemoryBudget:
     runtime: int
     prefill_buffers: int  # whole-layer buffers while a prefill runs (transient)
     prefill_stacks: int = 0  # the same buffers held for the engine's life (engine memory)
+    page_cache_floor: int = 0
+    os_floor: int = -1  # what the OS and others shrink to under pressure (-1: they do not)
 
     @property
     def engine(self) -> int:
         """What the engine holds at decode (the MLX allocation)."""
         return (self.resident + self.kv + self.heads + self.adapter + self.lru + self.slots
                 + self.slot_views + self.runtime + self.prefill_stacks)
-
-    page_cache_floor: int = 0
-    os_floor: int = -1  # what the OS and others shrink to under pressure (-1: they do not)
 
     @property
     def os_held(self) -> int:
@@ -58,7 +57,7 @@ class MemoryBudget:
 
     @property
     def left(self) -> int:
-        """RAM minus the OS reserve and the engine (negative when they do not fit)."""
+        """RAM minus what the OS holds and the engine (negative when they do not fit)."""
         return self.ram - self.unreclaimable
 
     @property
