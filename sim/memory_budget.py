@@ -43,13 +43,17 @@ class MemoryBudget:
                 + self.slot_views + self.runtime + self.prefill_stacks)
 
     @property
+    def os_least(self) -> int:
+        """The least the OS and other processes hold under pressure (their reserve where they
+        do not give way)."""
+        return self.os_reserve if self.os_floor < 0 else self.os_floor
+
+    @property
     def os_held(self) -> int:
         """What the OS and other processes hold: their reserve, less what the kernel takes
-        from them (down to `os_floor`) so that the engine and the page cache's floor fit."""
-        if self.os_floor < 0:
-            return self.os_reserve
+        from them (down to `os_least`) so that the engine and the page cache's floor fit."""
         room = self.ram - self.engine - self.page_cache_floor
-        return min(self.os_reserve, max(self.os_floor, room))
+        return min(self.os_reserve, max(self.os_least, room))
 
     @property
     def unreclaimable(self) -> int:

@@ -51,11 +51,10 @@ def check_memory(sc: Scenario, mem: MemoryBudget) -> list[str]:
     and the resident weights; notes the OS giving way under pressure; when the
     rest does not fit, the breakdown and what the model does about it (returned, printed)."""
     where = sc.source or sc.name
-    least_os = mem.os_reserve if mem.os_floor < 0 else mem.os_floor
-    if mem.ram < least_os + mem.resident:
+    if mem.ram < mem.os_least + mem.resident:
         what = "OS reserve" if mem.os_floor < 0 else "OS floor under pressure"
         raise BadInput(f"{where}: ram_gib: {sc.hardware.ram_gib} GiB cannot hold the {what} "
-                       f"({least_os / GIB:.2f} GiB) and the resident weights of "
+                       f"({mem.os_least / GIB:.2f} GiB) and the resident weights of "
                        f"{sc.model.name} ({mem.resident / GIB:.2f} GiB)")
     gave = []
     if mem.os_held < mem.os_reserve:

@@ -80,7 +80,7 @@ def field_type(key: str) -> Any:
               "model": (ModelProfile, MODEL_KEYS)}
     order = [section] if section else ["scenario", "hardware", "model"]
     for sec in order:
-        if sec in tables and name in tables[sec][1] and name != "notes":
+        if sec in tables and name in tables[sec][1]:
             return typing.get_type_hints(tables[sec][0])[name]
     return None
 

@@ -173,7 +173,7 @@ def _refit_from_isolated(scenario: Path, fit_file: Path) -> None:
         return
     for key, v in read_json_object(fit_file).items():
         write_fit(scenario, key, v["before"], "isolated-loop figure, refitted by ssdmoe "
-                   "validate")
+                  "validate")
 
 
 def _transfer(machines: Path, model: Path, out: Path, fresh: bool, calibrate: bool,

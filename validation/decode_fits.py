@@ -154,9 +154,9 @@ def fit(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict[str, fl
         layers = int(r["layers"])
         new = fitted_build(r, layers, old)
         write_fit(scenario, key, new,
-                   f"fitted by ssdmoe validate: {r['config']['name']} measured "
-                   f"{r['measured']['build_ms_per_step']:.2f} ms of graph building per decode "
-                   f"step inside decode (before this fit: {old:.4f} ms/layer)")
+                  f"fitted by ssdmoe validate: {r['config']['name']} measured "
+                  f"{r['measured']['build_ms_per_step']:.2f} ms of graph building per decode "
+                  f"step inside decode (before this fit: {old:.4f} ms/layer)")
         out[key] = {"before": old, "after": new,
                     "measured_build_ms_per_step": r["measured"]["build_ms_per_step"]}
     out.update(fit_heads(results, scenario))
@@ -231,9 +231,9 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
     if ratios:
         new_cf = max(old_cf * statistics.median(ratios), 0.05)
         write_fit(scenario, "compute_factor", new_cf,
-                   f"fitted by ssdmoe validate: median measured / simulated eval per decode step "
-                   f"over {len(ratios)} calibration configuration(s) of the synchronous decode "
-                   f"loop (before this fit: {old_cf:.4f})")
+                  f"fitted by ssdmoe validate: median measured / simulated eval per decode step "
+                  f"over {len(ratios)} calibration configuration(s) of the synchronous decode "
+                  f"loop (before this fit: {old_cf:.4f})")
         out["compute_factor"] = {"before": old_cf, "after": new_cf}
     for path in FILL_PATHS:
         key = f"fill_ms_per_layer.{path}"
