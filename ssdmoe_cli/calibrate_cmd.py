@@ -212,10 +212,12 @@ def _kept_routing_fit(path: Path) -> dict:
     for line in path.read_text().splitlines():
         key, _, comment = line.partition("#")
         key = key.split("=")[0].strip()
-        if key.startswith("routing_") and comment.strip():
+        if key.startswith(ROUTING_FITS) and comment.strip():
             how[key] = comment.strip().removeprefix(KEPT).strip()
     return {k: (v, f"{KEPT} {how.get(k, '(sim profile-model --trace)')}")
-            for k, v in data.items() if k.startswith("routing_")}
+            for k, v in data.items() if k.startswith(ROUTING_FITS)}
 
 
 KEPT = "kept from the earlier profile:"
+# the router's routing and the prerouter heads' (a trace run with --prerouter)
+ROUTING_FITS = ("routing_", "prerouted_routing_")

@@ -180,3 +180,27 @@ def test_dropping_cached_pages_costs_per_page(tmp_path):
     finally:
         unmap(addr, 16 << 20)
         os.close(fd)
+
+
+def test_a_recalibration_keeps_both_routing_fits(tmp_path):
+    """calibrate measures the machine, not the model's routing: the router's fit and the
+    prerouter heads' (`sim profile-model --trace` of a --prerouter run) both survive a rewrite
+    of the model profile, each with where it came from; measured keys are not carried."""
+    from ssdmoe_cli.calibrate_cmd import KEPT, _kept_routing_fit
+
+    path = tmp_path / "m.toml"
+    path.write_text(
+        "layers = 6  # manifest\n"
+        "build_ms_per_layer = 0.2  # measured\n"
+        "routing_k = [4]  # K=4: 376 token pairs of trace A\n"
+        "routing_reuse = [0.14]  # kept from the earlier profile: trace A overlap\n"
+        "prerouted_routing_k = [4]  # K=4: 376 token pairs of trace B\n"
+        "prerouted_routing_skew = [0.76]  # Zipf exponent of trace B\n")
+    kept = _kept_routing_fit(path)
+    assert kept == {
+        "routing_k": ([4], f"{KEPT} K=4: 376 token pairs of trace A"),
+        "routing_reuse": ([0.14], f"{KEPT} trace A overlap"),  # not "kept ... kept ..."
+        "prerouted_routing_k": ([4], f"{KEPT} K=4: 376 token pairs of trace B"),
+        "prerouted_routing_skew": ([0.76], f"{KEPT} Zipf exponent of trace B"),
+    }
+    assert _kept_routing_fit(tmp_path / "absent.toml") == {}
