@@ -46,7 +46,8 @@ class Calibration:
 
 # --quick: few repetitions (seconds, for tests; noisy)
 QUICK_COMPUTE: dict[str, Any] = {"steps": 4, "warmup": 2, "ks": (1, 4), "glu_reps": 4,
-                                 "prefill_tokens": 16, "handoff_reps": 200, "presets": ()}
+                                 "prefill_tokens": 16, "handoff_reps": 200, "presets": (),
+                                 "handover_rounds": 1, "handover_steps": 40}
 
 
 @contextmanager
@@ -112,6 +113,11 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
             "routers): MLX prepares and dispatches the operations on the calling thread; "
             "`ssdmoe validate` fits the part compute waits on inside decode, per path (notes "
             "fill_ms_per_layer.hot, fill_ms_per_layer.staged)"))
+    if compute.primitives_per_step:
+        model["primitives_per_layer"] = (round(compute.primitives_per_step / compute.layers, 1), (
+            f"measured {when}: the MLX primitives of a resident decode step's graph "
+            f"({compute.primitives_per_step}, mx.export_to_dot) over its {compute.layers} "
+            "layers: the operations handed to the compute thread (sim cross_core_op_us)"))
     hardware = hardware_values(storage, compute, facts(), active_params=model["active_params"][0])
     return Calibration(model_dir, label, storage, compute, engine, hardware, model, when,
                        time.perf_counter() - t0)

@@ -60,6 +60,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from calibration import handover_probe
 from calibration.bundle_views import one_row_views
 from calibration.profile_values import ComputeResult, cost
 from contract.errors import IOFault
@@ -516,6 +517,12 @@ class Runner:
         t.read_ms.append(wait_ns / 1e6)
         t.loads.extend(dict(r) for r in self.rows)
 
+    def primitives(self) -> int:
+        """MLX primitives of the next decode step's graph (built, not evaluated: the runner
+        is not stepped after this)."""
+        logits = self.model(self.token.reshape(1, 1), cache=self.cache)
+        return handover_probe.primitives(mx.argmax(logits[:, -1, :], axis=-1))
+
     def close(self) -> None:
         if self.engine is not None:
             self.store.on_load = None
@@ -551,7 +558,9 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
                     ks: tuple[int, ...] = (1, 2, 4, 8), glu_reps: int = 30,
                     prefill_tokens: int = 128, handoff_reps: int = 2000,
                     presets: tuple[str, ...] = ("hot", "staged"),
-                    cold_copy: Path | None = None) -> tuple[ComputeResult, dict[str, Any]]:
+                    cold_copy: Path | None = None, handover_rounds: int = 3,
+                    handover_steps: int = handover_probe.STEPS
+                    ) -> tuple[ComputeResult, dict[str, Any]]:
     """ComputeResult for the simulator, plus the engine-side figures (dict) for the profile
     comments and the model profile (main-thread CPU per layer of each decode path, cold/warm
     bundle reads, prefill). Cold reads drop the expert files' pages; where a platform cannot
@@ -583,6 +592,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         round_robin(runners, steps, warmup)
         prefill_ms = _prefill_ms(runners["resident"].model, runners["resident"].tok,
                                  prefill_tokens, reps=2) if prefill_tokens else 0.0
+        step_primitives = runners["resident"].primitives()
         warm_exact = runners["exact"].times
         for name, r in runners.items():
             if name != "exact":
@@ -614,6 +624,8 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     page_cpu = cold_page_cpu(cold_from) if cold_from else (float("nan"), float("nan"), 0, 0)
     exact_extra = exact_extra_ms(converted)
     wake, handoff = handoff_times(handoff_reps)
+    cross = handover_probe.measure(rounds=handover_rounds, steps=handover_steps) \
+        if handover_rounds else None
     first_layer = manifest.layers[manifest.moe_layers[0]]
     gil_handoff = gil_handoff_times(max(handoff_reps // 4, 20),
                                     read_from=converted / first_layer.file)
@@ -677,6 +689,10 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         queue_ahead_reps=len(queue_samples),
         zero_fill_ms=fill_ms,
         zero_fill_rows=fill_rows,
+        primitives_per_step=step_primitives,
+        cross_core_op_us=cross.wall_us if cross else float("nan"),
+        cross_core_op_main_us=cross.main_cpu_us if cross else float("nan"),
+        cross_core_primitives=cross.primitives if cross else 0,
     )
     engine = {name: {"build_ms": m(t.build_ms), "sync_ms": m(t.sync_ms), "read_ms": m(t.read_ms),
                      "eval_ms": m(t.eval_ms), "loads_per_step": len(t.loads) / max(steps, 1)}

@@ -135,6 +135,13 @@ class ComputeResult:
     queue_ahead_reps: int = 0  # routers timed
     zero_fill_ms: tuple[float, float] = (float("nan"), float("nan"))  # alloc_stack median ms
     zero_fill_rows: tuple[int, int] = (4, 64)  # at these rows of the model's first MoE layer
+    primitives_per_step: int = 0  # MLX primitives of a resident decode step's graph (0: not
+    # counted)
+    # calibration.handover_probe: per primitive, the wall time and the main thread's CPU a step
+    # takes more with the threads on every core than pinned to one (nan: not measured)
+    cross_core_op_us: float = float("nan")
+    cross_core_op_main_us: float = float("nan")
+    cross_core_primitives: int = 0  # the probe's primitives a step
     bundle_reads: int = BUNDLE_RANGES  # the measured model's preads per bundle (one per tensor
     # slice of its first MoE layer)
     seconds: float = 0.0
@@ -339,6 +346,17 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             f"bundles of the first MoE layer: {few:.3f} and {many:.3f} ms (medians, the last "
             "stacks kept alive as a decode step's graph keeps them): the slope's bytes per "
             "second (sim.main_thread._fill_stack)"))
+    if c.cross_core_op_us == c.cross_core_op_us:  # not nan
+        how = (f"calibration.handover_probe: a step of {c.cross_core_primitives} MLX primitives "
+               "(chains of small element-wise operations handed over in 6 async_eval pieces, as "
+               "a decode step's fill points do), each arm its own process, on every core and "
+               "pinned to one, alternating (medians of 3): per primitive, ")
+        out["cross_core_op_us"] = (round(max(c.cross_core_op_us, 0.0), 4), how + (
+            "the wall time more on every core (sim.main_thread: taken off each layer's "
+            "compute where the threads share one core)"))
+        out["cross_core_op_main_us"] = (round(max(c.cross_core_op_main_us, 0.0), 4), how + (
+            "the main thread's CPU time more on every core (taken off the lookahead loop's "
+            "dispatch there)"))
     if active_params and c.prefill_ms > 0 and c.prefill_tokens:
         tflops = 2 * active_params * c.prefill_tokens / (c.prefill_ms / 1e3) / 1e12
         out["compute_tflops"] = (round(tflops, 6), (

@@ -26,6 +26,8 @@ vocabulary (sim.policies):
                                         sim.token_bucket)
   extra.machine (an emulated machine:   cpuset: cpu_cores = its core count; cpu_quota F: cpu_cores =
   engine.machine_limits)                min(cores, F) (CFS bandwidth as a fluid share of a core);
+                                        thread_cores = the cores the threads run on (the cpuset's,
+                                        else the machine's: a quota keeps them all);
                                         memory: the page cache holds what the group's limit leaves
                                         after the process's own memory (measured at entry, and
                                         what it allocated by exit), as a budget of that size
@@ -359,6 +361,7 @@ def scenario_for(trace: Trace | PlannedRun, scenario: str | None = None,
     if cores or quota:
         have = cores or sc.hardware.cpu_cores or quota
         derived.append(f"cpu_cores={min(have, quota or have):g}")
+        derived.append(f"thread_cores={have:g}")  # a quota spreads its time over them all
     sc = apply_overrides(sc, derived + list(sets or []))
     engine = trace.run.get("engine") or {}
     budget_bytes = engine.get("page_cache_budget")

@@ -117,6 +117,9 @@ class MainThread:
         self.expert_s = (sc.k * m.bundle_bytes / expert_bw
                          + hw.expert_overhead_ms * hw.compute_factor / 1e3)
         self.head_s = m.head_bytes / bw
+        if hw.threads_share_one_core:  # hand-overs to the compute thread stay on one core
+            self._one_core(m.primitives_per_layer, hw.cross_core_op_us / 1e6,
+                           hw.cross_core_op_main_us / 1e6)
         self.flops = hw.compute_tflops * 1e12 / hw.compute_factor
         self.mem_bw = bw
         self.slot_update_s = hw.slot_update_ms / 1e3
@@ -149,6 +152,20 @@ class MainThread:
         start = self.env.now
         yield from self.gil.run(self.cores, seconds, MAIN_THREAD)
         self.build += self.env.now - start
+
+    def _one_core(self, primitives: float, wall_s: float, main_s: float) -> None:
+        """The compute figures (a synced step's wall time) and the dispatch (the main thread's
+        CPU inside async_eval) are measured with the main and compute threads on separate
+        cores, where each operation handed over costs `wall_s` more wall time and `main_s` more
+        main-thread CPU than on one core (hardware cross_core_op_us, cross_core_op_main_us):
+        on one core each layer's compute, split over attention and experts as it is, and the
+        dispatch take `primitives` x those less."""
+        saving = primitives * wall_s
+        layer_s = self.attn_s + self.expert_s
+        if saving and layer_s:
+            self.attn_s, self.expert_s = (max(0.0, s - saving * s / layer_s)
+                                          for s in (self.attn_s, self.expert_s))
+        self.dispatch_s = max(0.0, self.dispatch_s - primitives * main_s)
 
     def fill_cpu(self, seconds: float) -> Generator:
         """Main-thread host work of a fill point (lookahead loop): not graph building."""

@@ -38,7 +38,7 @@ from sim.token_bucket import THROTTLE_KINDS
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
 OPTIONAL = {"description", "whole_layer_reads", "bundle_reads", "unembed_bytes",
             "device_bundle_bytes", "shared_page_reads", "page_group",
-            "lora_bytes", "lora_build_ms", "fill_ms_per_layer",
+            "lora_bytes", "lora_build_ms", "fill_ms_per_layer", "primitives_per_layer",
             *ROUTING_KEYS, *(f"prerouted_{k}" for k in ROUTING_KEYS),
             *HARDWARE_OPTIONAL}
 
@@ -88,6 +88,9 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "refused_warm_ms": (_nonneg, "must be >= 0"),
     "zero_fill_gbps": (_nonneg, "must be >= 0 (0 = not charged)"),
     "page_drop_us_per_page": (_nonneg, "must be >= 0 (0 = not charged)"),
+    "thread_cores": (_nonneg, "must be >= 0 (0 = cpu_cores)"),
+    "cross_core_op_us": (_nonneg, "must be >= 0 (0 = not charged)"),
+    "cross_core_op_main_us": (_nonneg, "must be >= 0 (0 = not charged)"),
     "throttle_read_mbps": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_read_iops": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_burst_s": (_nonneg, "must be >= 0"),
@@ -107,6 +110,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "lora_bytes": (_nonneg, "must be >= 0"),
     "lora_build_ms": (_nonneg, "must be >= 0"),
     "fill_ms_per_layer": (_nonneg, "must be >= 0"),
+    "primitives_per_layer": (_nonneg, "must be >= 0"),
     "whole_layer_reads": (_positive, "must be >= 1"),
     "bundle_reads": (_positive, "must be >= 1"),
     "unembed_bytes": (_nonneg, "must be >= 0"),

@@ -173,6 +173,31 @@ class Hardware:
               "for a core"),
         obtain=("the machine's cores (calibrate reads them; an emulated machine's --cpus or "
                 "--cpu-quota)"))
+    thread_cores: float = key(0.0,
+        help=("cores the engine's threads may run on (a cpuset's size), where cpu_cores is the "
+              "CPU time they get (a CFS quota spreads less time over the same cores); 0 = "
+              "cpu_cores. Below 2 the main thread and the compute thread share one core "
+              "(cross_core_op_us)"),
+        obtain=("the machine's cores (calibrate reads them); `sim compare` sets it from a "
+                "trace's cpuset"))
+    cross_core_op_us: float = key(0.0,
+        help=("wall time each MLX operation handed to the compute thread (compute_on_cpu) "
+              "costs more when that thread and the main thread run on different cores than on "
+              "one (MLX's task queue and the compute thread's sleeps and wake-ups across "
+              "cores), us. The compute figures are measured with the threads on separate "
+              "cores, so where they share one (thread_cores < 2) each layer's compute takes "
+              "the model's primitives_per_layer x this less; 0 = not charged"),
+        obtain=("measured by `ssdmoe calibrate` (calibration.handover_probe: chains of small "
+                "operations handed over in pieces as a decode step does, on every core and "
+                "pinned to one; the wall time's difference per primitive, counted from the "
+                "graph); 0 where calibrate runs on one core or on an accelerator"))
+    cross_core_op_main_us: float = key(0.0,
+        help=("of the hand-over's extra across cores, the main thread's CPU per operation "
+              "(inside mx.async_eval), us: where the threads share one core, the lookahead "
+              "loop's dispatch at each fill point (the model's fill_ms_per_layer, measured on "
+              "separate cores) takes primitives_per_layer x this less; 0 = not charged"),
+        obtain=("measured by `ssdmoe calibrate` with cross_core_op_us (the main thread's CPU "
+                "time per primitive, on every core less pinned to one)"))
     compute_on_cpu: bool = key(False,
         help=("the accelerator is the host CPU (MLX's CPU backend): compute work takes a core "
               "like any other thread"),
@@ -216,6 +241,12 @@ class Hardware:
               "its CPU backend); inf = the host never waits (Metal command buffers)"),
         obtain=("measured by `ssdmoe calibrate` (MLX's CPU backend blocks with ~10 tasks queued; "
                 "inf on Metal)"))
+
+    @property
+    def threads_share_one_core(self) -> bool:
+        """The main thread and the compute thread (compute_on_cpu) run on one core."""
+        cores = self.thread_cores or self.cpu_cores
+        return self.compute_on_cpu and 0 < cores < 2
 
 
 @dataclass
@@ -328,6 +359,12 @@ class ModelProfile:
     lora_build_ms: float = key(0.0,
         help="CPU graph building the adapter adds per decoder layer",
         obtain="measured by `ssdmoe calibrate` on the model with its adapter")
+    primitives_per_layer: float = key(0.0,
+        help=("MLX operations one decode layer hands to the compute thread (attention, router, "
+              "experts, norms; the step's unembedding spread over its layers): what "
+              "cross_core_op_us is charged on"),
+        obtain=("counted by `ssdmoe calibrate` (the primitives of a resident decode step's "
+                "graph, mx.export_to_dot, over its layers)"))
     fill_ms_per_layer: float = key(0.0,
         help=("the lookahead decode loop's main-thread work at each layer's fill point that "
               "compute waits on: handing the gather and the walk to the next router over "
@@ -540,5 +577,6 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "throttle_kind", "page_cache_policy", "compute_factor", "cpu_cores",
                      "compute_on_cpu",
                      "background_cores", "page_cache_floor_gib", "os_floor_gib", "queue_ahead_ms",
-                     "refused_warm_ms", "zero_fill_gbps", "page_drop_us_per_page")
+                     "refused_warm_ms", "zero_fill_gbps", "page_drop_us_per_page",
+                     "thread_cores", "cross_core_op_us", "cross_core_op_main_us")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

@@ -11,6 +11,7 @@ import struct
 
 import pytest
 
+from calibration import handover_probe
 from calibration.profile_values import (
     hardware_toml,
     write_hardware,
@@ -97,6 +98,17 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     # the exact path's zeroed stack: 4 rows and 16 MiB more, the larger slower
     few, many = c.zero_fill_ms
     assert 0 < few < many and c.zero_fill_rows[1] * c.bundle_bytes >= 16 << 20
+    # a decode step's MLX primitives (its graph, counted: more than a few per layer), and the
+    # hand-over probe across cores where there are two (a difference: any sign when busy)
+    assert c.primitives_per_step > 10 * c.layers
+    assert cal.model["primitives_per_layer"][0] == pytest.approx(
+        c.primitives_per_step / c.layers, abs=0.06)
+    if handover_probe.can_measure():
+        assert c.cross_core_primitives == handover_probe.PIECES * 5 * handover_probe.LINKS
+        assert cal.hardware["cross_core_op_us"][0] >= 0
+        assert cal.hardware["cross_core_op_main_us"][0] >= 0
+    else:
+        assert "cross_core_op_us" not in cal.hardware
     for key in ("ssd_bandwidth_gbps", "memcpy_gbps", "mem_bandwidth_gbps", "expert_gbps",
                 "compute_tflops", "zero_fill_gbps", "page_drop_us_per_page"):
         assert cal.hardware[key][0] > 0, key
@@ -204,3 +216,22 @@ def test_a_recalibration_keeps_both_routing_fits(tmp_path):
         "prerouted_routing_skew": ([0.76], f"{KEPT} Zipf exponent of trace B"),
     }
     assert _kept_routing_fit(tmp_path / "absent.toml") == {}
+
+
+def test_primitives_are_counted_from_the_graph():
+    """calibration.handover_probe.primitives counts MLX's own graph (mx.export_to_dot): a link
+    y = tanh(y * a + b) is five primitives, two broadcasts of the scalars, multiply, add and
+    tanh; an evaluated input is not one."""
+    import mlx.core as mx
+
+    x = mx.ones((8,))
+    mx.eval(x)
+    assert handover_probe.primitives(mx.tanh(x * 2.0 + 1.0)) == 5
+    assert handover_probe.primitives(handover_probe._chain(x, 3)) == 15
+
+
+def test_the_hand_over_probe_needs_two_cores(monkeypatch):
+    """On one core (or without sched_setaffinity) there is nothing to compare: None, and
+    calibrate writes no cross_core_op_us (the sim then charges nothing)."""
+    monkeypatch.setattr(handover_probe.os, "sched_getaffinity", lambda _pid: {0})
+    assert handover_probe.measure(rounds=1, steps=5) is None

@@ -3,6 +3,9 @@ against hand-worked timelines, and the whole model's CPU contention against clos
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import polars as pl
 import pytest
 import simpy
@@ -202,3 +205,49 @@ def test_an_unbounded_or_short_queue_never_waits(shortcut):
     roomy = ComputeStream(env, None, lazy=False, shortcut=shortcut, queue_ahead_s=2.0)
     assert roomy.submit_async(1.0) is None and roomy.submit_async(1.0) is None
     assert roomy.submit_async(0.5) is not None  # 2.5 queued > 2.0
+
+
+def _one_token_steps(cores: float, thread_cores: float, cross_us: float, main_us: float,
+                     fill_ms: float, lookahead: bool) -> pl.DataFrame:
+    """2 layers, each 1 ms of compute (1 MB of resident weights at 1 GB/s) in 100 primitives,
+    every expert in the hot pool after the first step: the last decode steps' figures."""
+    m = model(layers=2, experts=16, k=2, build_ms_per_layer=0.5, resident_bytes=2 * MB,
+              primitives_per_layer=100, fill_ms_per_layer=fill_ms)
+    hw = hardware(mem_bandwidth_gbps=1.0, expert_gbps=1e9, cpu_cores=cores,
+                  thread_cores=thread_cores, compute_on_cpu=True, cross_core_op_us=cross_us,
+                  cross_core_op_main_us=main_us, queue_ahead_ms=0.0 if lookahead else math.inf)
+    router = np.array([[[0, 1], [2, 3]]] * 8, dtype=np.int16)
+    sc = scenario(hw=hw, m=m, path="hot", lru_bytes=16 * MB, decode_steps=8, lookahead=lookahead)
+    steps = run_scenario(sc, routing=routing_input(router)).trace.steps
+    return steps.filter(pl.col("phase") == "decode").tail(3)
+
+
+@pytest.mark.parametrize(("cores", "thread_cores", "shared"),
+                         [(1, 0, True), (2, 0, False), (0.5, 2, False)])
+def test_one_core_hands_work_over_without_crossing_cores(cores, thread_cores, shared):
+    """The compute figures are measured with the main and compute threads on two cores, where
+    each MLX operation handed over costs cross_core_op_us more wall time than on one. On one
+    core (a cpuset) each layer's compute takes primitives x that less: the synchronous loop
+    waits on every layer's compute, so a step's eval is 2 layers x 100 x 2 us = 0.4 ms shorter.
+    Two cores, or half a core's time spread over two (a CFS quota), hand across cores: no
+    change."""
+    def eval_ns(cross_us: float) -> list[int]:
+        return _one_token_steps(cores, thread_cores, cross_us, 0.0, 0.0, False)["eval_ns"].to_list()
+
+    saved = [a - b for a, b in zip(eval_ns(0.0), eval_ns(2.0), strict=True)]
+    assert saved == [pytest.approx(400_000 if shared else 0, abs=2)] * 3
+
+
+def test_one_core_dispatches_without_crossing_cores():
+    """The lookahead loop's dispatch at each fill point (fill_ms_per_layer, 0.3 ms, measured
+    with the threads on two cores) is main-thread CPU compute waits on; on one core each
+    primitive's share, cross_core_op_main_us (1 us), is not paid: the dispatch's part of a
+    step's eval, eval(fill 0.3) - eval(fill 0), is 2 x (0.3 - 100 x 1 us) = 0.4 ms, 0.6 without
+    the mechanism."""
+    def dispatch_ns(main_us: float) -> list[int]:
+        with_fill, without = (_one_token_steps(1, 0, 0.0, main_us, fill, True)["eval_ns"]
+                              for fill in (0.3, 0.0))
+        return (with_fill - without).to_list()
+
+    assert dispatch_ns(0.0) == [pytest.approx(600_000, abs=2)] * 3
+    assert dispatch_ns(1.0) == [pytest.approx(400_000, abs=2)] * 3

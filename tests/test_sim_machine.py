@@ -38,12 +38,16 @@ def test_cores_and_quota_become_cpu_cores(tmp_path):
     one, derived, _ = scenario_for(read_trace(_on_machine(
         tmp_path / "b", {"cpuset": {"cores": [0]}})))
     assert one.hardware.cpu_cores == 1 and "cpu_cores=1" in derived
+    assert one.hardware.threads_share_one_core and not base.hardware.threads_share_one_core
     half, _, _ = scenario_for(read_trace(_on_machine(
         tmp_path / "c", {"cpu_quota": {"cores": 0.5}})))
     assert half.hardware.cpu_cores == 0.5
+    # half a core's time, spread over both cores: the threads still hand work across cores
+    assert half.hardware.thread_cores == 2 and not half.hardware.threads_share_one_core
     both, _, _ = scenario_for(read_trace(_on_machine(
         tmp_path / "d", {"cpuset": {"cores": [0]}, "cpu_quota": {"cores": 1.5}})))
     assert both.hardware.cpu_cores == 1  # a quota above the cores it may use adds nothing
+    assert both.hardware.threads_share_one_core
 
 
 def test_memory_limit_sets_the_page_cache_to_what_it_leaves(tmp_path):
