@@ -361,7 +361,8 @@ def scenario_for(trace: Trace | PlannedRun, scenario: str | None = None,
     if cores or quota:
         have = cores or sc.hardware.cpu_cores or quota
         derived.append(f"cpu_cores={min(have, quota or have):g}")
-        derived.append(f"thread_cores={have:g}")  # a quota spreads its time over them all
+        if cores or sc.hardware.cpu_cores:  # a quota spreads its time over them all
+            derived.append(f"thread_cores={cores or sc.hardware.cpu_cores:g}")
     sc = apply_overrides(sc, derived + list(sets or []))
     engine = trace.run.get("engine") or {}
     budget_bytes = engine.get("page_cache_budget")
