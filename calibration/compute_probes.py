@@ -659,11 +659,12 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         sync_ms=(synced_compute - unsynced) / layers,
         synced_compute_ms=synced_compute,
         path_build_ms_per_layer={
+            # each path per decode step, net of read waits and router syncs: the exact path's
+            # fresh stack is evaluated there as in decode, handed to MLX's compute thread
+            # after a router sync; the same work timed alone in a tight loop, much less on
+            # both machines of reports/cross-machine, is kept as "exact_alone"
             **{p: m(t.build_ms) / layers for p, t in per_path.items()},
-            # exact: graph building + its extra work timed alone (robust to load; the
-            # per-step figure above is kept as "exact_stepwise")
-            "exact": m(resident.build_ms) / layers + exact_extra,
-            "exact_stepwise": m(exact.build_ms) / layers},
+            "exact_alone": m(resident.build_ms) / layers + exact_extra},
         prefill_ms=prefill_ms,
         prefill_tokens=prefill_tokens,
         warm_bundle_ms=read_ms(exact.loads, False),

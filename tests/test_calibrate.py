@@ -64,6 +64,9 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     assert st.cold_ms[-1] > st.warm_ms[-1]  # a cold 8 MiB read is slower than a warm one
     assert all(t > 0 for t in c.glu_ms.values()) and set(c.glu_ms) == {1, 4}
     assert c.build_ms_per_layer > 0 and c.non_moe_ms > 0 and c.step_ms > 0
+    # the exact path per decode step (the scenario's starting figure), and timed alone (a note)
+    assert c.path_build_ms_per_layer["exact"] > 0
+    assert c.path_build_ms_per_layer["exact_alone"] == c.engine_build_ms_per_layer
     assert c.warm_bundle_ms > 0 and c.cold_bundle_ms > 0 and c.cold_bundles > 0
     assert c.handoff_reps == 200 and 0 < c.handoff_p10_ms <= c.handoff_ms
     assert cal.hardware["handoff_ms"][0] == pytest.approx(c.handoff_ms, abs=1e-4)
@@ -235,3 +238,27 @@ def test_the_hand_over_probe_needs_two_cores(monkeypatch):
     calibrate writes no cross_core_op_us (the sim then charges nothing)."""
     monkeypatch.setattr(handover_probe.os, "sched_getaffinity", lambda _pid: {0})
     assert handover_probe.measure(rounds=1, steps=5) is None
+
+
+def test_the_scenario_starts_the_exact_path_from_its_decode_step(tmp_path):
+    """calibrate's scenario starts the exact path's in-decode figure from its per-step cost in
+    the decode loop (each stack evaluated after a router sync, as in decode), not from the same
+    work timed alone, which is kept as a text note: on both machines of reports/cross-machine
+    the alone figure was about half the in-decode fit."""
+    import tomllib
+    from types import SimpleNamespace
+
+    from profile_helpers import MACHINE, compute, storage
+
+    from calibration.profile_values import hardware_values
+    from ssdmoe_cli.calibrate_cmd import _write_scenario
+
+    c = compute(path_build_ms_per_layer={"exact": 0.42, "exact_alone": 0.16, "hot": 0.2})
+    cal = SimpleNamespace(compute=c, storage=storage(), when="now",
+                          hardware=hardware_values(storage(), c, MACHINE, active_params=1e6))
+    path = _write_scenario(tmp_path / "s.toml", "this-machine", "tiny-trained", cal, "cmd")
+    data = tomllib.loads(path.read_text())
+    assert data["in_decode"]["build_ms_per_layer.exact"] == 0.42
+    assert data["in_decode"]["build_ms_per_layer.hot"] == 0.2
+    assert data["model_overrides"]["build_ms_per_layer"] == 0.42
+    assert data["notes"]["build_ms_per_layer.exact_alone"] == "0.1600"

@@ -65,15 +65,64 @@ def in_decode(text: str) -> str:
     return found.group(0)
 
 
+def stepwise_exact(scenario_text: str) -> float:
+    """The exact path's per-decode-step figure that calibrate measured beside the one timed
+    alone (a text note "build_ms_per_layer.exact_stepwise" of the calibrate that wrote it; what
+    calibrate now starts the in-decode figure from)."""
+    found = re.search(r'"build_ms_per_layer.exact_stepwise" = "([0-9.]+)"', scenario_text)
+    if found is None:
+        raise SystemExit("predict.py: the scenario has no exact_stepwise note")
+    return float(found.group(1))
+
+
+def calibrate_only(path: Path, text: str, validation: Path, exact: float | None) -> None:
+    """Write `text` to `path` with every in-decode figure at calibrate's isolated value (the
+    run's calibration-fit.json), and the exact path's at `exact` if given."""
+    path.write_text(text)
+    for key, fit in json.loads((validation / "calibration-fit.json").read_text()).items():
+        write_fit(path, key, fit["before"], "isolated-loop figure")
+    if exact is not None:
+        write_fit(path, "build_ms_per_layer.exact", exact, "the exact path per decode step")
+
+
+def held_out_errors(validation: Path, scenario: Path) -> dict[str, float]:
+    """Decode tok/s median and p90 absolute error over a validate run's held-out
+    configurations, replayed on `scenario`."""
+    errs = []
+    for f in sorted((validation / "results").glob("*.json")):
+        result = json.loads(f.read_text())
+        if result["config"]["role"] == "held-out":
+            comp = compare(read_trace(REPO / result["trace"]), scenario=str(scenario))
+            errs.append(ape(result["measured"]["decode_tok_s"],
+                            comp.simulated["decode_tok_s"]))
+    return {"median_ape_pct": statistics.median(errs),
+            "p90_ape_pct": float(np.percentile(errs, 90)), "n": len(errs)}
+
+
+def exact_start(tmp: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """Each machine's own matrix from its calibrate alone, the exact path's figure timed alone
+    (as calibrate wrote it then) or per decode step (as it writes it now)."""
+    a_sc, b_sc = (REPO / A_SCENARIO).read_text(), (B / "scenario.toml").read_text()
+    machines = {"A": (with_profiles(a_sc, REPO / A_HARDWARE, REPO / A_MODEL),
+                      REPO / "reports/validation"),
+                "B": (with_profiles(b_sc, B / "hardware.toml", B / "model.toml"), B_VALIDATION)}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for name, (text, validation) in machines.items():
+        out[name] = {}
+        for start, exact in (("alone", None), ("per_step", stepwise_exact(text))):
+            path = tmp / f"{name}-{start}.toml"
+            calibrate_only(path, text, validation, exact)
+            out[name][start] = held_out_errors(validation, path)
+    return out
+
+
 def scenarios(tmp: Path) -> dict[str, Path]:
     """A scenario file per variant: each names its hardware and model profiles by path."""
     a_hw, a_model, b_hw, b_model = (REPO / A_HARDWARE, REPO / A_MODEL, B / "hardware.toml",
                                     B / "model.toml")
     a_sc, b_sc = (REPO / A_SCENARIO).read_text(), (B / "scenario.toml").read_text()
     isolated = tmp / "isolated.toml"
-    isolated.write_text(with_profiles(b_sc, b_hw, b_model))
-    for key, fit in json.loads((B_VALIDATION / "calibration-fit.json").read_text()).items():
-        write_fit(isolated, key, fit["before"], "isolated-loop figure")
+    calibrate_only(isolated, with_profiles(b_sc, b_hw, b_model), B_VALIDATION, None)
     iso = isolated.read_text()
     texts = {"a": with_profiles(a_sc, a_hw, a_model),
              "b_isolated": iso,
@@ -110,6 +159,7 @@ def main() -> None:
                 figures = {**comp.simulated, **comp.extra}
                 row[name] = {k: figures.get(k) for k in METRICS}
             rows.append(row)
+        starts = exact_start(Path(d))
     summary = {}
     for v in VARIANTS:
         summary[v] = {}
@@ -118,9 +168,10 @@ def main() -> None:
             summary[v][k] = {"median_ape_pct": statistics.median(errs),
                              "p90_ape_pct": float(np.percentile(errs, 90)), "n": len(errs)}
     doc = {"machine_a": A_HARDWARE, "machine_b": str(B.relative_to(REPO)),
-           "variants": VARIANTS, "summary": summary, "rows": rows}
+           "variants": VARIANTS, "summary": summary, "rows": rows,
+           "calibrate_only_exact_start": starts}
     (HERE / "cross-machine.json").write_text(json.dumps(doc, indent=1) + "\n")
-    tables = render(rows, summary)
+    tables = render(rows, summary, starts)
     readme = HERE / "README.md"
     text = readme.read_text() if readme.is_file() else "<!-- tables -->\n<!-- /tables -->\n"
     text = re.sub(r"<!-- tables -->.*<!-- /tables -->", lambda _: tables, text, flags=re.S)
@@ -128,7 +179,7 @@ def main() -> None:
     print(tables)
 
 
-def render(rows: list[dict], summary: dict) -> str:
+def render(rows: list[dict], summary: dict, starts: dict) -> str:
     names = list(VARIANTS)
     head = "| profile | decode tok/s median / p90 | build | eval | blocked |\n|---|---|---|---|---|"
     lines = ["<!-- tables -->", head]
@@ -143,6 +194,14 @@ def render(rows: list[dict], summary: dict) -> str:
         m = r["measured"]["decode_tok_s"]
         cells = [f"{r[v]['decode_tok_s'] / m - 1:+.1%}" for v in names]
         lines.append(f"| `{r['config']}` | {m:.1f} | " + " | ".join(cells) + " |")
+    lines += ["", "Each machine's own held-out matrix from its `calibrate` alone, the exact path's "
+              "figure timed alone (as calibrate wrote it before) or per decode step (as it "
+              "writes it now), decode tok/s median / p90:", "",
+              "| machine | timed alone | per decode step |", "|---|---|---|"]
+    for name, by in starts.items():
+        cells = [f"{by[k]['median_ape_pct']:.1f}% / {by[k]['p90_ape_pct']:.1f}%"
+                 for k in ("alone", "per_step")]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("<!-- /tables -->")
     return "\n".join(lines)
 
