@@ -694,6 +694,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         cross_core_op_us=cross.wall_us if cross else float("nan"),
         cross_core_op_main_us=cross.main_cpu_us if cross else float("nan"),
         cross_core_primitives=cross.primitives if cross else 0,
+        cross_core_rounds=cross.rounds if cross else 0,
     )
     engine = {name: {"build_ms": m(t.build_ms), "sync_ms": m(t.sync_ms), "read_ms": m(t.read_ms),
                      "eval_ms": m(t.eval_ms), "loads_per_step": len(t.loads) / max(steps, 1)}

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from calibration.handover_probe import PIECES
 from sim.profile_toml import toml_text
 from sim.scenario import HARDWARE_KEYS
 
@@ -96,7 +97,9 @@ class ComputeResult:
     resident_bytes: int
     glu_ms: dict[int, float]  # K -> quantized SwiGLU of one token at K experts, one layer
     build_ms_per_layer: float  # lazy graph of one decode step (experts resident) / layers
-    engine_build_ms_per_layer: float  # main-thread CPU per layer of the exact (on-demand) path
+    engine_build_ms_per_layer: float  # the exact (on-demand) path's main-thread CPU per layer,
+    # its extra work timed alone (path_build_ms_per_layer "exact_alone"; the scenario starts
+    # from the per-step "exact")
     non_moe_ms: float  # one decode step's compute with the routed experts removed
     step_ms: float  # one full decode step's compute, experts resident, one eval per step
     sync_ms: float = 0.0  # extra compute time per router host sync (one per layer)
@@ -142,6 +145,7 @@ class ComputeResult:
     cross_core_op_us: float = float("nan")
     cross_core_op_main_us: float = float("nan")
     cross_core_primitives: int = 0  # the probe's primitives a step
+    cross_core_rounds: int = 0  # its rounds (each arm once a round)
     bundle_reads: int = BUNDLE_RANGES  # the measured model's preads per bundle (one per tensor
     # slice of its first MoE layer)
     seconds: float = 0.0
@@ -348,9 +352,10 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             "second (sim.main_thread._fill_stack)"))
     if c.cross_core_op_us == c.cross_core_op_us:  # not nan
         how = (f"calibration.handover_probe: a step of {c.cross_core_primitives} MLX primitives "
-               "(chains of small element-wise operations handed over in 6 async_eval pieces, as "
-               "a decode step's fill points do), each arm its own process, on every core and "
-               "pinned to one, alternating (medians of 3): per primitive, ")
+               f"(chains of small element-wise operations handed over in {PIECES} async_eval "
+               "pieces, as a decode step's fill points do), each arm its own process, on every "
+               f"core and pinned to one, alternating (medians of {c.cross_core_rounds}): per "
+               "primitive, ")
         out["cross_core_op_us"] = (round(max(c.cross_core_op_us, 0.0), 4), how + (
             "the wall time more on every core (sim.main_thread: taken off each layer's "
             "compute where the threads share one core)"))

@@ -359,10 +359,11 @@ def scenario_for(trace: Trace | PlannedRun, scenario: str | None = None,
     cores = len((machine.get("cpuset") or {}).get("cores") or []) or None
     quota = (machine.get("cpu_quota") or {}).get("cores")
     if cores or quota:
-        have = cores or sc.hardware.cpu_cores or quota
+        spanned = cores or sc.hardware.cpu_cores  # a quota spreads its time over them all
+        have = spanned or quota
         derived.append(f"cpu_cores={min(have, quota or have):g}")
-        if cores or sc.hardware.cpu_cores:  # a quota spreads its time over them all
-            derived.append(f"thread_cores={cores or sc.hardware.cpu_cores:g}")
+        if spanned:
+            derived.append(f"thread_cores={spanned:g}")
     sc = apply_overrides(sc, derived + list(sets or []))
     engine = trace.run.get("engine") or {}
     budget_bytes = engine.get("page_cache_budget")

@@ -178,8 +178,8 @@ class Hardware:
               "CPU time they get (a CFS quota spreads less time over the same cores); 0 = "
               "cpu_cores. Below 2 the main thread and the compute thread share one core "
               "(cross_core_op_us)"),
-        obtain=("the machine's cores (calibrate reads them); `sim compare` sets it from a "
-                "trace's cpuset"))
+        obtain=("0 in a machine's own profile (its threads may use every core); `sim compare` "
+                "sets it from a trace's cpuset (a quota keeps the machine's cores)"))
     cross_core_op_us: float = key(0.0,
         help=("wall time each MLX operation handed to the compute thread (compute_on_cpu) "
               "costs more when that thread and the main thread run on different cores than on "
