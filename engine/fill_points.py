@@ -119,9 +119,11 @@ class FillPoints:
         early = bool(points) and not points[0].wait_only
         if early:
             self._kick()
-        for point in points:
-            if point.start is not None and not point.early:
-                self._at_step(point.start, point)
+        starts = [p for p in points if p.start is not None and not p.early]
+        if starts:  # their ids to the host in one sync: each is a round trip to compute
+            mx.eval([p.inds for p in starts])
+        for point in starts:
+            self._at_step(point.start, point)
         self._resolve_waits()
         if not early:
             self._kick()

@@ -207,6 +207,14 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
                        ctypes.c_int, ctypes.c_long]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+# The same mincore, called holding the GIL (PyDLL): over a bundle it takes about a microsecond,
+# less than a hand-over of the GIL to another thread and back, which a reader otherwise pays
+# around every call while the main thread builds graphs. Spans longer than HOLD_GIL_PAGES (a
+# whole file) release it.
+_pylibc = ctypes.PyDLL(None, use_errno=True)
+_mincore_holding_gil = _pylibc.mincore
+_mincore_holding_gil.argtypes = _libc.mincore.argtypes
+HOLD_GIL_PAGES = 1024
 _MAP_FAILED = ctypes.c_void_p(-1).value
 # mincore defines only bit 0 (resident); Linux writes exactly 0 or 1, others may set more bits.
 _MINCORE_CLEAN = sys.platform.startswith("linux")
@@ -242,6 +250,16 @@ class ResidencyProbe:
             loc.vec, loc.vaddr = vec, ctypes.addressof(loc.cvec)
         return vec, loc.vaddr
 
+    def _mincore(self, addr: int, g0: int, g1: int) -> bytearray:
+        """The residency vector of pages [g0, g1) of the file mapped at `addr`: bit 0 of
+        byte i says page g0 + i is resident (only those bytes are meaningful)."""
+        vec, vaddr = self._vector(g1 - g0)
+        call = _mincore_holding_gil if g1 - g0 <= HOLD_GIL_PAGES else _libc.mincore
+        if call(addr + g0 * PAGE, (g1 - g0) * PAGE, vaddr) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mincore failed: {os.strerror(err)}")
+        return vec if _MINCORE_CLEAN else vec[:g1 - g0].translate(_LOWBIT)
+
     def resident_pages(self, addr: int, ranges: list[tuple[int, int]]) -> tuple[int, int]:
         """(resident pages, total pages) over `ranges` of the file mapped at `addr`. A page
         shared by two ranges counts once per range. (0, 0) when there is no mapping; a failed
@@ -249,6 +267,11 @@ class ResidencyProbe:
         premise nobody checked)."""
         if not addr:
             return 0, 0
+        if len(ranges) == 1:  # a bundle's span (engine.store): no merging to do
+            off, length = ranges[0]
+            g0, g1 = off // PAGE, -(-(off + length) // PAGE)
+            vec = self._mincore(addr, g0, g1)
+            return vec.count(1, 0, g1 - g0), g1 - g0
         spans = sorted((off // PAGE, -(-(off + length) // PAGE)) for off, length in ranges)
         resident = total = 0
         i = 0
@@ -258,12 +281,7 @@ class ResidencyProbe:
             while j < len(spans) and spans[j][0] - g1 <= MERGE_GAP_PAGES:
                 g1 = max(g1, spans[j][1])
                 j += 1
-            vec, vaddr = self._vector(g1 - g0)
-            if _libc.mincore(addr + g0 * PAGE, (g1 - g0) * PAGE, vaddr) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"mincore failed: {os.strerror(err)}")
-            if not _MINCORE_CLEAN:
-                vec = vec[:g1 - g0].translate(_LOWBIT)
+            vec = self._mincore(addr, g0, g1)
             for p0, p1 in spans[i:j]:
                 resident += vec.count(1, p0 - g0, p1 - g0)
                 total += p1 - p0

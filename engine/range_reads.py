@@ -7,6 +7,7 @@ names the file in errors."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
@@ -37,6 +38,46 @@ def read_buffered(fd: int, off: int, length: int, views: list, size: int,
         done += n
 
 
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+# preadv called holding the GIL (PyDLL): for a copy out of the page cache of a small bundle.
+# os.preadv releases the GIL around every call; a reader taking it back waits while the main
+# thread builds graphs (up to the interpreter's switch interval), far longer than the copy.
+_pylibc = ctypes.PyDLL(None, use_errno=True)
+_preadv_holding_gil = getattr(_pylibc, "preadv", None)
+if _preadv_holding_gil is not None:
+    _preadv_holding_gil.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                    ctypes.c_longlong]
+    _preadv_holding_gil.restype = ctypes.c_ssize_t
+# RWF_NOWAIT's read never waits for the device: it may keep the GIL for any bundle it copies
+_preadv2_holding_gil = getattr(_pylibc, "preadv2", None)
+if _preadv2_holding_gil is not None:
+    _preadv2_holding_gil.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                     ctypes.c_longlong, ctypes.c_int]
+    _preadv2_holding_gil.restype = ctypes.c_ssize_t
+
+
+def iovec_array(views: list) -> object:
+    """`views` (NumPy arrays, in order) as a C iovec array for `read_warm`; None where libc has
+    no preadv. The array points into the views: keep them alive as long as it is used."""
+    if _preadv_holding_gil is None:
+        return None
+    return (_Iovec * len(views))(*[(v.ctypes.data, v.nbytes) for v in views])
+
+
+def read_warm(fd: int, off: int, length: int, views: list, iovecs, size: int) -> None:
+    """`read_buffered` for a range the page cache holds, without releasing the GIL: one
+    `preadv` of the iovec array `iovecs` (the same buffers as `views`). A failed read raises
+    RangeReadError; a short one is finished (or named) by `read_buffered`."""
+    n = _preadv_holding_gil(fd, ctypes.addressof(iovecs), len(iovecs), off)
+    if n < 0:
+        raise RangeReadError(os.strerror(ctypes.get_errno()))
+    if n != length:
+        read_buffered(fd, off, length, views, size, n)
+
+
 def _short(fd: int, at: int, expected: int) -> str:
     """A short read, with the file's size now (not the size it had when opened)."""
     try:
@@ -47,10 +88,19 @@ def _short(fd: int, at: int, expected: int) -> str:
             "truncated?)")
 
 
-def read_nowait(fd: int, off: int, views: list, flag: int) -> int:
+def read_nowait(fd: int, off: int, views: list, flag: int, iovecs=None) -> int:
     """Read what the page cache holds of the range without waiting for the device (`flag`:
     RWF_NOWAIT; Linux 6.18 still starts the refused pages' reads: engine.store). Returns the
-    bytes read: the range's length when all of it was cached."""
+    bytes read: the range's length when all of it was cached. With `iovecs` (the views as a C
+    iovec array) libc's preadv2 does it holding the GIL."""
+    if iovecs is not None and _preadv2_holding_gil is not None:
+        n = _preadv2_holding_gil(fd, ctypes.addressof(iovecs), len(iovecs), off, flag)
+        if n >= 0:
+            return n
+        err = ctypes.get_errno()
+        if err != errno.EAGAIN:
+            raise RangeReadError(os.strerror(err))
+        return 0
     try:
         return os.preadv(fd, views, off, flag)
     except OSError as err:

@@ -39,10 +39,26 @@ class Run:
     buffers: list = field(default_factory=list)  # writable, C-contiguous (NumPy arrays or
     # memoryviews: anything with .nbytes), in file order
     length: int = 0
+    iovecs: object = None  # the buffers as a C iovec array (a ReadTarget's), when built
 
     def add(self, buf) -> None:
         self.buffers.append(buf)
         self.length += buf.nbytes
+
+
+class ReadTarget(dict):
+    """A bundle's destination buffers (tensor name -> writable C-contiguous array) that take
+    many reads: a staged slot's row, a hot-pool row. The store checks them against a layer's
+    slices on the first read and keeps them in file order (`checked`), instead of on every
+    read."""
+
+    __slots__ = ("checked", "iovecs")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # (the layer's (name, slice bytes) in file order, the views in that order)
+        self.checked: tuple[tuple, list] | None = None
+        self.iovecs: object = None  # the views as a C iovec array (engine.range_reads)
 
 
 class _Scratch(threading.local):

@@ -2,8 +2,9 @@
 
 A `ReaderPool` runs `n` daemon threads ("reader-0", ...) that take read jobs from one queue and
 call `ExpertStore.read_bundle` / `read_layer` into PREALLOCATED buffers (slot rows, hot-pool
-rows, whole-layer stacks): `os.preadv` releases the GIL, so reads overlap with `mx.eval` on the
-main thread (machine-notes; allocating a fresh array per read does not overlap).
+rows, whole-layer stacks): a read from the device releases the GIL, so reads overlap with
+`mx.eval` on the main thread (machine-notes; allocating a fresh array per read does not
+overlap); a small bundle's copy out of the page cache keeps it (engine.store).
 
 `submit_*` returns a `Ticket` at once. The main thread calls `wait(tickets)` only for what it
 needs now; the time it is blocked is split over the tickets without overlap (tickets in finish

@@ -10,6 +10,12 @@ writable NumPy views (`np.asarray(mx_array)` is a zero-copy writable view of MLX
   caches only its own pages) or O_DIRECT reads (page-aligned bounce buffer, then one copy per
   buffer; MLX buffers are not page aligned). If the filesystem refuses O_DIRECT the store
   falls back to buffered reads and says why (`direct_fallback`, plus a warning).
+- What a read costs the reading thread, kept small because a reader's Python waits for the
+  GIL while the main thread builds graphs: a ReadTarget (a slot or pool row) is checked once
+  and keeps its views in file order and as a C iovec array; a bundle known to be in the page
+  cache and no larger than INLINE_WARM_BYTES is copied by libc's preadv holding the GIL (a
+  few microseconds; os.preadv lets go of it, and taking it back waits for the main thread);
+  every other read lets go of it while the kernel works.
 - Each load is classed cold (some byte had to come from the disk) or warm (every byte was in the
   page cache). `residency_method` says how:
   - "rwf_nowait" (buffered reads on Linux, where the flag starts no I/O): each run is
@@ -22,8 +28,9 @@ writable NumPy views (`np.asarray(mx_array)` is a zero-copy writable view of MLX
     hand to force it): classed BEFORE reading, with `mincore` on a never-touched PROT_READ
     mapping of the file (an untouched mapping maps no pages, so it neither warms the cache nor
     pins pages against POSIX_FADV_DONTNEED); under O_DIRECT the class says whether the bytes
-    WOULD have been warm. One mincore call covers ranges at most MERGE_GAP_PAGES pages apart, into a
-    per-thread preallocated vector.
+    WOULD have been warm. A bundle's slices touch, so its residency is one mincore call over
+    their span (each page once), holding the GIL (engine.platform); other ranges share a
+    call when at most MERGE_GAP_PAGES pages apart, into a per-thread preallocated vector.
   An O_DIRECT store that falls back to buffered reads mid-run keeps mincore.
   At open, a buffered store checks RWF_NOWAIT (`_nowait_refusal`): each file's cached first
   page must be read, and one uncached page must be refused with no read started (IOCB_NOIO).
@@ -54,6 +61,7 @@ import numpy as np
 
 from contract import eviction
 from contract.errors import BadInput, IOFault
+from contract.thresholds import INLINE_WARM_BYTES
 from engine import platform
 from engine.manifest import LayerEntry, Manifest
 from engine.page_cache_budget import PageCacheBudget
@@ -63,11 +71,13 @@ from engine.range_reads import (
     RangeReadError,
     aligned_span,
     bounce_buffer,
+    iovec_array,
     read_buffered,
     read_direct,
     read_nowait,
+    read_warm,
 )
-from engine.read_plan import IOV_MAX, Run, plan
+from engine.read_plan import IOV_MAX, ReadTarget, Run, plan
 from traces.schema import DEMAND, WHOLE_LAYER, WHOLE_LAYER_EXPERT
 
 LoadCallback = Callable[[dict], None]
@@ -84,6 +94,15 @@ class ResidencyUnknown(IOFault):
 # page: far longer than a page read takes, to allow for a busy disk): it drops the page again
 # once it lands.
 NOWAIT_IO_WAIT_S = 0.1
+
+
+@dataclass(frozen=True)
+class _Bundle:
+    """Where one expert's bundle lies in its layer file (cached: do not modify)."""
+
+    ranges: list[tuple[int, int]]  # (offset, length) of each tensor's slice, in file order
+    spans: list[tuple[int, int]]  # the ranges joined where they touch: one in the bundled layout
+    nbytes: int  # the slices' bytes (the padding between bundles not counted)
 
 
 @dataclass
@@ -124,7 +143,8 @@ class ExpertStore:
                                       cache_policy) if page_cache_budget is not None else None
         self._files: dict[int, _File] = {}
         self.nowait_starts_io: bool | None = None  # None: not probed (_nowait_starts_no_io)
-        self._ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}  # bundle_ranges cache
+        self._bundles: dict[tuple[int, int], _Bundle] = {}  # _bundle's cache
+        self._slices: dict[int, tuple[tuple[str, int], ...]] = {}  # _views' cache
         self.iov_max = IOV_MAX  # iovecs per vectored read (the kernel's limit)
         for layer, entry in manifest.layers.items():
             self._files[layer] = self._open(str(manifest.path(entry.file)))
@@ -271,16 +291,23 @@ class ExpertStore:
                 for n, t in self.manifest.layers[layer].tensors.items()}
 
     def bundle_ranges(self, layer: int, expert: int) -> list[tuple[int, int]]:
-        return list(self._bundle_ranges(layer, expert))
+        return list(self._bundle(layer, expert).ranges)
 
-    def _bundle_ranges(self, layer: int, expert: int) -> list[tuple[int, int]]:
-        """The cached (offset, length) list of a bundle: do not modify it."""
-        ranges = self._ranges.get((layer, expert))
-        if ranges is None:
+    def _bundle(self, layer: int, expert: int) -> _Bundle:
+        """The bundle's ranges and spans, computed once."""
+        bundle = self._bundles.get((layer, expert))
+        if bundle is None:
             entry = self.manifest.layers[layer]
             ranges = [entry.expert_range(n, expert) for n in entry.tensors]
-            self._ranges[(layer, expert)] = ranges
-        return ranges
+            spans: list[tuple[int, int]] = []
+            for off, length in ranges:
+                if spans and spans[-1][0] + spans[-1][1] == off:
+                    spans[-1] = (spans[-1][0], spans[-1][1] + length)
+                else:
+                    spans.append((off, length))
+            bundle = _Bundle(ranges, spans, sum(n for _, n in ranges))
+            self._bundles[(layer, expert)] = bundle
+        return bundle
 
     def layer_ranges(self, layer: int) -> list[tuple[int, int]]:
         """The byte ranges a whole-layer read covers: one per tensor (stacked), or the span of
@@ -305,12 +332,12 @@ class ExpertStore:
 
     def residency(self, layer: int, expert: int) -> float:
         """Fraction of the bundle's pages in the page cache (1.0 = fully warm)."""
-        r, t = self._resident_pages(self._files[layer], self.bundle_ranges(layer, expert))
+        r, t = self._resident_pages(self._files[layer], self._bundle(layer, expert).spans)
         return r / t if t else 0.0
 
     def is_cold(self, layer: int, expert: int) -> bool:
         """True when any page of the bundle would come from the disk."""
-        r, t = self._resident_pages(self._files[layer], self.bundle_ranges(layer, expert))
+        r, t = self._resident_pages(self._files[layer], self._bundle(layer, expert).spans)
         return r < t
 
     def page_cache_bytes(self, layer: int | None = None) -> int:
@@ -369,15 +396,17 @@ class ExpertStore:
         step: int = -1,
     ) -> dict:
         """Read expert `expert` of `layer` into `into` (tensor name -> writable C-contiguous
-        array of exactly that expert's slice size): one vectored read per contiguous run of its
-        slices (one in the bundled layout). Returns the load row (also sent to `on_load` when
-        `emit`). `known_cold`: a `read_bundle_if_warm` found it not cached (the kernel may
-        have started reading it since), so the row says cold."""
-        ranges = self._bundle_ranges(layer, expert)
-        views = self._views(layer, into)
-        runs = self._runs(layer, expert, ranges, views)
-        row = self._load(layer, expert, ranges, runs, source, thread, issued_ns, waited, emit,
-                         cold=True if known_cold else None, step=step)
+        array of exactly that expert's slice size; a ReadTarget when the same buffers take
+        many reads): one vectored read per contiguous run of its slices (one in the bundled
+        layout). Returns the load row (also sent to `on_load` when `emit`). `known_cold`: a
+        `read_bundle_if_warm` found it not cached (the kernel may have started reading it
+        since), so the row says cold."""
+        bundle = self._bundle(layer, expert)
+        views = self._views(layer, expert, into)
+        runs = self._bundle_runs(bundle, views, getattr(into, "iovecs", None))
+        row = self._load(layer, expert, bundle.ranges, runs, source, thread, issued_ns, waited,
+                         emit, cold=True if known_cold else None, step=step,
+                         spans=bundle.spans)
         if self.verify_cold and row["cold"]:
             self._check_crc(layer, expert, views)
         return row
@@ -404,39 +433,65 @@ class ExpertStore:
         the bundle: read it again). Never warm under O_DIRECT. The row is not emitted."""
         if self.direct:
             return None
-        ranges = self._bundle_ranges(layer, expert)
+        bundle = self._bundle(layer, expert)
+        runs = self._bundle_runs(bundle, self._views(layer, expert, into),
+                                 getattr(into, "iovecs", None))
         if self.residency_method == "rwf_nowait":
             started = time.perf_counter_ns()
             f = self._files[layer]
-            for run in self._runs(layer, expert, ranges, self._views(layer, into)):
+            for run in runs:
                 if not self._read_nowait(f, run, layer, expert, finish=False):
                     return None
-            return self._row(layer, expert, ranges, started, issued_ns, source, thread,
+            return self._row(layer, expert, bundle.ranges, started, issued_ns, source, thread,
                              step=step)
         try:
-            r, t = self._resident_pages(self._files[layer], ranges)
+            r, t = self._resident_pages(self._files[layer], bundle.spans)
         except ResidencyUnknown:
             return None  # not known to be warm
         if r < t:
             return None
-        runs = self._runs(layer, expert, ranges, self._views(layer, into))
-        return self._load(layer, expert, ranges, runs, source, thread, issued_ns, False, False,
-                          cold=False, step=step)
+        return self._load(layer, expert, bundle.ranges, runs, source, thread, issued_ns, False,
+                          False, cold=False, step=step)
 
-    def _views(self, layer: int, into: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """`into`'s buffers in the layer file's tensor order (the order of its ranges)."""
-        return [into[n] for n in self.manifest.layers[layer].tensors]
+    def _views(self, layer: int, expert: int, into: Mapping[str, np.ndarray]
+               ) -> list[np.ndarray]:
+        """`into`'s buffers in the layer file's tensor order (the order of its ranges), each
+        checked against its slice; a ReadTarget's only on its first read for the layer."""
+        slices = self._slices.get(layer)
+        if slices is None:  # (tensor name, bytes of one expert's slice), in file order
+            slices = tuple((n, t.nbytes) for n, t in self.manifest.layers[layer].tensors.items())
+            self._slices[layer] = slices
+        checked = into.checked if isinstance(into, ReadTarget) else None
+        if checked is not None and checked[0] == slices:  # layers alike share a target
+            return checked[1]
+        views = [into[n] for n, _ in slices]
+        self._check_buffers(layer, expert, [nbytes for _, nbytes in slices], views)
+        if isinstance(into, ReadTarget):
+            into.checked, into.iovecs = (slices, views), iovec_array(views)
+        return views
 
-    def _runs(self, layer: int, expert: int, ranges: list[tuple[int, int]],
-              views: list[np.ndarray]) -> list[Run]:
-        """The vectored reads of `ranges` into `views` (engine.read_plan), each buffer checked
-        against its range first."""
-        for (_, length), view in zip(ranges, views, strict=True):
+    @staticmethod
+    def _check_buffers(layer: int, expert: int, lengths: list[int],
+                       views: list[np.ndarray]) -> None:
+        """Each buffer must be writable, C-contiguous and exactly its range's length."""
+        for length, view in zip(lengths, views, strict=True):
             flags = view.flags
             if view.nbytes != length or not flags.c_contiguous or not flags.writeable:
                 who = "whole layer" if expert == WHOLE_LAYER_EXPERT else f"expert {expert}"
                 raise ValueError(f"layer {layer} {who}: buffer of {view.nbytes} bytes "
                                  f"(contiguous={flags.c_contiguous}) for a {length}-byte range")
+
+    def _bundle_runs(self, bundle: _Bundle, views: list[np.ndarray],
+                     iovecs: object = None) -> list[Run]:
+        """The vectored reads of a bundle into `views` (checked; `iovecs`: the same as a C
+        array, a ReadTarget's): one run straight into them when its slices touch (the bundled
+        layout), else engine.read_plan's."""
+        if len(bundle.spans) == 1 and len(views) <= self.iov_max:
+            return [Run(bundle.spans[0][0], views, bundle.nbytes, iovecs)]
+        return self._runs(bundle.ranges, views)
+
+    def _runs(self, ranges: list[tuple[int, int]], views: list[np.ndarray]) -> list[Run]:
+        """The vectored reads of `ranges` into `views` (engine.read_plan; checked buffers)."""
         return plan([(off, view) for (off, _), view in zip(ranges, views, strict=True)],
                     iov_max=self.iov_max)
 
@@ -464,7 +519,9 @@ class ExpertStore:
                                for n, t in entry.tensors.items() for e in range(t.shape[0])),
                               key=lambda s: s[0])
         ranges = [(off, length) for off, length, _ in segments]
-        runs = self._runs(layer, WHOLE_LAYER_EXPERT, ranges, [v for _, _, v in segments])
+        views = [v for _, _, v in segments]
+        self._check_buffers(layer, WHOLE_LAYER_EXPERT, [n for _, n in ranges], views)
+        runs = self._runs(ranges, views)
         return self._load(layer, WHOLE_LAYER_EXPERT, self.layer_ranges(layer), runs, source,
                           thread, issued_ns, waited, emit, step=step)
 
@@ -473,9 +530,11 @@ class ExpertStore:
             self.on_load(row)
 
     def _load(self, layer, expert, ranges, runs: list[Run], source, thread, issued_ns, waited,
-              emit, cold: bool | None = None, step: int = -1):
-        """`ranges`: what the load covers (residency, budget, the row); `runs`: its reads.
-        `cold`: already known (checked by the caller), else found out here."""
+              emit, cold: bool | None = None, step: int = -1,
+              spans: list[tuple[int, int]] | None = None):
+        """`ranges`: what the load covers (budget, the row; residency over `spans`, the same
+        bytes joined where they touch, when given); `runs`: its reads. `cold`: already known
+        (checked by the caller), else found out here."""
         f = self._files[layer]
         started = time.perf_counter_ns()
         issued = started if issued_ns is None else issued_ns
@@ -484,7 +543,7 @@ class ExpertStore:
             cold = False  # until a run is not wholly in the page cache
         elif cold is None:
             try:
-                r, t = self._resident_pages(f, ranges)
+                r, t = self._resident_pages(f, ranges if spans is None else spans)
                 cold = r < t
             except ResidencyUnknown:
                 cold = True  # unknown counts cold: like RWF_NOWAIT, over-count, never under
@@ -493,6 +552,8 @@ class ExpertStore:
                 self._read_direct(f, run, layer, expert)
             elif nowait and not cold:
                 cold = not self._read_nowait(f, run, layer, expert)
+            elif cold is False and run.iovecs is not None and run.length <= INLINE_WARM_BYTES:
+                self._read_warm(f, run, layer, expert)  # a short copy: the GIL kept
             else:
                 self._read_buffered(f, run, layer, expert)
         row = self._row(layer, expert, ranges, started, issued, source, thread, cold, waited,
@@ -525,8 +586,10 @@ class ExpertStore:
     def _read_nowait(self, f: _File, run: Run, layer, expert, finish: bool = True) -> bool:
         """Read a run, first with RWF_NOWAIT. True when the page cache held all of it (one
         syscall); otherwise (`finish`) the rest is read blocking and the load is cold."""
+        small = run.iovecs is not None and run.length <= INLINE_WARM_BYTES
         try:
-            n = read_nowait(f.fd, run.offset, run.buffers, self._nowait)
+            n = read_nowait(f.fd, run.offset, run.buffers, self._nowait,
+                            run.iovecs if small else None)
         except RangeReadError as err:
             raise self._fail(f, layer, expert, str(err)) from None
         if n == run.length:
@@ -538,6 +601,12 @@ class ExpertStore:
     def _read_buffered(self, f: _File, run: Run, layer, expert, done: int = 0) -> None:
         try:
             read_buffered(f.fd, run.offset, run.length, run.buffers, f.size, done)
+        except RangeReadError as err:
+            raise self._fail(f, layer, expert, str(err)) from None
+
+    def _read_warm(self, f: _File, run: Run, layer, expert) -> None:
+        try:
+            read_warm(f.fd, run.offset, run.length, run.buffers, run.iovecs, f.size)
         except RangeReadError as err:
             raise self._fail(f, layer, expert, str(err)) from None
 

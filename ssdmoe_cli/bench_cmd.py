@@ -67,6 +67,10 @@ def bench(
         "--before", help="The same model converted otherwise (e.g. ssdmoe convert --layout "
         "stacked): each streaming arm also runs on it as ARM@before, rotated and paired in the "
         "same rounds.")] = None,
+    before_code: Annotated[Path | None, typer.Option(
+        "--before-code", help="Another checkout of ssdmoe (e.g. git worktree add DIR COMMIT): "
+        "each streaming arm also runs its engine as ARM@before (on --before's model when "
+        "given), rotated and paired in the same rounds.")] = None,
     readers: Readers = None,
     cache_policy: CachePolicy = None,
     from_json: Annotated[Path | None, typer.Option(
@@ -122,6 +126,9 @@ def bench(
         if not same:
             raise BadInput(f"--before {before}: not the same model as {model} (model type, "
                            "experts, bundle bytes and config must match)")
+    if before_code is not None and not (before_code / "engine" / "bench" / "arm.py").is_file():
+        raise BadInput(f"--before-code {before_code}: not a checkout of ssdmoe (no "
+                       "engine/bench/arm.py)")
     if readers is not None:
         from contract.engine_config import EngineConfig
 
@@ -163,7 +170,8 @@ def bench(
                      temp=temp, seed=seed, read_mbps=throttle.read_mbps,
                      read_iops=throttle.read_iops, mem_limit=limits.mem_limit, cpus=limits.cpus,
                      cpu_quota=limits.cpu_quota, readers=readers, cache_policy=cache_policy,
-                     before=None if before is None else str(before))
+                     before=None if before is None else str(before),
+                     before_code=None if before_code is None else str(before_code))
     name = Path(model).name + ("" if budget is None else f"-budget{round(100 * budget / total)}")
     name += "" if throttle.read_mbps is None else f"-{throttle.read_mbps:g}mbps"
     name += "" if limits.mem_limit is None else f"-mem{limits.mem_limit >> 20}m"

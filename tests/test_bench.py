@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +147,36 @@ def test_bench_lora_arm_measures_the_adapter(tiny_random_converted, model_copy, 
     assert tokens["staged-prerouter-lora"] != tokens["staged-prerouter"]  # the adapter acts
     r = ssdmoe("bench", str(root), "--arms", "staged-prerouter-lora", "--no-lora")
     assert r.returncode == 2 and "needs an adapter" in r.stderr
+
+
+def test_before_code_runs_another_checkouts_engine(tiny_random_converted, tmp_path, ssdmoe):
+    """--before-code DIR: each streaming arm runs again, as ARM@before, from that checkout in
+    the same rounds (order rotated, paired); the JSON says which code each side ran. A
+    checkout whose worker fails shows it ran there: the failure names the @before arm. A
+    directory that is not a checkout is one line."""
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "b.json"
+    r = ssdmoe("bench", str(tiny_random_converted), "--arms", "resident,staged", "--rounds",
+               "2", "--max-tokens", "3", "--num-prompts", "1", "--before-code", str(repo),
+               "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["order"] == [["resident", "staged", "staged@before"],
+                            ["staged", "staged@before", "resident"]]
+    assert res["before_code"]["path"] == str(repo) == res["code"]["path"]
+    assert res["tokens_identical"] is True  # the same engine on both sides here
+    assert res["summary"]["staged"]["over_before_paired"] > 0
+    fake = tmp_path / "fake"
+    (fake / "engine" / "bench").mkdir(parents=True)
+    (fake / "engine" / "__init__.py").write_text("")
+    (fake / "engine" / "bench" / "__init__.py").write_text("")
+    (fake / "engine" / "bench" / "arm.py").write_text(
+        "import sys\nsys.exit('the fake checkout ran')\n")
+    r = ssdmoe("bench", str(tiny_random_converted), "--arms", "staged", "--rounds", "1",
+               "--max-tokens", "3", "--num-prompts", "1", "--before-code", str(fake),
+               "--json", str(tmp_path / "c.json"))
+    assert r.returncode == 2
+    assert "bench arm staged@before: worker failed (the fake checkout ran)" in r.stderr
+    r = ssdmoe("bench", str(tiny_random_converted), "--before-code", str(tmp_path))
+    assert r.returncode == 2 and "not a checkout of ssdmoe" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

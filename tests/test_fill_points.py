@@ -339,3 +339,28 @@ def test_a_blocking_async_eval_shows_as_eval_not_build(staged, monkeypatch):
     evals = np.median([r["eval_ns"] for r in blocked]) - np.median([r["eval_ns"] for r in plain])
     assert evals >= 0.8 * added
     assert build < 0.2 * added
+
+
+def test_the_predicted_ids_come_to_the_host_in_one_sync(monkeypatch):
+    """begin() brings the ids of every wait-only point (a prerouter's predictions) to the host
+    with one evaluation before their starts run: each sync is a round trip to the compute
+    thread, so five layers' ids fetched one by one cost five. The routed head's walk is
+    queued first, and the starts then find their ids on the host."""
+    import engine.fill_points as fp
+
+    evals: list[list] = []
+    real_eval = fp.mx.eval
+    monkeypatch.setattr(fp.mx, "eval", lambda arrays: (evals.append(arrays), real_eval(arrays)))
+    monkeypatch.setattr(fp.mx, "async_eval", lambda *_a: None)
+    fills = fp.FillPoints()
+    routed = mx.array([0])
+    predicted = [mx.array([n]) + 0 for n in (1, 2, 3)]  # lazy, as a step's side outputs are
+    started: list[bool] = []
+    with fills.collecting():
+        fills.defer(fp.FillPoint(lambda _i: None), routed)
+        for inds in predicted:
+            fills.defer(fp.FillPoint(lambda _i: None, wait_only=True,
+                                     start=lambda i: started.append(bool(evals))), inds)
+    fills.begin(fills.take(), mx.array([9.0]))
+    assert len(evals) == 1 and [id(a) for a in evals[0]] == [id(a) for a in predicted]
+    assert started == [True, True, True]  # every start ran after the one sync

@@ -4,6 +4,7 @@ request with an error naming layer, expert and file, and the next request works.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import threading
@@ -22,7 +23,8 @@ PROMPT = "import os\nimport sys\n\ndef main(argv):"
 
 
 class Fault:
-    """os.preadv that fails with EIO on the first read of one file once armed."""
+    """os.preadv (and libc's preadv, the store's copy of a small warm bundle holding the GIL)
+    that fails with EIO on the first read of one file once armed."""
 
     def __init__(self, monkeypatch, path: Path):
         self.ino = os.stat(path).st_ino
@@ -42,6 +44,21 @@ class Fault:
             return real(fd, buffers, offset, *args)
 
         monkeypatch.setattr(os, "preadv", preadv)
+        from engine import range_reads
+
+        libc = range_reads._preadv_holding_gil
+
+        def libc_preadv(fd, iov, n, offset):
+            if self.armed and os.fstat(fd).st_ino == self.ino:
+                with lock:
+                    fire, self.armed = self.armed, False
+                    self.fired += fire
+                if fire:
+                    ctypes.set_errno(errno.EIO)
+                    return -1
+            return libc(fd, iov, n, offset)
+
+        monkeypatch.setattr(range_reads, "_preadv_holding_gil", libc_preadv)
 
 
 @pytest.mark.parametrize("preset,phase", [

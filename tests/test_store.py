@@ -251,7 +251,8 @@ def test_a_failed_mincore_is_unknown_never_cold_or_warm(store, monkeypatch):
         ctypes.set_errno(errno.ENOMEM)
         return -1
 
-    monkeypatch.setattr(platform._libc, "mincore", failing_mincore)
+    monkeypatch.setattr(platform._libc, "mincore", failing_mincore)  # whole files
+    monkeypatch.setattr(platform, "_mincore_holding_gil", failing_mincore)  # bundles
     with pytest.raises(ResidencyUnknown, match=store.manifest.layers[layer].file):
         store.residency(layer, 2)
     with pytest.raises(ResidencyUnknown):

@@ -195,3 +195,167 @@ def test_the_budget_charges_the_pages_a_bundle_touches_once():
     assert page_extents([(4096, 3000), (7096, 2000), (9096, 100)], 4096) == [(4096, 8192)]
     # the stacked layout's: far apart, each rounded out on its own
     assert page_extents([(100, 10), (8192, 5000)], 4096) == [(0, 4096), (8192, 8192)]
+
+
+# ---------------------------------------------------------------- what a read costs the reader
+
+
+def test_a_read_target_is_checked_once_and_reads_the_same_bytes(tiny_random_converted):
+    """A ReadTarget (a slot or pool row: the same buffers for many reads) is checked against
+    the layer's slices on its first read and kept in file order; later reads into it skip the
+    check and read the same bytes as a plain mapping. A bad buffer is still named on the
+    first read, and the target is then not taken as checked."""
+    m = read_manifest(tiny_random_converted)
+    layer = m.moe_layers[0]
+    ref = stacked_reference(tiny_random_converted / m.layers[layer].file)
+    with ExpertStore(m) as s:
+        target = read_plan.ReadTarget(_buffers(s, layer))
+        assert target.checked is None
+        for e in (0, 5, m.num_experts - 1):
+            s.read_bundle(layer, e, target)
+            assert target.checked is not None
+            assert [v is target[n] for n, v in zip(m.layers[layer].tensors,
+                                                   target.checked[1], strict=True)] == \
+                [True] * len(target)
+            for n, v in target.items():
+                assert np.array_equal(v, ref[n][e]), (e, n)
+        other = m.moe_layers[1]  # the same slices: the same target reads that layer too
+        s.read_bundle(other, 2, target)
+        ref2 = stacked_reference(tiny_random_converted / m.layers[other].file)
+        assert all(np.array_equal(v, ref2[n][2]) for n, v in target.items())
+        bad = read_plan.ReadTarget(_buffers(s, layer))
+        name = next(iter(bad))
+        bad[name] = np.zeros(bad[name].size + 1, bad[name].dtype)
+        with pytest.raises(ValueError, match=f"layer {layer} expert 3: buffer of"):
+            s.read_bundle(layer, 3, bad)
+        assert bad.checked is None
+
+
+def test_a_warm_small_bundle_is_copied_holding_the_gil(tiny_random_converted, monkeypatch):
+    """A bundle the page cache holds, read into a ReadTarget, is one preadv called through
+    libc without letting go of the GIL (a copy of a few microseconds; a reader that let go
+    would wait for the main thread to hand it back); a cold one, or one into a plain mapping,
+    goes through os.preadv, which lets go while the device works. Same bytes either way."""
+    import ctypes
+
+    from engine import range_reads
+
+    assert isinstance(range_reads._pylibc, ctypes.PyDLL)  # PyDLL: the GIL is kept
+    calls: list[int] = []
+    real = os.preadv
+
+    def counting(fd, buffers, offset, *flags):
+        calls.append(offset)
+        return real(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(range_reads.os, "preadv", counting)
+    m = read_manifest(tiny_random_converted)
+    layer = m.moe_layers[1]
+    ref = stacked_reference(tiny_random_converted / m.layers[layer].file)
+    with ExpertStore(m) as s:
+        s.residency_method = "mincore"  # classed before reading: no RWF_NOWAIT try
+        target = read_plan.ReadTarget(_buffers(s, layer))
+        s.drop_until_cold(layer, settle_s=0.01)
+        if s.page_cache_bytes(layer) != 0:
+            pytest.skip("the page cache kept the file's pages")
+        calls.clear()  # the open-time RWF_NOWAIT probe's
+        assert s.read_bundle(layer, 7, target)["cold"] is True
+        assert len(calls) == 1  # cold: os.preadv, the GIL let go
+        assert s.read_bundle(layer, 7, target)["cold"] is False
+        assert len(calls) == 1  # warm: libc's preadv, the GIL kept
+        assert all(np.array_equal(v, ref[n][7]) for n, v in target.items())
+        plain = _buffers(s, layer)
+        s.read_bundle(layer, 7, plain)
+        assert len(calls) == 2  # no iovec array to hand libc: os.preadv
+        assert all(np.array_equal(v, ref[n][7]) for n, v in plain.items())
+
+
+def test_an_rwf_nowait_copy_of_a_small_bundle_keeps_the_gil(tiny_random_converted,
+                                                           monkeypatch):
+    """Where RWF_NOWAIT classes loads, its try (which never waits for the device) is libc's
+    preadv2 holding the GIL for a small bundle into a ReadTarget: a warm load makes no
+    os.preadv call; a cold one is refused there and finished by os.preadv, letting go of the
+    GIL while the device works. Same bytes either way."""
+    from engine import range_reads
+
+    if range_reads._preadv2_holding_gil is None:
+        pytest.skip("libc has no preadv2")
+    calls: list[int] = []
+    real = os.preadv
+
+    def counting(fd, buffers, offset, *flags):
+        calls.append(offset)
+        return real(fd, buffers, offset, *flags)
+
+    m = read_manifest(tiny_random_converted)
+    layer = m.moe_layers[2]
+    ref = stacked_reference(tiny_random_converted / m.layers[layer].file)
+    with ExpertStore(m) as s:
+        if s._nowait is None:
+            pytest.skip("no RWF_NOWAIT on this platform")
+        s.residency_method = "rwf_nowait"  # forced: this kernel's probe may refuse it
+        target = read_plan.ReadTarget(_buffers(s, layer))
+        s.drop_until_cold(layer, settle_s=0.01)
+        if s.page_cache_bytes(layer) != 0:
+            pytest.skip("the page cache kept the file's pages")
+        monkeypatch.setattr(range_reads.os, "preadv", counting)
+        assert s.read_bundle(layer, 4, target)["cold"] is True
+        assert len(calls) == 1  # refused without waiting, then os.preadv: the GIL let go
+        assert all(np.array_equal(v, ref[n][4]) for n, v in target.items())
+        for v in target.values():
+            v[...] = 0
+        assert s.read_bundle(layer, 4, target)["cold"] is False
+        assert len(calls) == 1  # warm: libc's preadv2, the GIL kept
+        assert all(np.array_equal(v, ref[n][4]) for n, v in target.items())
+
+
+def test_read_warm_finishes_a_short_read_through_the_checked_path(tmp_path):
+    """read_warm is one libc preadv into an iovec array; where it comes back short (the file
+    is shorter than the range) read_buffered finishes it, and names the short read; a failed
+    one raises its error (not retried as if it were short)."""
+    from engine import range_reads
+
+    data = np.arange(300, dtype=np.uint8)
+    f = tmp_path / "f.bin"
+    f.write_bytes(data.tobytes())
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        views = [np.zeros(40, np.uint8), np.zeros(60, np.uint8)]
+        range_reads.read_warm(fd, 100, 100, views, range_reads.iovec_array(views), 300)
+        assert bytes(views[0]) == bytes(data[100:140]) and bytes(views[1]) == bytes(data[140:200])
+        views = [np.zeros(50, np.uint8), np.zeros(50, np.uint8)]
+        with pytest.raises(range_reads.RangeReadError, match="short read at byte 300"):
+            range_reads.read_warm(fd, 250, 100, views, range_reads.iovec_array(views), 400)
+        assert bytes(views[0]) == bytes(data[250:300])  # what there was, in place
+        with pytest.raises(range_reads.RangeReadError, match="Bad file descriptor"):
+            range_reads.read_warm(-1, 0, 100, views, range_reads.iovec_array(views), 300)
+    finally:
+        os.close(fd)
+
+
+def test_residency_of_one_span_counts_each_page_once(tmp_path):
+    """A bundle's residency is one mincore over its span (its slices joined): pages that two
+    slices share count once. Pages 2 and 5 of an 8-page file read into the cache: the span
+    of pages 1-5 holds 2 of its 5 pages; as the old per-slice ranges, page 2 (shared by two
+    slices) counted twice."""
+    from engine.platform import PAGE, ResidencyProbe, map_for_residency, unmap
+
+    f = tmp_path / "f.bin"
+    f.write_bytes(bytes(8 * PAGE))
+    fd = os.open(f, os.O_RDONLY)
+    addr = map_for_residency(fd, 8 * PAGE)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        probe = ResidencyProbe()
+        if probe.resident_pages(addr, [(0, 8 * PAGE)])[0]:
+            pytest.skip("the page cache kept the fresh file's pages")
+        os.pread(fd, 1, 2 * PAGE)
+        os.pread(fd, 1, 5 * PAGE)
+        assert probe.resident_pages(addr, [(0, 8 * PAGE)]) == (2, 8)
+        assert probe.resident_pages(addr, [(PAGE + 10, 5 * PAGE - 20)]) == (2, 5)
+        slices = [(PAGE + 10, PAGE + 100), (2 * PAGE + 110, 4 * PAGE - 130)]  # that span
+        assert probe.resident_pages(addr, slices) == (3, 6)  # page 2 in both ranges
+    finally:
+        unmap(addr, 8 * PAGE)
+        os.close(fd)

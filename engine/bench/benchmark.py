@@ -42,6 +42,11 @@ routing is realistic; greedy decoding of the tiny fixtures loops and every cache
 kernel's block-I/O read throttle (engine.throttle), and the bound's bandwidth is the throttle's
 rate where that is lower than the disk's.
 
+`--before DIR` runs every streaming arm again on the same model converted otherwise, and
+`--before-code DIR` from another checkout of this project (an earlier engine, e.g. `git
+worktree add DIR COMMIT`), as ARM@before, in the same rounds: both sides of a change measured
+in one run and paired round by round.
+
 Warm: the parent reads every expert file before each streaming arm (page cache warm).
 With a page-cache budget: the streaming arm's store drops the expert files' pages when it
 opens and keeps them within the budget; after warm-up it drops them again, so every arm's
@@ -71,7 +76,9 @@ STREAMING = {"on-demand": "on-demand", "hot": "hot", "staged": "staged",
              "staged-oracle": "staged", "staged-layer": "staged", "staged-prerouter": "staged",
              "staged-prerouter-lora": "staged"}
 PROMPTS = Path(__file__).resolve().parents[2] / "traces" / "prompts" / "default.jsonl"
-BEFORE = "@before"  # suffix of an arm run on BenchSpec.before (the same model converted otherwise)
+# suffix of an arm run on BenchSpec.before (the same model converted otherwise) and/or by
+# BenchSpec.before_code (another checkout's engine)
+BEFORE = "@before"
 
 
 def base_arm(arm: str) -> str:
@@ -79,8 +86,10 @@ def base_arm(arm: str) -> str:
 
 
 def all_arms(spec: BenchSpec) -> list[str]:
-    """The arms a run times: the given ones, then with `before` each streaming one again on it."""
-    extra = [a + BEFORE for a in spec.arms if a in STREAMING] if spec.before else []
+    """The arms a run times: the given ones, then with `before` or `before_code` each
+    streaming one again on that model or with that engine."""
+    extra = [a + BEFORE for a in spec.arms if a in STREAMING] \
+        if spec.before or spec.before_code else []
     return list(spec.arms) + extra
 
 
@@ -109,6 +118,8 @@ class BenchSpec:
     # the same model converted otherwise (e.g. `convert --layout stacked`): every streaming
     # arm also runs on it, as ARM@before, in the same rounds, and is paired with ARM
     before: str | None = None
+    # another checkout of this project: ARM@before runs its engine (with `before`, on that model)
+    before_code: str | None = None
 
 
 # ---------------------------------------------------------------- helpers (no MLX)
@@ -322,8 +333,8 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
                 # worker starts its emulated machine cold and warms within the limit)
                 if base_arm(arm) in STREAMING and spec.page_cache_budget is None \
                         and spec.mem_limit is None:
-                    warm_files(expert_files(Path(spec.before)) if arm.endswith(BEFORE)
-                               else files)
+                    warm_files(expert_files(Path(spec.before))
+                               if arm.endswith(BEFORE) and spec.before else files)
                 result = _spawn(arm, spec, Path(tmp))
                 runs[arm].append(result)
                 if not result.get("killed"):
@@ -343,7 +354,9 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
         "model": str(model), "manifest_sha256": sha256_file(model / MANIFEST_FILE),
         "arms": arms, "rounds": spec.rounds, "before": spec.before,
         "before_manifest_sha256": sha256_file(Path(spec.before) / MANIFEST_FILE)
-        if spec.before else None, "readers": spec.readers,
+        if spec.before else None,
+        "before_code": None if spec.before_code is None else checkout(spec.before_code),
+        "code": checkout(str(Path(__file__).resolve().parents[2])), "readers": spec.readers,
         "cache_policy": spec.cache_policy or "lru",
         "max_tokens": spec.max_tokens, "prompts": spec.prompts,
         "page_cache_budget": spec.page_cache_budget, "expert_bytes": expert_bytes(model),
@@ -381,23 +394,50 @@ def lora_cost(summary: dict[str, dict]) -> dict | None:
             "load_s": a.get("lora_load_s"), "bytes": a.get("lora_bytes")}
 
 
+def checkout(path: str) -> dict:
+    """Where a checkout's code stands: its path, git commit and whether files differ from it
+    (commit None where git cannot say)."""
+    def git(*args: str) -> str | None:
+        try:
+            p = subprocess.run(["git", "-C", path, *args], capture_output=True, text=True,
+                               timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return p.stdout.strip() if p.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"path": str(Path(path).resolve()), "commit": git("rev-parse", "HEAD"),
+            "modified": None if status is None else bool(status)}
+
+
 def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
     from contract.errors import BadInput
 
     spec_file, out_file = tmp / f"{arm}.spec.json", tmp / f"{arm}.out.json"
     out_file.unlink(missing_ok=True)
-    model = spec.before if arm.endswith(BEFORE) else spec.model
+    before = arm.endswith(BEFORE)
+    model = spec.before if before and spec.before else spec.model
+
+    def absolute(path: str | None) -> str | None:  # the worker may run in another checkout
+        return None if path is None else str(Path(path).resolve())
+
     spec_file.write_text(json.dumps({
-        "arm": base_arm(arm), "model": model, "prompts": spec.prompts,
+        "arm": base_arm(arm), "model": absolute(model), "prompts": spec.prompts,
         "max_tokens": spec.max_tokens, "readers": spec.readers,
         "cache_policy": spec.cache_policy,
         "page_cache_budget": spec.page_cache_budget, "warmup_tokens": spec.warmup_tokens,
         "temp": spec.temp, "seed": spec.seed, "limits": limits_of(spec).to_dict(),
-        "prerouter": spec.prerouter or str(Path(spec.model) / "prerouter"),
-        "lora": spec.lora}))
+        "prerouter": absolute(spec.prerouter or str(Path(spec.model) / "prerouter")),
+        "lora": absolute(spec.lora)}))
     cmd = [sys.executable, "-m", "engine.bench.arm", str(spec_file), str(out_file)]
+    cwd, env = None, None
+    if before and spec.before_code:  # the other checkout's engine, this environment
+        cwd = spec.before_code
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [cwd, *filter(None, [os.environ.get("PYTHONPATH")])])}
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=spec.timeout_s)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=spec.timeout_s,
+                           cwd=cwd, env=env)
     except subprocess.TimeoutExpired:
         raise BadInput(f"bench arm {arm}: timed out after {spec.timeout_s} s") from None
     if p.returncode < 0 and spec.mem_limit is not None:

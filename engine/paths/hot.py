@@ -24,7 +24,7 @@ from contract import eviction
 from contract.errors import BadInput
 from engine.fill_points import FillPoint, FillPoints
 from engine.paths.exact import ExactPath
-from engine.paths.kernel import ExpertPath, Quant, alloc_stack, row_views, switch_glu
+from engine.paths.kernel import ExpertPath, Quant, alloc_stack, row_targets, switch_glu
 from engine.paths.stats import PathStats, host_routed
 from engine.readers import ReaderPool
 from engine.store import ExpertStore
@@ -55,7 +55,7 @@ class HotPool:
         # rows 0..rows-1, then the zero row `rows` that experts not in the pool map to
         self.arrays, self.views = alloc_stack(store.expert_shapes(m.moe_layers[0]),
                                               self.rows + 1)
-        self.targets = [row_views(self.views, r) for r in range(self.rows)]  # read targets
+        self.targets = row_targets(self.views, self.rows)
         self.row_of: dict[tuple[int, int], int] = {}  # (layer, expert) -> row
         self.policy = eviction.make(policy)  # over the (layer, expert) keys of row_of
         self.free = list(range(self.rows - 1, -1, -1))

@@ -22,6 +22,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.activations import swiglu, swiglu_oai
 
+from engine.read_plan import ReadTarget
+
 MX_DTYPES = {"uint32": mx.uint32, "uint8": mx.uint8, "float32": mx.float32,
              "float16": mx.float16, "bfloat16": mx.bfloat16}
 ACTIVATIONS = {"swiglu": swiglu, "swiglu_oai": swiglu_oai}  # act(gate, up)
@@ -133,3 +135,9 @@ def _writable_view(a: mx.array) -> np.ndarray:
 def row_views(views: dict[str, np.ndarray], row: int) -> dict[str, np.ndarray]:
     """The per-expert views of stack row `row` (what `read_bundle` takes as `into`)."""
     return {n: v[row] for n, v in views.items()}
+
+
+def row_targets(views: dict[str, np.ndarray], rows: int) -> list[ReadTarget]:
+    """Rows 0..rows-1 of a stack as read targets: rows that take many reads (slots, a pool),
+    checked by the store once (engine.read_plan.ReadTarget)."""
+    return [ReadTarget(row_views(views, r)) for r in range(rows)]

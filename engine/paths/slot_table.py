@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from contract import eviction
-from engine.paths.kernel import alloc_stack, row_views
+from engine.paths.kernel import alloc_stack, row_targets
 from engine.paths.stats import PathStats
 from engine.readers import ReaderPool, Ticket
 from engine.store import ExpertStore
@@ -38,7 +38,7 @@ class SlotTable:
         self.table = mx.full((m.num_experts,), self.sentinel, dtype=mx.uint32)
         mx.eval(self.table)
         self.table_np = np.asarray(self.table)  # zero-copy: host writes land in MLX memory
-        self.rows = [row_views(self.views, s) for s in range(self.slots)]  # read targets
+        self.rows = row_targets(self.views, self.slots)
         # Host bookkeeping in plain lists: K is small, numpy per-call overhead is not.
         self.expert_in = [-1] * self.slots  # slot -> expert (-1 empty)
         self.ticket_of: dict[int, Ticket] = {}  # slot -> fill in flight / not yet waited

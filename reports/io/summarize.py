@@ -1,10 +1,14 @@
 """reports/io: the before/after table of one read per expert, from the `ssdmoe bench` JSONs that
 reports/io/run.sh writes (each holds both layouts, paired within rounds), with the issue's
 targets checked. Writes reports/io/io.json and the tables of reports/io/README.md (between its
-markers). Usage: uv run python reports/io/summarize.py"""
+markers). The same for another folder of such JSONs (`DIR`, e.g. reports/io/reader-costs,
+whose ARM@before is an earlier engine: `ssdmoe bench --before-code`), with the device latency
+of the machine they ran on (`--hardware`, a hardware profile).
+Usage: uv run python reports/io/summarize.py [DIR] [--hardware TOML]"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -26,10 +30,10 @@ def _f(v, fmt: str = ".2f") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:{fmt}}"
 
 
-def load_runs() -> list[tuple[str, str, dict]]:
-    """(model, regime, bench result) of each MODEL-REGIME.json here."""
+def load_runs(folder: Path = HERE) -> list[tuple[str, str, dict]]:
+    """(model, regime, bench result) of each MODEL-REGIME.json in `folder`."""
     runs = []
-    for path in sorted(HERE.glob("*.json")):
+    for path in sorted(folder.glob("*.json")):
         regime = next((r for r in sorted(REGIMES, key=len, reverse=True)
                        if path.stem.endswith("-" + r)), None)
         if regime is None:
@@ -117,19 +121,28 @@ def targets(rows: list[dict]) -> list[str]:
 
 
 def main() -> None:
-    latency = tomllib.loads(HARDWARE.read_text())["ssd_latency_ms"]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", nargs="?", type=Path, default=HERE)
+    ap.add_argument("--hardware", type=Path, default=HARDWARE,
+                    help="the hardware profile whose ssd_latency_ms the cold-load target uses")
+    args = ap.parse_args()
+    folder, hardware = args.folder.resolve(), args.hardware.resolve()
+    for path in (folder, hardware):
+        if not path.exists():
+            sys.exit(f"reports/io: {path}: no such file or folder")
+    latency = tomllib.loads(hardware.read_text())["ssd_latency_ms"]
     rows = [row(model, regime, arm, result, latency)
-            for model, regime, result in load_runs()
+            for model, regime, result in load_runs(folder)
             for arm in ARMS if arm in result["summary"]]
     order = {k: i for i, k in enumerate(REGIMES)}
     rows.sort(key=lambda r: (r["model"], order.get(r["regime"], 9), ARMS.index(r["arm"])))
     if not rows:
-        sys.exit("reports/io: no bench JSONs (run reports/io/run.sh first)")
-    (HERE / "io.json").write_text(json.dumps({"latency_ms": latency, "latency_source":
-                                              str(HARDWARE.relative_to(ROOT)), "rows": rows},
-                                             indent=1) + "\n")
+        sys.exit(f"reports/io: no bench JSONs in {folder} (run its run.sh first)")
+    source = str(hardware.relative_to(ROOT)) if hardware.is_relative_to(ROOT) else str(hardware)
+    (folder / "io.json").write_text(json.dumps({"latency_ms": latency, "latency_source": source,
+                                                "rows": rows}, indent=1) + "\n")
     text = tables(rows) + "\n\nTargets:\n" + "\n".join(targets(rows)) + "\n"
-    readme = HERE / "README.md"
+    readme = folder / "README.md"
     body = readme.read_text() if readme.is_file() else f"# reports/io\n\n{BEGIN}\n{END}\n"
     head, _, rest = body.partition(BEGIN)
     _, _, tail = rest.partition(END)
