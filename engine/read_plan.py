@@ -60,6 +60,11 @@ class ReadTarget(dict):
         self.checked: tuple[tuple, list] | None = None
         self.iovecs: object = None  # the views as a C iovec array (engine.range_reads)
 
+    def __setitem__(self, name: str, buffer) -> None:
+        """A buffer replaced: checked again on the next read."""
+        super().__setitem__(name, buffer)
+        self.checked = self.iovecs = None
+
 
 class _Scratch(threading.local):
     """Per-thread throwaway buffer for the gaps a run reads through."""

@@ -223,9 +223,10 @@ def test_a_read_target_is_checked_once_and_reads_the_same_bytes(tiny_random_conv
         s.read_bundle(other, 2, target)
         ref2 = stacked_reference(tiny_random_converted / m.layers[other].file)
         assert all(np.array_equal(v, ref2[n][2]) for n, v in target.items())
-        bad = read_plan.ReadTarget(_buffers(s, layer))
+        bad = target  # checked: replacing a buffer makes it checked again
         name = next(iter(bad))
         bad[name] = np.zeros(bad[name].size + 1, bad[name].dtype)
+        assert bad.checked is None and bad.iovecs is None
         with pytest.raises(ValueError, match=f"layer {layer} expert 3: buffer of"):
             s.read_bundle(layer, 3, bad)
         assert bad.checked is None
