@@ -61,7 +61,8 @@ class ReadTarget(dict):
         self.iovecs: object = None  # the views as a C iovec array (engine.range_reads)
 
     def __setitem__(self, name: str, buffer) -> None:
-        """A buffer replaced: checked again on the next read."""
+        """A buffer replaced (by item assignment; `update` bypasses this): checked again on
+        the next read."""
         super().__setitem__(name, buffer)
         self.checked = self.iovecs = None
 
