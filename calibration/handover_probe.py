@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.child_env import importing
+
 PIECES = 6  # hand-overs a step: about one per MoE layer of a small model
 LINKS = 40  # links a piece, y = tanh(y * a + b): past MLX's bound of 10 tasks in flight
 STEPS = 400
@@ -94,11 +96,9 @@ def _arm(one_core: bool, links: int, steps: int) -> dict[str, float]:
             "    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
             "from calibration.handover_probe import step_figures\n"
             "print(json.dumps(step_figures(int(sys.argv[2]), int(sys.argv[3]))))\n")
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(root), os.environ.get("PYTHONPATH", "")]))}
     out = subprocess.run([sys.executable, "-c", code, "one" if one_core else "all", str(links),
-                          str(steps)], check=True, capture_output=True, text=True, env=env)
+                          str(steps)], check=True, capture_output=True, text=True,
+                         env=importing(Path(__file__).resolve().parents[1]))
     return json.loads(out.stdout.splitlines()[-1])
 
 

@@ -96,6 +96,13 @@ class ResidencyUnknown(IOFault):
 NOWAIT_IO_WAIT_S = 0.1
 
 
+def _copy_keeps_gil(run: Run) -> bool:
+    """A copy out of the page cache that keeps the GIL: into a ReadTarget's iovecs, no longer
+    than INLINE_WARM_BYTES (a few microseconds; letting go of the GIL and taking it back
+    would wait for the main thread)."""
+    return run.iovecs is not None and run.length <= INLINE_WARM_BYTES
+
+
 @dataclass(frozen=True)
 class _Bundle:
     """Where one expert's bundle lies in its layer file (cached: do not modify)."""
@@ -552,8 +559,8 @@ class ExpertStore:
                 self._read_direct(f, run, layer, expert)
             elif nowait and not cold:
                 cold = not self._read_nowait(f, run, layer, expert)
-            elif cold is False and run.iovecs is not None and run.length <= INLINE_WARM_BYTES:
-                self._read_warm(f, run, layer, expert)  # a short copy: the GIL kept
+            elif cold is False and _copy_keeps_gil(run):
+                self._read_warm(f, run, layer, expert)
             else:
                 self._read_buffered(f, run, layer, expert)
         row = self._row(layer, expert, ranges, started, issued, source, thread, cold, waited,
@@ -586,10 +593,9 @@ class ExpertStore:
     def _read_nowait(self, f: _File, run: Run, layer, expert, finish: bool = True) -> bool:
         """Read a run, first with RWF_NOWAIT. True when the page cache held all of it (one
         syscall); otherwise (`finish`) the rest is read blocking and the load is cold."""
-        small = run.iovecs is not None and run.length <= INLINE_WARM_BYTES
         try:
             n = read_nowait(f.fd, run.offset, run.buffers, self._nowait,
-                            run.iovecs if small else None)
+                            run.iovecs if _copy_keeps_gil(run) else None)
         except RangeReadError as err:
             raise self._fail(f, layer, expert, str(err)) from None
         if n == run.length:

@@ -65,6 +65,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.child_env import importing
 from traces.regime import DECODE_SEED, DECODE_TEMP, decode_routing
 
 ARMS = ("resident", "engine-resident", "resident-sync", "on-demand", "hot", "staged",
@@ -432,9 +433,7 @@ def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
     cmd = [sys.executable, "-m", "engine.bench.arm", str(spec_file), str(out_file)]
     cwd, env = None, None
     if before and spec.before_code:  # the other checkout's engine, this environment
-        cwd = spec.before_code
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [cwd, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        cwd, env = spec.before_code, importing(spec.before_code)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=spec.timeout_s,
                            cwd=cwd, env=env)

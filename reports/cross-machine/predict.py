@@ -95,6 +95,11 @@ def held_out_errors(validation: Path, scenario: Path) -> dict[str, float]:
             comp = compare(read_trace(REPO / result["trace"]), scenario=str(scenario))
             errs.append(ape(result["measured"]["decode_tok_s"],
                             comp.simulated["decode_tok_s"]))
+    return error_summary(errs)
+
+
+def error_summary(errs: list[float]) -> dict[str, float]:
+    """Median and p90 of absolute errors (%), and how many."""
     return {"median_ape_pct": statistics.median(errs),
             "p90_ape_pct": float(np.percentile(errs, 90)), "n": len(errs)}
 
@@ -165,8 +170,7 @@ def main() -> None:
         summary[v] = {}
         for k in METRICS:
             errs = [e for r in rows if (e := ape(r["measured"][k], r[v][k])) is not None]
-            summary[v][k] = {"median_ape_pct": statistics.median(errs),
-                             "p90_ape_pct": float(np.percentile(errs, 90)), "n": len(errs)}
+            summary[v][k] = error_summary(errs)
     doc = {"machine_a": A_HARDWARE, "machine_b": str(B.relative_to(REPO)),
            "variants": VARIANTS, "summary": summary, "rows": rows,
            "calibrate_only_exact_start": starts}
