@@ -63,6 +63,7 @@ import numpy as np
 from calibration import handover_probe
 from calibration.bundle_views import one_row_views
 from calibration.profile_values import ComputeResult, cost
+from calibration.zero_fill_probe import zero_fill_curve
 from contract.errors import IOFault
 from engine.paths.exact import ExactPath
 from engine.paths.kernel import ExpertPath, alloc_stack, switch_glu
@@ -304,32 +305,6 @@ def gil_handoff_times(reps: int = 300, busy_ms: tuple[float, ...] = (0.5, 1.0),
         if j < len(stamps):
             out.append((stamps[j] - rel) / 1e6)
     return out
-
-
-FILL_SPAN = 16 << 20  # bytes between zero_fill_times' two stack sizes
-
-
-def zero_fill_times(converted: Path, rows: tuple[int, int] = (4, 64), reps: int = 30
-                    ) -> tuple[float, float]:
-    """Median ms of engine.paths.kernel.alloc_stack (the exact path's fresh zeroed stack,
-    evaluated) for the model's first MoE layer at `rows` experts, the two sizes alternated, the
-    last few stacks kept alive as a decode step's graph keeps them: the slope between them is
-    the fill's time per byte."""
-    from engine.loader import open_manifest
-    from engine.paths.kernel import alloc_stack
-
-    manifest = open_manifest(converted, verify=False)
-    with ExpertStore(manifest) as store:
-        shapes = store.expert_shapes(manifest.moe_layers[0])
-    times: dict[int, list[float]] = {r: [] for r in rows}
-    alive: list[Any] = []
-    for i in range(reps * len(rows)):
-        r = rows[i % len(rows)]
-        t0 = time.perf_counter_ns()
-        arrays, _ = alloc_stack(shapes, r)
-        times[r].append((time.perf_counter_ns() - t0) / 1e6)
-        alive = [*alive[-3:], arrays]
-    return float(np.median(times[rows[0]])), float(np.median(times[rows[1]]))
 
 
 def direct_bundle_ms(converted: Path, n: int = 48) -> float:
@@ -615,9 +590,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         for r in runners.values():
             r.close()
     direct_ms = direct_bundle_ms(converted)
-    # past the CPU's caches, where a large model's stacks are (16 MiB more than the smaller)
-    fill_rows = (4, 4 + -(-FILL_SPAN // manifest.bundle_bytes))
-    fill_ms = zero_fill_times(converted, fill_rows)
+    fill_curve = zero_fill_curve(converted)
     cold_from = converted if drop else cold_copy
     refused_ms = refused_warm_ms(cold_from) if cold_from else float("nan")
     read_cpu, read_wall = cold_read_times(cold_from) if cold_from else ([], [])
@@ -688,8 +661,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         async_blocked_ms=float(np.median([blocked for blocked, _, _ in queue_samples])),
         dispatch_ms=float(np.median([cpu for _, _, cpu in queue_samples])),
         queue_ahead_reps=len(queue_samples),
-        zero_fill_ms=fill_ms,
-        zero_fill_rows=fill_rows,
+        zero_fill_curve=fill_curve,
         primitives_per_step=step_primitives,
         cross_core_op_us=cross.wall_us if cross else float("nan"),
         cross_core_op_main_us=cross.main_cpu_us if cross else float("nan"),

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from calibration.handover_probe import PIECES
+from calibration.zero_fill_probe import REPS, STACK_MIB, TIMED
 from sim.profile_toml import toml_text
 from sim.scenario import HARDWARE_KEYS
 
@@ -136,8 +137,9 @@ class ComputeResult:
     dispatch_ms: float = float("nan")  # median main-thread CPU inside that async_eval: MLX
     # prepares and dispatches a layer's operations on the calling thread (nan: not measured)
     queue_ahead_reps: int = 0  # routers timed
-    zero_fill_ms: tuple[float, float] = (float("nan"), float("nan"))  # alloc_stack median ms
-    zero_fill_rows: tuple[int, int] = (4, 64)  # at these rows of the model's first MoE layer
+    # calibration.zero_fill_probe: (rotation MiB, alloc_stack's ms per MiB filled), the
+    # rotation ascending (empty: not measured)
+    zero_fill_curve: list[tuple[float, float]] = field(default_factory=list)
     primitives_per_step: int = 0  # MLX primitives of a resident decode step's graph (0: not
     # counted)
     # calibration.handover_probe: per primitive, the wall time and the main thread's CPU a step
@@ -342,14 +344,18 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             f"{c.async_blocked_ms:.3f} ms): MLX blocks the caller while more than 10 tasks are "
             "in flight, one operation each on its CPU backend (the sim's bounded queue, "
             "sim.compute_stream)"))
-    (few, many), (r_few, r_many) = c.zero_fill_ms, c.zero_fill_rows
-    if many == many and few == few and many > few:  # not nan, and the larger took longer
-        gbps = (r_many - r_few) * c.bundle_bytes / ((many - few) / 1e3) / 1e9
-        out["zero_fill_gbps"] = (round(gbps, 3), (
-            f"alloc_stack (the exact path's zeroed stack, evaluated) of {r_few} and {r_many} "
-            f"bundles of the first MoE layer: {few:.3f} and {many:.3f} ms (medians, the last "
-            "stacks kept alive as a decode step's graph keeps them): the slope's bytes per "
-            "second (sim.main_thread._fill_stack)"))
+    if c.zero_fill_curve:
+        rotations = [mib for mib, _ in c.zero_fill_curve]
+        rates = [round(2**20 / (ms * 1e6), 3) for _, ms in c.zero_fill_curve]
+        how = ("calibration.zero_fill_probe: alloc_stack (the exact path's zeroed stack, "
+               f"evaluated) of about {STACK_MIB} MiB of the first MoE layer's bundles, each "
+               "call reusing a buffer freed that many MiB of stacks before, less a one-bundle "
+               f"call, medians of {TIMED} calls x {REPS}: bytes per second")
+        out["zero_fill_gbps"] = (rates[0], f"{how}, at {rotations[0]:g} MiB (the buffer in "
+                                 "the CPU's caches; zero_fill_rotation_* give the rest)")
+        out["zero_fill_rotation_mib"] = (rotations, "MiB touched since the stack's buffer was "
+                                         "last used (sim.zero_fill)")
+        out["zero_fill_rotation_gbps"] = (rates, how)
     if c.cross_core_op_us == c.cross_core_op_us:  # not nan
         how = (f"calibration.handover_probe: a step of {c.cross_core_primitives} MLX primitives "
                f"(chains of small element-wise operations handed over in {PIECES} async_eval "

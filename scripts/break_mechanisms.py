@@ -60,6 +60,11 @@ MUTANTS = [
     ("direct reclaim under a memory limit", "sim/loads.py",
      "            yield self.cores.work(evicted * self.reclaim_s, thread)",
      "            pass"),
+    ("the zero fill slows past the CPU's caches", "sim/zero_fill.py", "    if not rotations:",
+     "    if True:"),
+    ("a step touches its stacks' source pages", "sim/zero_fill.py",
+     "    return 2.0 * m.layers * k * m.bundle_bytes + m.resident_bytes",
+     "    return 1.0 * m.layers * k * m.bundle_bytes + m.resident_bytes"),
     ("kernel refault activation", "sim/two_list_lru.py",
      "        if stamp is not None and self.evictions - stamp <= len(self.active):",
      "        if False:"),
@@ -70,7 +75,7 @@ def tests(tree: Path) -> list[str]:
     sim = sorted(p.relative_to(tree).as_posix() for p in (tree / "tests").glob("test_sim*.py")
                  if "sweep" not in p.name)
     return [*sim, "tests/test_cpu_per_step.py", "tests/test_page_sharing.py",
-            "tests/test_transfer.py"]
+            "tests/test_transfer.py", "tests/test_zero_fill.py"]
 
 
 def main(names: list[str]) -> int:

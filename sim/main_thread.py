@@ -58,6 +58,7 @@ from typing import Any
 
 import simpy
 
+from sim import zero_fill
 from sim.caches import BundleLRU, SlotTables
 from sim.compute_stream import ComputeStream
 from sim.cpu import Cores
@@ -125,8 +126,9 @@ class MainThread:
         self.slot_update_s = hw.slot_update_ms / 1e3
         self.refused_warm_s = hw.refused_warm_ms / 1e3
         # the exact path's fresh zeroed stack per call (engine.paths.kernel.alloc_stack)
-        self.stack_fill_s = m.bundle_bytes / (hw.zero_fill_gbps * 1e9) \
-            if policy.fresh_stack and hw.zero_fill_gbps > 0 else 0.0
+        fill = zero_fill.fill_gbps(hw, zero_fill.step_touched_bytes(m, sc.k))
+        self.stack_fill_s = m.bundle_bytes / (fill * 1e9) \
+            if policy.fresh_stack and fill > 0 else 0.0
         self.lookahead = sc.lookahead
         owners = [policy.head_owner(layer) for layer in range(m.layers)]  # fixed per run
         self.layer_build_s = [self.build_s + (self.head_build_s if o else 0.0) for o in owners]

@@ -87,6 +87,9 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "queue_ahead_ms": (_nonneg, "must be >= 0 (inf = the host never waits)"),
     "refused_warm_ms": (_nonneg, "must be >= 0"),
     "zero_fill_gbps": (_nonneg, "must be >= 0 (0 = not charged)"),
+    "zero_fill_rotation_mib": (lambda v: all(x > 0 for x in v) and v == sorted(set(v)),
+                               "must list distinct MiB > 0 in ascending order"),
+    "zero_fill_rotation_gbps": (lambda v: all(x > 0 for x in v), "must be > 0"),
     "page_drop_us_per_page": (_nonneg, "must be >= 0 (0 = not charged)"),
     "thread_cores": (_nonneg, "must be >= 0 (0 = cpu_cores)"),
     "cross_core_op_us": (_nonneg, "must be >= 0 (0 = not charged)"),
@@ -266,7 +269,16 @@ def load_hardware(name_or_path: str, overrides: dict[str, Any] | None = None,
     values = _fields(str(path), data, Hardware, HARDWARE_KEYS, required=True)
     if overrides:
         values.update(_fields(where or str(path), overrides, Hardware, HARDWARE_KEYS, False))
-    return Hardware(**values)
+    hw = Hardware(**values)
+    check_hardware(where or str(path), hw)
+    return hw
+
+
+def check_hardware(where: str, hw: Hardware) -> None:
+    rotations, rates = hw.zero_fill_rotation_mib, hw.zero_fill_rotation_gbps
+    if len(rotations) != len(rates):
+        raise BadInput(f"{where}: zero_fill_rotation_gbps: {len(rates)} values for "
+                       f"{len(rotations)} rotations in zero_fill_rotation_mib (one per rotation)")
 
 
 def hardware_from_values(name: str, values: dict[str, tuple[Any, str]]) -> Hardware:
@@ -274,8 +286,10 @@ def hardware_from_values(name: str, values: dict[str, tuple[Any, str]]) -> Hardw
     is; keys that are not Hardware's are left out (a partial set: what is missing keeps its
     default)."""
     data = {k: v for k, (v, _) in values.items() if k in HARDWARE_KEYS}
-    return Hardware(name=name, **_fields(f"hardware {name}", data, Hardware, HARDWARE_KEYS,
-                                         required=False))
+    hw = Hardware(name=name, **_fields(f"hardware {name}", data, Hardware, HARDWARE_KEYS,
+                                       required=False))
+    check_hardware(f"hardware {name}", hw)
+    return hw
 
 
 def load_model(name_or_path: str, overrides: dict[str, Any] | None = None,
@@ -321,6 +335,7 @@ def check_scenario(sc: Scenario) -> None:
         check_value(where, key, getattr(sc, key))
     check_model(where, sc.model)
     hw = sc.hardware
+    check_hardware(where, hw)
     if hw.os_floor_gib > hw.os_reserve_gib:
         raise BadInput(f"{where}: os_floor_gib: {hw.os_floor_gib} GiB is above os_reserve_gib "
                        f"({hw.os_reserve_gib} GiB): what the OS gives way down to cannot be more "

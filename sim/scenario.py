@@ -229,12 +229,26 @@ class Hardware:
         obtain=("measured by `ssdmoe calibrate` (the slope of DONTNEED's time over the pages of "
                 "cached ranges of a scratch file; Linux)"))
     zero_fill_gbps: float = key(0.0,
-        help=("rate at which MLX fills a fresh array with zeros on its stream (GB/s): the exact "
-              "path allocates a zeroed stack for each call's distinct experts and evaluates it "
-              "before reading into it (engine.paths.kernel.alloc_stack), so the main thread "
-              "waits for rows x bundle bytes at this rate; 0 = not charged"),
-        obtain=("measured by `ssdmoe calibrate` (the slope of alloc_stack's time over its rows, "
-                "a large synthetic bundle); a spec sheet's memory bandwidth on an accelerator"))
+        help=("rate at which MLX fills a fresh array with zeros on its stream (GB/s), its buffer "
+              "still in the CPU's caches: the exact path allocates a zeroed stack for each "
+              "call's distinct experts and evaluates it before reading into it "
+              "(engine.paths.kernel.alloc_stack), so the main thread waits for rows x bundle "
+              "bytes at this rate; with zero_fill_rotation_* the rate comes from there "
+              "(sim.zero_fill); 0 = not charged"),
+        obtain=("measured by `ssdmoe calibrate` (the zero-fill curve's first point: "
+                "calibration.zero_fill_probe); a spec sheet's memory bandwidth on an "
+                "accelerator"))
+    zero_fill_rotation_mib: list[float] = key([],
+        help=("the zero fill's rate against how much memory was touched since the stack's "
+              "buffer was last used (MiB, ascending; zero_fill_rotation_gbps holds the rates): a "
+              "buffer a step freed leaves the CPU's caches once a step touches more than they "
+              "hold, and its fill then runs at memory's speed (sim.zero_fill interpolates at "
+              "the bytes one decode step of the exact path touches); [] = zero_fill_gbps"),
+        obtain=("measured by `ssdmoe calibrate` (calibration.zero_fill_probe: alloc_stack with "
+                "a rotation of live stacks of this many MiB, two stack sizes, the slope)"))
+    zero_fill_rotation_gbps: list[float] = key([],
+        help="the zero fill's rate (GB/s) at each zero_fill_rotation_mib",
+        obtain="measured by `ssdmoe calibrate` with zero_fill_rotation_mib")
     queue_ahead_ms: float = key(math.inf,
         help=("compute left queued when a non-blocking eval returns (sim.compute_stream's "
               "bounded queue: MLX blocks while > 10 tasks are in flight, one operation each on "
@@ -577,6 +591,7 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "throttle_kind", "page_cache_policy", "compute_factor", "cpu_cores",
                      "compute_on_cpu",
                      "background_cores", "page_cache_floor_gib", "os_floor_gib", "queue_ahead_ms",
-                     "refused_warm_ms", "zero_fill_gbps", "page_drop_us_per_page",
-                     "thread_cores", "cross_core_op_us", "cross_core_op_main_us")
+                     "refused_warm_ms", "zero_fill_gbps", "zero_fill_rotation_mib",
+                     "zero_fill_rotation_gbps", "page_drop_us_per_page", "thread_cores",
+                     "cross_core_op_us", "cross_core_op_main_us")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

@@ -98,9 +98,13 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     assert c.queue_ahead_reps == 6 * c.layers
     assert 0 <= c.queue_ahead_ms and 0 <= c.async_blocked_ms
     assert cal.hardware["queue_ahead_ms"][0] == pytest.approx(c.queue_ahead_ms, abs=1e-4)
-    # the exact path's zeroed stack: 4 rows and 16 MiB more, the larger slower
-    few, many = c.zero_fill_ms
-    assert 0 < few < many and c.zero_fill_rows[1] * c.bundle_bytes >= 16 << 20
+    # the exact path's zeroed stack against the rotation (calibration.zero_fill_probe): the
+    # rotations ascending, each a positive time per MiB, the profile's curve one rate each
+    rotations = [mib for mib, _ in c.zero_fill_curve]
+    assert rotations and rotations == sorted(rotations)
+    assert all(ms > 0 for _, ms in c.zero_fill_curve)
+    assert cal.hardware["zero_fill_rotation_mib"][0] == rotations
+    assert len(cal.hardware["zero_fill_rotation_gbps"][0]) == len(rotations)
     # a decode step's MLX primitives (its graph, counted: more than a few per layer), and the
     # hand-over probe across cores where there are two (a difference: any sign when busy)
     assert c.primitives_per_step > 10 * c.layers

@@ -1,0 +1,37 @@
+"""The exact path's fresh zeroed stack (engine.paths.kernel.alloc_stack): how fast MLX fills it.
+
+MLX's allocator hands the exact path a buffer an earlier call freed. If the memory touched
+since then fits in the CPU's caches the buffer is still there and the fill runs at cache speed;
+a large model's step touches more (its stacks, the page-cache pages copied into them, the
+resident weights), and the fill runs at memory's speed. calibrate measures the rate against
+that rotation (calibration.zero_fill_probe: hardware zero_fill_rotation_mib / _gbps); here it
+is read at the bytes one decode step of the exact path touches."""
+
+from __future__ import annotations
+
+import math
+
+from sim.scenario import Hardware, ModelProfile
+
+
+def step_touched_bytes(m: ModelProfile, k: int) -> float:
+    """Bytes one decode step of the exact path touches between two uses of a stack's buffer:
+    each layer's stack of K bundles, the page-cache pages read into it, the resident weights."""
+    return 2.0 * m.layers * k * m.bundle_bytes + m.resident_bytes
+
+
+def fill_gbps(hw: Hardware, touched_bytes: float) -> float:
+    """The fill's rate with `touched_bytes` touched since the buffer's last use: the hardware's
+    curve, its time per byte interpolated linearly in log2 of the rotation and held at its
+    ends; without a curve zero_fill_gbps (0: not charged)."""
+    rotations, rates = hw.zero_fill_rotation_mib, hw.zero_fill_rotation_gbps
+    if not rotations:
+        return hw.zero_fill_gbps
+    mib = touched_bytes / 2**20
+    if mib <= rotations[0]:
+        return rates[0]
+    for i in range(1, len(rotations)):
+        if mib <= rotations[i]:
+            share = math.log2(mib / rotations[i - 1]) / math.log2(rotations[i] / rotations[i - 1])
+            return 1.0 / ((1 - share) / rates[i - 1] + share / rates[i])
+    return rates[-1]
