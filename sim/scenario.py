@@ -244,8 +244,9 @@ class Hardware:
               "buffer a step freed leaves the CPU's caches once a step touches more than they "
               "hold, and its fill then runs at memory's speed (sim.zero_fill interpolates at "
               "the bytes one decode step of the exact path touches); [] = zero_fill_gbps"),
-        obtain=("measured by `ssdmoe calibrate` (calibration.zero_fill_probe: alloc_stack with "
-                "a rotation of live stacks of this many MiB, two stack sizes, the slope)"))
+        obtain=("measured by `ssdmoe calibrate` (calibration.zero_fill_probe: alloc_stack of a "
+                "2 MiB stack with a rotation of live stacks of this many MiB, less a one-bundle "
+                "call, per byte)"))
     zero_fill_rotation_gbps: list[float] = key([],
         help="the zero fill's rate (GB/s) at each zero_fill_rotation_mib",
         obtain="measured by `ssdmoe calibrate` with zero_fill_rotation_mib")
