@@ -7,7 +7,8 @@ reading thread's CPU of `ExpertStore.read_bundle`, cold and warm, minor faults p
              trace's load rows leave them out); a read slower than --cold-ms counts as cold
   alone      the first MoE layer's bundles read through the store into one row of a stack, in
              turn cold (the layer file's pages dropped first) and warm (every bundle of the
-             layer read once before), alternating
+             layer read once before), alternating; each also into the first row of a stack
+             of K rows that MLX has just zero-filled (as the exact path's reads inside decode)
 
 Usage: uv run python reports/cross-machine/read_costs.py [--model models/tiny-trained-wide-stream]
 [--page-cache 0.25] [--tokens 32]; writes read_costs.json beside this script. Linux
@@ -77,21 +78,27 @@ def alone(model: Path, reps: int = 30) -> dict[str, list[tuple[float, float, int
     from engine.store import ExpertStore
 
     manifest = open_manifest(model, verify=False)
-    out: dict[str, list[tuple[float, float, int]]] = {"cold": [], "warm": []}
+    kinds = ("cold", "warm", "cold, fresh stack", "warm, fresh stack")
+    out: dict[str, list[tuple[float, float, int]]] = {kind: [] for kind in kinds}
     with ExpertStore(manifest) as store:
         layer = manifest.moe_layers[0]
-        _, views = alloc_stack(store.expert_shapes(layer), 1)
-        into = row_views(views, 0)
+        shapes = store.expert_shapes(layer)
+        _, views = alloc_stack(shapes, 1)
+        reused = row_views(views, 0)
         fd = store._files[layer].fd
         rng = np.random.default_rng(0)
         for i in range(reps):
             expert = int(rng.integers(0, manifest.num_experts))
-            for kind in (("cold", "warm") if i % 2 == 0 else ("warm", "cold")):
+            for kind in (kinds if i % 2 == 0 else kinds[::-1]):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                if kind == "warm":
+                if kind.startswith("warm"):
                     for e in range(manifest.num_experts):
-                        store.read_bundle(layer, e, into)
-                out[kind].append(_timed(lambda e=expert: store.read_bundle(layer, e, into)))
+                        store.read_bundle(layer, e, reused)
+                # "fresh stack": a row of a stack MLX's compute thread has just zero-filled, as
+                # the exact path reads into inside decode
+                into = row_views(alloc_stack(shapes, manifest.top_k)[1], 0) \
+                    if kind.endswith("fresh stack") else reused
+                out[kind].append(_timed(lambda e=expert, t=into: store.read_bundle(layer, e, t)))
     return out
 
 
@@ -126,8 +133,7 @@ def main() -> None:
     print("| read | where | reads | wall ms | thread CPU ms | minor faults |")
     print("|---|---|---|---|---|---|")
     for where in ("in_decode", "alone"):
-        for kind in ("cold", "warm"):
-            s = result[where][kind]
+        for kind, s in result[where].items():
             print(f"| {kind} | {where.replace('_', ' ')} | {s['reads']} | {s['wall_ms']:.3f} | "
                   f"{s['cpu_ms']:.3f} | {s['minor_faults']:g} |")
 
