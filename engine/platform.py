@@ -207,12 +207,13 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
                        ctypes.c_int, ctypes.c_long]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-# The same mincore, called holding the GIL (PyDLL): over a bundle it takes about a microsecond,
-# less than a hand-over of the GIL to another thread and back, which a reader otherwise pays
-# around every call while the main thread builds graphs. Spans longer than HOLD_GIL_PAGES (a
-# whole file) release it.
-_pylibc = ctypes.PyDLL(None, use_errno=True)
-_mincore_holding_gil = _pylibc.mincore
+# libc called holding the GIL (PyDLL), for calls of a few microseconds: less than a hand-over
+# of the GIL to another thread and back, which a reader otherwise pays around every call while
+# the main thread builds graphs (engine.range_reads' warm copies use it too).
+libc_holding_gil = ctypes.PyDLL(None, use_errno=True)
+# mincore over a bundle takes about a microsecond; spans longer than HOLD_GIL_PAGES (a whole
+# file) release the GIL.
+_mincore_holding_gil = libc_holding_gil.mincore
 _mincore_holding_gil.argtypes = _libc.mincore.argtypes
 HOLD_GIL_PAGES = 1024
 _MAP_FAILED = ctypes.c_void_p(-1).value

@@ -13,6 +13,7 @@ import mmap
 import os
 
 from contract.thresholds import ALIGN  # O_DIRECT alignment of offset, length, buffer
+from engine.platform import libc_holding_gil
 from engine.read_plan import tail
 
 
@@ -42,17 +43,16 @@ class _Iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-# preadv called holding the GIL (PyDLL): for a copy out of the page cache of a small bundle.
+# preadv called holding the GIL: for a copy out of the page cache of a small bundle.
 # os.preadv releases the GIL around every call; a reader taking it back waits while the main
 # thread builds graphs (up to the interpreter's switch interval), far longer than the copy.
-_pylibc = ctypes.PyDLL(None, use_errno=True)
-_preadv_holding_gil = getattr(_pylibc, "preadv", None)
+_preadv_holding_gil = getattr(libc_holding_gil, "preadv", None)
 if _preadv_holding_gil is not None:
     _preadv_holding_gil.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                     ctypes.c_longlong]
     _preadv_holding_gil.restype = ctypes.c_ssize_t
 # RWF_NOWAIT's read never waits for the device: it may keep the GIL for any bundle it copies
-_preadv2_holding_gil = getattr(_pylibc, "preadv2", None)
+_preadv2_holding_gil = getattr(libc_holding_gil, "preadv2", None)
 if _preadv2_holding_gil is not None:
     _preadv2_holding_gil.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                      ctypes.c_longlong, ctypes.c_int]

@@ -441,12 +441,15 @@ class ExpertStore:
         if self.direct:
             return None
         bundle = self._bundle(layer, expert)
-        runs = self._bundle_runs(bundle, self._views(layer, expert, into),
-                                 getattr(into, "iovecs", None))
+
+        def runs() -> list[Run]:
+            return self._bundle_runs(bundle, self._views(layer, expert, into),
+                                     getattr(into, "iovecs", None))
+
         if self.residency_method == "rwf_nowait":
             started = time.perf_counter_ns()
             f = self._files[layer]
-            for run in runs:
+            for run in runs():
                 if not self._read_nowait(f, run, layer, expert, finish=False):
                     return None
             return self._row(layer, expert, bundle.ranges, started, issued_ns, source, thread,
@@ -456,9 +459,9 @@ class ExpertStore:
         except ResidencyUnknown:
             return None  # not known to be warm
         if r < t:
-            return None
-        return self._load(layer, expert, bundle.ranges, runs, source, thread, issued_ns, False,
-                          False, cold=False, step=step)
+            return None  # refused before the buffers are looked at, as a cold ask should be
+        return self._load(layer, expert, bundle.ranges, runs(), source, thread, issued_ns,
+                          False, False, cold=False, step=step)
 
     def _views(self, layer: int, expert: int, into: Mapping[str, np.ndarray]
                ) -> list[np.ndarray]:

@@ -241,7 +241,7 @@ def test_a_warm_small_bundle_is_copied_holding_the_gil(tiny_random_converted, mo
 
     from engine import range_reads
 
-    assert isinstance(range_reads._pylibc, ctypes.PyDLL)  # PyDLL: the GIL is kept
+    assert isinstance(range_reads.libc_holding_gil, ctypes.PyDLL)  # PyDLL: the GIL is kept
     calls: list[int] = []
     real = os.preadv
 
