@@ -117,8 +117,13 @@ def main() -> None:
     ap.add_argument("--cold-ms", type=float, default=0.9,
                     help="a read in decode slower than this counts as cold")
     args = ap.parse_args()
-    decode = in_decode(args.model, args.page_cache, args.tokens)
-    solo = alone(args.model)
+    from contract.errors import BadInput
+
+    try:
+        decode = in_decode(args.model, args.page_cache, args.tokens)
+        solo = alone(args.model)
+    except BadInput as err:
+        sys.exit(f"read_costs: {err}")
     result = {
         "command": "uv run python reports/cross-machine/read_costs.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
