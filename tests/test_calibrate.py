@@ -182,15 +182,17 @@ def test_the_kernels_page_cache_policy_is_read_off_the_machine(tmp_path):
 
 def test_dropping_cached_pages_costs_per_page(tmp_path):
     """calibration.storage_probes.page_drop_times against the kernel: the ranges' pages are
-    really dropped (mincore), so the 256-page drop costs many times the 4-page one (a drop that
-    left the pages cached, as a drop of part of a large folio does, costs the same ~1 us)."""
+    really dropped (mincore), so the 256-page drop costs several times the 4-page one (a drop that
+    left the pages cached, as a drop of part of a large folio does, costs the same ~1 us). The
+    ratio is ~9-12x on 2-core VMs, with a per-call floor that varies by machine: 5x keeps the
+    broken case (~1-3x) out without failing on a slow machine's floor."""
     from calibration.storage_probes import DROP_PAGES, page_drop_times, write_scratch
     from engine.platform import ResidencyProbe, map_for_residency, unmap
 
     path = tmp_path / "scratch.bin"
     write_scratch(path, 16 << 20)
     few, many = page_drop_times(path, n=8)
-    assert DROP_PAGES == (4, 256) and many > 10 * few > 0
+    assert DROP_PAGES == (4, 256) and many > 5 * few > 0
     fd = os.open(path, os.O_RDONLY)
     addr = map_for_residency(fd, 16 << 20)
     try:
