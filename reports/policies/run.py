@@ -4,8 +4,12 @@ For each model and cache configuration (the hot path's pool at ~5% and ~25% of t
 bytes, the staged path with its default headroom), every engine policy is captured with
 `ssdmoe capture` (sampled decoding, O_DIRECT so that every app-cache miss reads the device,
 under a read throttle so that storage matters), `--rounds` times with the policies' order
-rotated each round. Each trace is then replayed by `ssdmoe sim compare` (no refit: the
-committed profile), and on the hot path Belady's optimum is simulated on the same routing.
+rotated each round. Under a throttle each round runs at its own rate, spread around the
+nominal one (`--rate-spread`): blk-throttle grants bytes in 100 ms slices, so a run's tok/s
+depends on where each request's bytes fall against the slices, a phase that one rate repeats
+in every round and that can put two policies 1-2% apart either way (throttle_phase.py). Each
+trace is then replayed by `ssdmoe sim compare` at its own rate (no refit: the committed
+profile), and on the hot path Belady's optimum is simulated on the same routing.
 A hit-rate curve per policy over pool sizes is simulated from one trace's routing.
 
 Writes reports/policies/MODEL.json per model (every round's raw figures, the commands, the
@@ -28,6 +32,7 @@ OUT = ROOT / "reports" / "policies"
 RUNS = ROOT / "runs" / "policies"
 POLICIES = ("lru", "lfu", "least-stale", "fifo")
 CURVE_FRACTIONS = (0.02, 0.05, 0.1, 0.25, 0.5)
+RATE_OFFSETS = (0.0, -1.0, 1.0)  # round r's throttle: nominal x (1 + spread x RATE_OFFSETS[r % 3])
 MARK_BEGIN, MARK_END = "<!-- table: run.py -->", "<!-- /table -->"
 
 
@@ -51,11 +56,18 @@ def configs(model: Path) -> list[tuple[str, list[str]]]:
             ("staged", ["--preset", "staged"])]
 
 
-def capture(model: Path, config: list[str], policy: str, out: Path, args) -> list[str]:
+def round_rate(args, r: int) -> float:
+    """Round r's read throttle in MB/s (0: none)."""
+    return round(args.read_mbps * (1 + args.rate_spread * RATE_OFFSETS[r % len(RATE_OFFSETS)]),
+                 3)
+
+
+def capture(model: Path, config: list[str], policy: str, out: Path, rate: float,
+            args) -> list[str]:
     cmd = ["capture", str(model), *config, "--o-direct", "--cache-policy", policy,
            "--max-tokens", str(args.max_tokens), "--out", str(out), "--force", "--no-progress"]
-    if args.read_mbps:
-        cmd += ["--read-mbps", str(args.read_mbps)]
+    if rate:
+        cmd += ["--read-mbps", f"{rate:g}"]
     ssdmoe(*cmd)
     return cmd
 
@@ -80,8 +92,14 @@ def run(name: str, args) -> dict:
         sys.exit(f"{model}: no converted model (ssdmoe fixture {name} --out models/{name}; "
                  f"ssdmoe convert models/{name} {model})")
     t0 = time.time()
-    per_model: dict = {"configs": {}, "order": []}
+    per_model: dict = {"configs": {}, "order": [], "config_runs": {}}
     for label, config in configs(model):
+        if args.configs and label not in args.configs:
+            continue
+        per_model["config_runs"][label] = {
+            "command": " ".join(sys.argv), "rounds": args.rounds,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "round_read_mbps": [round_rate(args, r) for r in range(args.rounds)]}
         cells = {p: {"measured": [], "simulated": [], "traces": []} for p in POLICIES}
         for r in range(args.rounds):
             order = POLICIES[r % len(POLICIES):] + POLICIES[:r % len(POLICIES)]
@@ -89,20 +107,24 @@ def run(name: str, args) -> dict:
             for policy in order:
                 trace = RUNS / name / label.replace(" ", "-").replace("%", "") / \
                     f"{policy}-r{r}"
-                cmd = capture(model, config, policy, trace, args)
+                cmd = capture(model, config, policy, trace, round_rate(args, r), args)
                 summary = measured(trace)
                 cells[policy]["measured"].append({k: summary[k] for k in KEYS})
                 cells[policy]["traces"].append(str(trace.relative_to(ROOT)))
-                cells[policy].setdefault("command", "ssdmoe " + " ".join(cmd))
+                cells[policy].setdefault("commands", []).append("ssdmoe " + " ".join(cmd))
                 print(f"[{time.time() - t0:6.0f} s] {name} {label} round {r} {policy}: "
                       f"{cells[policy]['measured'][-1]['decode_tok_s']:.2f} tok/s", flush=True)
         first = json.loads((ROOT / cells["lru"]["traces"][0] / "run.json").read_text())
         per_model["manifest_sha256"] = first["model"]["manifest_sha256"]
         per_model["configs"][label] = cells
     simulate(model, per_model)
+    if "hot 5%" in per_model["configs"]:
+        per_model["reuse_distance_share"] = reuse_distances(
+            ROOT / per_model["configs"]["hot 5%"]["lru"]["traces"][0])
     return {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                    time.gmtime(t0)),
             "max_tokens": args.max_tokens, "read_mbps": args.read_mbps, "rounds": args.rounds,
+            "round_read_mbps": [round_rate(args, r) for r in range(args.rounds)],
             "wall_s": time.time() - t0, "machine": os.uname().nodename,
             "models": {name: per_model}}
 
@@ -120,7 +142,8 @@ def simulate(model: Path, per_model: dict) -> None:
                                "simulated": [
                 {k: v for k, v in simulated(ROOT / t, "cache_policy=belady").items()
                  if k in KEYS} for t in cells["lru"]["traces"]]}
-    per_model["curve"] = curve(model, per_model["configs"]["hot 5%"]["lru"]["traces"][0])
+    if "hot 5%" in per_model["configs"]:
+        per_model["curve"] = curve(model, per_model["configs"]["hot 5%"]["lru"]["traces"][0])
 
 
 def curve(model: Path, trace: str) -> dict:
@@ -166,48 +189,85 @@ def summarize(result: dict) -> list[dict]:
     rows = []
     for name, per_model in result["models"].items():
         for label, cells in per_model["configs"].items():
-            lru_tok = [m["decode_tok_s"] for m in cells["lru"]["measured"]]
+            lru_tok = {side: [m["decode_tok_s"] for m in cells["lru"][side]]
+                       for side in ("measured", "simulated")}
             for policy, cell in cells.items():
                 med = {k: statistics.median(m[k] for m in cell["measured"])
                        for k in KEYS} if cell["measured"] else {}
                 sim = {k: statistics.median(s[k] for s in cell["simulated"]) for k in KEYS}
-                rounds = [m["decode_tok_s"] / base for m, base in zip(
-                    cell["measured"], lru_tok, strict=True)] if cell["measured"] else []
+                # Belady's rounds are replays of each round's LRU trace: paired like the others
+                paired = {side: [m["decode_tok_s"] / base for m, base in zip(
+                    cell[side], lru_tok[side], strict=True)] if cell[side] else []
+                    for side in ("measured", "simulated")}
                 rows.append({"model": name, "config": label, "policy": policy, **{
                     f"measured_{k}": med.get(k) for k in KEYS}, **{
                     f"simulated_{k}": sim[k] for k in KEYS},
-                    "paired_vs_lru": statistics.median(rounds) if rounds else None,
-                    "paired_rounds": rounds})
+                    "paired_vs_lru": statistics.median(paired["measured"])
+                    if paired["measured"] else None,
+                    "paired_rounds": paired["measured"],
+                    "simulated_paired_vs_lru": statistics.median(paired["simulated"])})
     return rows
 
 
+def null_band(rows: list[dict], model: str) -> float | None:
+    """How far apart two policies with the same reads measure: on the staged path
+    Least-Stale is LRU (a per-layer table keeps every key of the current call), so its paired
+    ratio against LRU is the run's own noise (the throttle's slice phase, the VM's drift).
+    The largest deviation over the rounds; None where the control's hit rate is not LRU's
+    (then the two did not read the same)."""
+    cell = {r["policy"]: r for r in rows if (r["model"], r["config"]) == (model, "staged")}
+    ctl, lru = cell.get("least-stale"), cell.get("lru")
+    if not ctl or not lru or ctl["measured_cache_hit_rate"] != lru["measured_cache_hit_rate"]:
+        return None
+    return max(abs(x - 1) for x in ctl["paired_rounds"])
+
+
 def separated(a: dict, b: dict) -> bool:
-    """Every round's paired ratio of one policy above every round's of the other: a
-    difference the run's noise does not explain."""
+    """Every round's paired ratio of one policy above every round's of the other."""
     return min(a["paired_rounds"]) > max(b["paired_rounds"]) or \
         min(b["paired_rounds"]) > max(a["paired_rounds"])
 
 
+def resolved(a: dict, b: dict, band: float) -> bool:
+    """A difference the run resolves: separated in every round, and wider than two policies
+    with the same reads drift apart (`null_band`)."""
+    return separated(a, b) and abs(a["paired_vs_lru"] - b["paired_vs_lru"]) > band
+
+
+def ordering(cell: list[dict], key: str, tied) -> str:
+    """The policies by `key`, best first; neighbours that `tied(a, b)` joined by '='."""
+    ranked = sorted(cell, key=lambda r: -r[key])
+    out = ranked[0]["policy"]
+    for a, b in zip(ranked, ranked[1:], strict=False):
+        out += (" = " if tied(a, b) else " > ") + b["policy"]
+    return out
+
+
 def rankings(rows: list[dict]) -> list[dict]:
-    """Per (model, config): the measured and simulated order of the engine policies by decode
-    tok/s, and whether every pair the rounds separate (`separated`) is ordered the same way by
-    the simulator."""
+    """Per (model, config): the measured order of the engine policies by paired decode tok/s,
+    with the differences the run does not resolve as ties; the simulator's order by its own
+    paired tok/s (ties within the same band); and whether the simulator orders every resolved
+    pair as the machine does."""
     out = []
     for key in sorted({(r["model"], r["config"]) for r in rows}):
         cell = [r for r in rows if (r["model"], r["config"]) == key and r["policy"] in POLICIES]
-        by_meas = sorted(cell, key=lambda r: -r["measured_decode_tok_s"])
-        by_sim = sorted(cell, key=lambda r: -r["simulated_decode_tok_s"])
-        agree = all(
-            (a["simulated_decode_tok_s"] - b["simulated_decode_tok_s"])
-            * (a["paired_vs_lru"] - b["paired_vs_lru"]) > 0
-            for a in cell for b in cell if a is not b and separated(a, b))
+        band = null_band(rows, key[0])
+        band = 0.0 if band is None else band
+        pairs = [(a, b) for i, a in enumerate(cell) for b in cell[i + 1:]
+                 if resolved(a, b, band)]
+        pairs = [(a, b) if a["paired_vs_lru"] > b["paired_vs_lru"] else (b, a) for a, b in pairs]
+        agree = [a["simulated_paired_vs_lru"] > b["simulated_paired_vs_lru"] for a, b in pairs]
         hit_err = max(abs(r["simulated_cache_hit_rate"] - r["measured_cache_hit_rate"])
                       for r in cell)
-        out.append({"model": key[0], "config": key[1],
-                    "measured": [r["policy"] for r in by_meas],
-                    "simulated": [r["policy"] for r in by_sim],
-                    "same_order": [r["policy"] for r in by_meas] == [r["policy"] for r in by_sim],
-                    "separated_pairs_agree": agree, "max_hit_rate_error": hit_err})
+        out.append({
+            "model": key[0], "config": key[1], "null_band": band,
+            "measured": ordering(cell, "paired_vs_lru", lambda a, b, w=band: not resolved(a, b, w)),
+            "simulated": ordering(cell, "simulated_paired_vs_lru", lambda a, b, w=band: abs(
+                a["simulated_paired_vs_lru"] - b["simulated_paired_vs_lru"]) <= w),
+            "resolved_pairs": [[a["policy"], b["policy"], ok]
+                               for (a, b), ok in zip(pairs, agree, strict=True)],
+            "resolved_pairs_agreeing": sum(agree), "resolved_pairs_agree": all(agree),
+            "max_hit_rate_error": hit_err})
     return out
 
 
@@ -230,13 +290,15 @@ def table(rows: list[dict], ranks: list[dict]) -> str:
             f"{fmt(r['simulated_loads_per_step'], '.1f')} | "
             f"{fmt(r['measured_blocked_ms_per_step'], '.1f')} / "
             f"{fmt(r['simulated_blocked_ms_per_step'], '.1f')} |")
-    lines += ["", "| model | cache | measured order | simulated order | same order | pairs "
-              "the rounds separate agree | largest hit-rate error |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| model | cache | measured order (=: not resolved) | simulated order | "
+              "pairs the run resolves (simulator alike?) | noise band (same reads) | largest "
+              "hit-rate error |", "|---|---|---|---|---|---|---|"]
     for k in ranks:
-        lines.append(f"| {k['model']} | {k['config']} | {' > '.join(k['measured'])} | "
-                     f"{' > '.join(k['simulated'])} | {k['same_order']} | "
-                     f"{k['separated_pairs_agree']} | {k['max_hit_rate_error']:.3f} |")
+        pairs = ", ".join(f"{a} > {b} ({'yes' if ok else 'NO'})"
+                          for a, b, ok in k["resolved_pairs"]) or "none"
+        lines.append(f"| {k['model']} | {k['config']} | {k['measured']} | {k['simulated']} | "
+                     f"{pairs} | {k['null_band']:.3f} | "
+                     f"{k['max_hit_rate_error']:.3f} |")
     return "\n".join(lines)
 
 
@@ -278,12 +340,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--read-mbps", type=float, default=30.0, help="0: no throttle")
+    ap.add_argument("--rate-spread", type=float, default=0.1,
+                    help="rounds run at the nominal rate x (1, 1 - spread, 1 + spread), "
+                    "repeating (0: every round at the nominal rate)")
+    ap.add_argument("--configs", type=lambda v: [c for c in v.split(",") if c], default=[],
+                    help="only these caches (of: hot 5%%, hot 25%%, staged), comma separated; "
+                    "the model's JSON keeps its other cells")
     ap.add_argument("--from-json", action="store_true",
                     help="re-render the table, plot and README from the models' JSONs")
     ap.add_argument("--resimulate", action="store_true",
                     help="replay the traces the models' JSONs name again (after a simulator "
                     "change; needs them under runs/policies), then re-render")
     args = ap.parse_args()
+    unknown = [c for c in args.configs if c not in ("hot 5%", "hot 25%", "staged")]
+    if unknown:
+        sys.exit(f"run.py: unknown --configs {', '.join(unknown)} (of: hot 5%, hot 25%, staged)")
     if args.resimulate:
         for path in sorted(OUT.glob("*.json")):
             result = json.loads(path.read_text())
@@ -294,14 +365,23 @@ def main() -> None:
     elif not args.from_json:
         for name in [m for m in args.models.split(",") if m]:
             result = run(name, args)
-            (OUT / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+            path = OUT / f"{name}.json"
+            if args.configs and path.is_file():  # only these cells again: keep the others
+                kept = json.loads(path.read_text())
+                old, new = kept["models"][name], result["models"][name]
+                old["configs"].update(new["configs"])
+                old.setdefault("config_runs", {}).update(new["config_runs"])
+                old["order"] = [o for o in old["order"] if o[0] not in new["configs"]] + \
+                    new["order"]
+                result = kept
+            path.write_text(json.dumps(result, indent=1) + "\n")
     result = {"models": {}}
     for path in sorted(OUT.glob("*.json")):  # the models' runs (not summary.json, rechecks)
         result["models"].update(json.loads(path.read_text()).get("models", {}))
     result["rows"] = summarize(result)
     result["rankings"] = rankings(result["rows"])
-    reuse = {name: reuse_distances(ROOT / m["configs"]["hot 5%"]["lru"]["traces"][0])
-             for name, m in result["models"].items()}
+    reuse = {name: m.get("reuse_distance_share") or reuse_distances(
+        ROOT / m["configs"]["hot 5%"]["lru"]["traces"][0]) for name, m in result["models"].items()}
     (OUT / "summary.json").write_text(json.dumps(
         {"rows": result["rows"], "rankings": result["rankings"],
          "reuse_distance_share": reuse}, indent=1) + "\n")
