@@ -355,6 +355,13 @@ def main() -> None:
     unknown = [c for c in args.configs if c not in ("hot 5%", "hot 25%", "staged")]
     if unknown:
         sys.exit(f"run.py: unknown --configs {', '.join(unknown)} (of: hot 5%, hot 25%, staged)")
+    if args.rounds < 1 or not 0 <= args.rate_spread < 1:
+        sys.exit(f"run.py: --rounds must be at least 1 and --rate-spread in [0, 1), got "
+                 f"{args.rounds} and {args.rate_spread}")
+    missing = [m for m in args.models.split(",") if m and not (OUT / f"{m}.json").is_file()]
+    if args.configs and missing:  # the others' cells (the curve: hot 5%) come from the JSON
+        sys.exit(f"run.py: --configs re-runs cells of an existing {OUT / (missing[0] + '.json')}"
+                 "; run every cache of that model first (no --configs)")
     if args.resimulate:
         for path in sorted(OUT.glob("*.json")):
             result = json.loads(path.read_text())

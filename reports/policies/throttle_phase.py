@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import OUT, ROOT, RUNS, measured, simulated, ssdmoe  # noqa: E402
+from run import OUT, ROOT, RUNS, capture, measured, simulated  # noqa: E402
 
 
 def main() -> None:
@@ -35,8 +35,17 @@ def main() -> None:
     ap.add_argument("--rates", default="27,28,29,30,31,32,33", help="MB/s, comma separated")
     ap.add_argument("--max-tokens", type=int, default=32)
     args = ap.parse_args()
-    base, other = args.policies.split(",")
-    rates = [float(r) for r in args.rates.split(",")]
+    policies = [p for p in args.policies.split(",") if p]
+    if len(set(policies)) != 2:
+        sys.exit(f"throttle_phase: --policies needs two different policies, got {args.policies!r}")
+    base, other = policies
+    try:
+        rates = [float(r) for r in args.rates.split(",")]
+    except ValueError:
+        sys.exit(f"throttle_phase: --rates must be MB/s numbers, comma separated, got "
+                 f"{args.rates!r}")
+    if not rates or min(rates) <= 0:
+        sys.exit(f"throttle_phase: --rates must be above 0 MB/s, got {args.rates!r}")
     model = ROOT / "models" / f"{args.model}-stream"
     if not (model / "manifest.json").is_file():
         sys.exit(f"throttle_phase: {model}: no converted model")
@@ -46,10 +55,7 @@ def main() -> None:
         row: dict = {"read_mbps": rate}
         for policy in (base, other) if i % 2 == 0 else (other, base):
             trace = RUNS / "throttle-phase" / f"{policy}-{rate:g}"
-            ssdmoe("capture", str(model), "--preset", args.preset, "--o-direct",
-                   "--read-mbps", f"{rate:g}", "--cache-policy", policy,
-                   "--max-tokens", str(args.max_tokens), "--out", str(trace), "--force",
-                   "--no-progress")
+            capture(model, ["--preset", args.preset], policy, trace, rate, args)
             m, s = measured(trace), simulated(trace)
             row[policy] = {"measured_decode_tok_s": m["decode_tok_s"],
                            "simulated_decode_tok_s": s["decode_tok_s"],
