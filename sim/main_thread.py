@@ -464,15 +464,18 @@ class MainThread:
                 yield from self.queue_async(self._attention_s(layer + 1))
             elif self.unembed_s:
                 yield from self.queue_async(self.unembed_s)
-        if next_row is not None:
-            # begin(step+1) (engine.generate.finish) comes before this step's token: its kick
-            # returns once little of this step is left queued (the last hand-over above
-            # already waited for that), then the reads of step+1's predicted sets (the heads
-            # computed them early in this step) start. The kick's own work is queued after
-            # the token's sync below: the stream runs in order, so the token never waits on it.
-            yield from self.stage_boundary(step + 1, next_row)
         yield from self.gpu_sync()  # token `step` on the host
-        if next_row is not None:  # step+1's evaluation begins
+        if next_row is not None:
+            # begin(step+1) (engine.generate.finish): step+1's predicted ids come to the host
+            # in one sync and their reads start. The heads that computed them are a side
+            # output of this step's final evaluation (engine.generate: queued with its token),
+            # so they are on the host about when the token is, not once their owner layers
+            # have run (reports/io/token-lead: the engine starts those reads 0.9 ms before
+            # step+1's first router; starting them once this step's fills were done, the
+            # simulator had them start 1.9 ms before it).
+            # Then step+1's evaluation is handed over (in the engine its kick comes before the
+            # token; the stream runs in order, so the token never waits on it).
+            yield from self.stage_boundary(step + 1, next_row)
             yield from self.queue_async(self._attention_s(0))
         self.record_step(step, request, "decode", 1, start)
 
