@@ -15,12 +15,16 @@ from typing import Any
 
 import numpy as np
 
+from traces.schema import DEMAND
 from validation import plots
 from validation.labels import LABELS
 from validation.matrix_run import METRICS
 from validation.noise import noise_summary
 
 COMPONENTS = ("build_ms_per_step", "eval_ms_per_step", "blocked_ms_per_step")
+# The token lead holds its bound when it decodes at least this share of it (issue 45's target:
+# 0.85 in every storage regime of the matrix)
+BOUND_SHARE = 0.85
 
 
 def _p90(values: list[float]) -> float:
@@ -93,8 +97,10 @@ def _trace_io(trace_dir: str) -> dict[str, float]:
     decode_steps = set(steps["step"].to_list())
     loads = t.loads.filter(pl.col("step").is_in(list(decode_steps)))
     cold = loads.filter(pl.col("cold"))
+    demand = loads.filter(pl.col("source") == DEMAND)
     return {"cold_mib_per_step": float(cold["bytes"].sum()) / 2**20 / n,
-            "cold_loads_per_step": cold.height / n}
+            "cold_loads_per_step": cold.height / n,
+            "demand_blocked_ms_per_step": float(demand["wait_ns"].sum()) / 1e6 / n}
 
 
 def gain_analysis(results: list[dict], hardware: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +155,7 @@ def gain_analysis(results: list[dict], hardware: dict[str, Any]) -> dict[str, An
         bound = 1e3 / max(terms.values())
         got = r["measured"]["decode_tok_s"]
         entry = {"config": c["name"], "measured_tok_s": got, "bound_tok_s": bound,
-                 "ratio": got / bound, "holds": got >= 0.8 * bound,
+                 "ratio": got / bound, "holds": got >= BOUND_SHARE * bound,
                  "limit": max(terms, key=terms.get), **terms}
         if not entry["holds"]:
             entry["between"] = _between(r, io, compute_ms, latency, qd)
@@ -166,12 +172,15 @@ def _between(r: dict, io: dict[str, float], compute_ms: float, latency: float,
     cold = io["cold_loads_per_step"]
     extra = step - compute_ms
     if cold and blocked >= 0.5 * extra:
+        demand = io.get("demand_blocked_ms_per_step", 0.0)
         return (f"the step is {step:.1f} ms against a compute step of {compute_ms:.1f} ms; "
                 f"{blocked:.1f} ms of it is blocked on {cold:.1f} cold loads per step, "
                 f"{blocked / cold:.2f} ms per cold load against a device latency of "
                 f"{latency:.3f} ms at queue depth {qd}: the cost of a load inside decode (its "
                 "syscalls, copies and reader hand-offs, competing for this machine's 2 cores "
-                "with graph building and MLX's compute thread), not the device, stands between")
+                "with graph building and MLX's compute thread), not the device, stands "
+                f"between; {demand:.1f} ms of the blocked time is on demand loads, read after "
+                "their own layer's router: the layers no head predicts (the first MoE layer)")
     build = m.get("build_ms_per_step") or 0.0
     return (f"the step is {step:.1f} ms against a compute step of {compute_ms:.1f} ms with only "
             f"{blocked:.1f} ms blocked: main-thread work (build {build:.1f} ms/step) and "
@@ -430,11 +439,13 @@ def _gain_markdown(g: dict) -> list[str]:
                          f"**{g['gain_over_layer_lead']:.2f}x**.")
         lines.append("")
     if g.get("bounds"):
-        lines += [f"Bound: token-lead decode >= 0.8 x 1 / max(compute step, cold bytes per step "
+        lines += [f"Bound: token-lead decode >= {BOUND_SHARE} x 1 / max(compute step, cold "
+                  "bytes per step "
                   f"/ bandwidth, cold loads per step x device latency / queue depth); compute "
                   f"step {_fmt(g['compute_step_ms'])} ms ({g['compute_source']}); bandwidth "
                   "the throttle's rate, else the profile's disk bandwidth.", "",
-                  "| configuration | measured tok/s | bound tok/s | ratio | holds (>= 0.8) | "
+                  f"| configuration | measured tok/s | bound tok/s | ratio | holds (>= "
+                  f"{BOUND_SHARE}) | "
                   "limited by |", "|---|---|---|---|---|---|"]
         for b in g["bounds"]:
             lines.append(f"| `{b['config']}` | {_fmt(b['measured_tok_s'], 1)} | "
