@@ -23,11 +23,11 @@ t's fill points. Per decode step t (a window of wall time, as the engine's trace
   per layer build layer l of step t+1 (+ its head), then step t's fill point l: sync on router
             l (unless staged: then only the staged loads are waited for), the loads as above,
             then queue layer l's experts and layer l+1's attention (+ head)
-  end       step t+1's evaluation begins before step t's token (engine.generate.finish): its
-            kick waits until little of step t is left queued, then step t+1's predicted sets
-            are staged (their reads start ahead of its window); sync on step t's token; step
-            t+1's layer 0 attention is queued (the engine queues it with the kick; the
-            in-order stream gives the same timeline)
+  end       sync on step t's token; step t+1's predicted sets are staged (their reads
+            start): the heads computed them as a side output of step t's final evaluation,
+            so their ids reach the host with its token (engine.generate.finish: one sync in
+            fill_points.begin); step t+1's layer 0 attention is queued (the engine queues it
+            before the token; the in-order stream runs it after the token either way)
   Work is handed over as async_eval does (`queue_async`): where the stream's queue is bounded
   (hardware queue_ahead_ms: MLX's CPU backend) the main thread waits, as eval, until little is
   left queued, so it builds only beside that little. Before each layer's hand-over the main

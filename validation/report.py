@@ -171,8 +171,8 @@ def _between(r: dict, io: dict[str, float], compute_ms: float, latency: float,
     blocked = m.get("blocked_ms_per_step") or 0.0
     cold = io["cold_loads_per_step"]
     extra = step - compute_ms
+    demand = io.get("demand_blocked_ms_per_step", 0.0)
     if cold and blocked >= 0.5 * extra:
-        demand = io.get("demand_blocked_ms_per_step", 0.0)
         return (f"the step is {step:.1f} ms against a compute step of {compute_ms:.1f} ms; "
                 f"{blocked:.1f} ms of it is blocked on {cold:.1f} cold loads per step, "
                 f"{blocked / cold:.2f} ms per cold load against a device latency of "
@@ -183,8 +183,9 @@ def _between(r: dict, io: dict[str, float], compute_ms: float, latency: float,
                 "their own layer's router: the layers no head predicts (the first MoE layer)")
     build = m.get("build_ms_per_step") or 0.0
     return (f"the step is {step:.1f} ms against a compute step of {compute_ms:.1f} ms with only "
-            f"{blocked:.1f} ms blocked: main-thread work (build {build:.1f} ms/step) and "
-            "evaluation stand between")
+            f"{blocked:.1f} ms blocked ({demand:.1f} ms of it on demand loads, the layers no "
+            f"head predicts): main-thread work (build {build:.1f} ms/step) and evaluation "
+            "stand between")
 
 
 # ---------------------------------------------------------------- figures
