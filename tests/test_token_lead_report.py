@@ -1,0 +1,39 @@
+"""reports/io/token-lead/run.py's figures of a trace, on the hand-made trace
+(tests/trace_handmade.py): decode steps 1, 2, 3, 5, 6 over 10 + 20 + 30 + 40 + 50 ms; the
+waits by layer, the cold loads by layer, and how far ahead of a step's first on-demand load
+its prefetches start."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from trace_handmade import write_handmade
+
+from traces.reader import read_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def report():
+    spec = importlib.util.spec_from_file_location(
+        "token_lead_run", ROOT / "reports" / "io" / "token-lead" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lead_figures_by_hand(report, tmp_path):
+    """Layer 0 waited 2 (step 1) + 6 (step 5) ms, layer 1 4 (step 2) + 8 (step 6): 1.6 and 2.4
+    ms a step over 5 decode steps, 4.0 in all (the steps' own blocked column says 20 / 5 = 4).
+    Cold loads: layer 0 in steps 1, 2, 5; layer 1 twice in step 2 and once in step 5: 0.6 each.
+    Only step 5 has prefetches (first issued at 65 ms) and an on-demand load (90 ms): a lead of
+    25 ms. The prefill step's whole-layer loads are left out."""
+    f = report.lead_figures(read_trace(write_handmade(tmp_path / "t")))
+    assert f["decode_tok_s"] == pytest.approx(5 / 0.150)
+    assert f["blocked_ms_per_step"] == pytest.approx(4.0)
+    assert f["blocked_ms_by_layer"] == pytest.approx({0: 1.6, 1: 2.4})
+    assert f["cold_loads_by_layer"] == pytest.approx({0: 0.6, 1: 0.6})
+    assert f["issue_lead_ms"] == pytest.approx(25.0)
