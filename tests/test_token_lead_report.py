@@ -37,3 +37,26 @@ def test_lead_figures_by_hand(report, tmp_path):
     assert f["blocked_ms_by_layer"] == pytest.approx({0: 1.6, 1: 2.4})
     assert f["cold_loads_by_layer"] == pytest.approx({0: 0.6, 1: 0.6})
     assert f["issue_lead_ms"] == pytest.approx(25.0)
+
+
+@pytest.fixture(scope="module")
+def probe():
+    spec = importlib.util.spec_from_file_location(
+        "first_layer_probe", ROOT / "reports" / "io" / "token-lead" / "first_layer_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_first_layer_probe_recall_and_fit_by_hand(probe):
+    """Top-2 of [3, 2, 1, 0] is {0, 1}, of [0, 1, 2, 3] {3, 2}; the routed sets {0, 1} and
+    {0, 1}: recall (2/2 + 0/2) / 2. A ridge fit of y = 2x - 1 with a tiny lambda predicts it."""
+    import numpy as np
+
+    scores = np.array([[3.0, 2, 1, 0], [0, 1, 2, 3]])
+    routed = np.array([[3.0, 2, 0, 1], [3, 2, 1, 0]])
+    assert probe.recall_at_k(scores, routed, 2) == pytest.approx(0.5)
+    assert probe.recall_at_k(routed, routed, 3) == pytest.approx(1.0)
+    x = np.arange(10.0)[:, None]
+    got = probe.ridge(x, 2 * x - 1, np.array([[20.0]]), lam=1e-9)
+    assert got[0, 0] == pytest.approx(39.0, rel=1e-6)
