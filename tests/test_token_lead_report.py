@@ -16,13 +16,18 @@ from traces.reader import read_trace
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def report():
+def _script(name: str):
+    """reports/io/token-lead/NAME.py as a module (the folder's name is not an identifier)."""
     spec = importlib.util.spec_from_file_location(
-        "token_lead_run", ROOT / "reports" / "io" / "token-lead" / "run.py")
+        f"token_lead_{name}", ROOT / "reports" / "io" / "token-lead" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def report():
+    return _script("run")
 
 
 def test_lead_figures_by_hand(report, tmp_path):
@@ -41,11 +46,7 @@ def test_lead_figures_by_hand(report, tmp_path):
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location(
-        "first_layer_probe", ROOT / "reports" / "io" / "token-lead" / "first_layer_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _script("first_layer_probe")
 
 
 def test_first_layer_probe_recall_and_fit_by_hand(probe):

@@ -171,7 +171,7 @@ def _between(r: dict, io: dict[str, float], compute_ms: float, latency: float,
     blocked = m.get("blocked_ms_per_step") or 0.0
     cold = io["cold_loads_per_step"]
     extra = step - compute_ms
-    demand = io.get("demand_blocked_ms_per_step", 0.0)
+    demand = io["demand_blocked_ms_per_step"]
     if cold and blocked >= 0.5 * extra:
         return (f"the step is {step:.1f} ms against a compute step of {compute_ms:.1f} ms; "
                 f"{blocked:.1f} ms of it is blocked on {cold:.1f} cold loads per step, "

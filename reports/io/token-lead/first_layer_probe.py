@@ -59,7 +59,10 @@ def collect(model_dir: Path, tokens: int, repeat: int) -> dict[str, np.ndarray]:
     from mlx_lm.sample_utils import make_sampler
 
     mx.random.seed(0)
-    model, tok = load(str(model_dir))
+    try:
+        model, tok = load(str(model_dir))
+    except (OSError, ValueError, KeyError, RuntimeError) as e:  # cut short, or not mlx-lm's
+        raise SystemExit(f"first_layer_probe.py: {model_dir}: cannot be loaded ({e})") from None
     inner = model.model
     prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()
                if line.strip()] * repeat

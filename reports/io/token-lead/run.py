@@ -43,6 +43,7 @@ import polars as pl  # noqa: E402
 from engine.child_env import importing  # noqa: E402
 from sim.compare import compare  # noqa: E402
 from traces.reader import Trace, read_trace  # noqa: E402
+from traces.summary import summarize, summarize_layers  # noqa: E402
 
 MODEL = ROOT / "models" / "tiny-trained-stream"
 PROMPTS = ROOT / "reports" / "validation" / "prompts.jsonl"
@@ -55,45 +56,42 @@ def capture(model: Path, regime: str, out: Path) -> None:
            "--no-progress", "--prompts", str(PROMPTS), "--max-tokens", "96", "--temp", "1.0",
            "--seed", "0", "--preset", "staged", "--prerouter", str(model / "prerouter"),
            *REGIMES[regime]]
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+    run(cmd, cwd=ROOT)
 
 
 def lead_figures(trace: Trace) -> dict:
-    """Decode tok/s, blocked ms/step by layer, cold loads/step by layer, and the issue lead of
-    the predicted reads (ms before the previous step's token), from a trace's tables."""
-    steps = trace.steps.filter(pl.col("phase") == "decode").sort("step")
-    n = steps.height
-    loads = trace.loads.filter(pl.col("step").is_in(steps["step"].implode())
-                               & (pl.col("expert") >= 0))
-    by_layer = loads.group_by("layer").agg(
-        (pl.col("wait_ns").sum() / n / 1e6).alias("blocked"),
-        (pl.col("cold").sum() / n).alias("cold")).sort("layer")
-    first = loads.group_by("step", pl.col("source") == "prefetch").agg(
+    """Decode tok/s and blocked ms/step (traces.summary), the main thread's wait and the cold
+    loads per decode step by layer (traces.summary.summarize_layers), and the issue lead: how
+    long before a decode step's first on-demand load its first prefetch was issued (median)."""
+    summary, layers = summarize(trace), summarize_layers(trace).filter(pl.col("loads") > 0)
+    steps = trace.steps.filter(pl.col("phase") == "decode")["step"]
+    first = trace.loads.filter(pl.col("step").is_in(steps.implode()) & (pl.col("expert") >= 0)
+                               ).group_by("step", pl.col("source") == "prefetch").agg(
         pl.col("issued_ns").min())
     demand = dict(first.filter(~pl.col("source")).select("step", "issued_ns").iter_rows())
     leads = [(demand[s] - issued) / 1e6 for s, issued in
              first.filter(pl.col("source")).select("step", "issued_ns").iter_rows()
              if s in demand]
-    window_s = (steps["end_ns"] - steps["start_ns"]).sum() / 1e9
-    return {"decode_tok_s": n / window_s if window_s else None,
-            "blocked_ms_per_step": steps["blocked_ns"].sum() / n / 1e6,
-            "blocked_ms_by_layer": dict(zip(by_layer["layer"].to_list(),
-                                            by_layer["blocked"].to_list(), strict=True)),
-            "cold_loads_by_layer": dict(zip(by_layer["layer"].to_list(),
-                                            by_layer["cold"].to_list(), strict=True)),
+    cold = layers["loads_per_step"] * layers["cold_fraction"]
+    return {"decode_tok_s": summary["decode_tok_s"],
+            "blocked_ms_per_step": summary["blocked_ms_per_step"],
+            "blocked_ms_by_layer": dict(zip(layers["layer"].to_list(),
+                                            layers["wait_ms_per_step"].to_list(), strict=True)),
+            "cold_loads_by_layer": dict(zip(layers["layer"].to_list(), cold.to_list(),
+                                            strict=True)),
             "issue_lead_ms": statistics.median(leads) if leads else None}
 
 
 def scenario_file(profiles: Path | None, tmp: Path) -> str | None:
     """A scenario path for `sim compare`: the folder's scenario with its hardware and model
-    profiles pointed at the folder's files; None: the committed scenario."""
+    profiles pointed at the folder's files (a file any checkout's `sim compare` reads); None:
+    the committed scenario."""
     if profiles is None:
         return None
     text = (profiles / "scenario.toml").read_text()
-    text = re.sub(r'^hardware = ".*"', f'hardware = "{profiles / "hardware.toml"}"', text,
-                  count=1, flags=re.M)
-    text = re.sub(r'^model = ".*"', f'model = "{profiles / "model.toml"}"', text, count=1,
-                  flags=re.M)
+    for key in ("hardware", "model"):
+        text = re.sub(rf'^{key} = ".*"', f'{key} = "{profiles / (key + ".toml")}"', text,
+                      count=1, flags=re.M)
     path = tmp / "scenario.toml"
     path.write_text(text)
     return str(path)
@@ -108,14 +106,26 @@ def simulated(trace_dir: Path, scenario: str | None, out: Path,
     else:
         cmd = [sys.executable, "-m", "ssdmoe_cli", "sim", "compare", str(trace_dir),
                "--out", str(out), *(["--scenario", scenario] if scenario else [])]
-        subprocess.run(cmd, cwd=code, env=importing(code), check=True, capture_output=True)
+        run(cmd, cwd=code, env=importing(code))
     return lead_figures(read_trace(out))
+
+
+def run(cmd: list[str], **kw) -> None:
+    """Run a command; its failure ends this script in one line with the command's last words."""
+    done = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if done.returncode:
+        tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
+        raise SystemExit(f"run.py: `{' '.join(cmd[:4])} ...` failed: {tail[0]}")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _row(regime: str, label: str, f: dict) -> str:
     layers = sorted(f["blocked_ms_by_layer"])
     first = f["blocked_ms_by_layer"][layers[0]]
-    return (f"| {regime} | {label} | {f['decode_tok_s']:.1f} | {f['issue_lead_ms']:.2f} | "
+    return (f"| {regime} | {label} | {f['decode_tok_s']:.1f} | {_ms(f['issue_lead_ms'])} | "
             f"{f['blocked_ms_per_step']:.2f} | {first:.2f} | "
             f"{f['blocked_ms_per_step'] - first:.2f} | "
             f"{f['cold_loads_by_layer'][layers[0]]:.2f} |")
@@ -179,9 +189,9 @@ def main() -> None:
                 for label, figures in got.items():
                     rows[regime].setdefault(label, []).append(figures)
                 print(f"{regime} round {rnd}: measured {got['measured']['decode_tok_s']:.1f} "
-                      f"tok/s, issue lead {got['measured']['issue_lead_ms']:.2f} ms; simulated "
+                      f"tok/s, issue lead {_ms(got['measured']['issue_lead_ms'])} ms; simulated "
                       f"{got['simulated']['decode_tok_s']:.1f}, "
-                      f"{got['simulated']['issue_lead_ms']:.2f} ms", flush=True)
+                      f"{_ms(got['simulated']['issue_lead_ms'])} ms", flush=True)
     results = {
         "command": "uv run python reports/io/token-lead/run.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
