@@ -66,6 +66,9 @@ class EngineConfig:
     # recovery LoRA adapter (`ssdmoe train sft` / `distill`): unmerged, on the resident
     # attention and shared-expert projections (engine.lora)
     lora: str | None = None
+    # with prerouter heads: read the first MoE layer's likely experts from the step's token
+    # before its router runs (engine.first_layer_hint; the table `train heads` fits)
+    first_layer_hint: bool = False
     lead: int = 0  # tokens of staged lookahead (1 with a prerouter); 0 = fill on demand
     lead_kind: str = "none"  # LEADS; "token" whenever lead is 1
     top_k: int | None = None  # route at this K instead of the model's own (routing studies)
@@ -101,6 +104,9 @@ class EngineConfig:
             self.lora = None
         if self.lora is not None:
             self.lora = str(self.lora)
+        if self.first_layer_hint and self.prerouter is None:
+            raise BadInput("engine config: the first-layer hint (--first-layer-hint) comes "
+                           "with prerouter heads (--prerouter DIR): its table is theirs")
         if self.lead not in (0, 1):
             raise BadInput(f"engine config: lead must be 0 or 1, got {self.lead}")
         if self.lead_kind not in LEADS:

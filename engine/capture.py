@@ -85,6 +85,7 @@ def load_engine(
     hot_mb: float | None = None,
     cache_policy: str | None = None,
     staged_headroom: int | None = None,
+    first_layer_hint: bool = False,
 ):
     """-> the Engine (engine.engine) for `preset`
     (contract.engine_config.PRESETS) with the page-cache budget given in MiB or as a fraction of the
@@ -105,6 +106,7 @@ def load_engine(
                                       hot_bytes=None if hot_mb is None else int(hot_mb * 2**20),
                                       staged_headroom=staged_headroom,
                                       prerouter=None if prerouter is None else str(prerouter),
+                                      first_layer_hint=first_layer_hint,
                                       lora=None if lora is None else str(lora))
     return load_streaming(model_dir, verify=verify, config=config)
 

@@ -57,6 +57,10 @@ class FillPoint:
     gather: mx.array | None = None  # the layer's output that waits on it
     layer_input: mx.array | None = None  # an `early` point's layer input (see _kick)
     step: int = -1  # the step that registered it: its loads carry this step
+    # reads to start as soon as the step's input token is on the host, before the router
+    # (engine.first_layer_hint): `hint(token_id)`; `token` is that input, lazy at build
+    hint: Callable[[int], None] | None = None
+    token: mx.array | None = None
 
 
 class FillPoints:
@@ -67,6 +71,7 @@ class FillPoints:
         # meanwhile): slots that step reads must not be rewritten.
         self.overlapping = False
         self.pending: list[FillPoint] = []  # registered by the step being built
+        self.tokens: mx.array | None = None  # the input of the step being built (hints)
         self.backlog: deque[FillPoint] = deque()  # the step being evaluated: not yet resolved
         self.final: mx.array | None = None  # what to evaluate once the backlog is empty
         # [start, end) ns of progress() calls: step t's fills and the queueing of its next
@@ -109,6 +114,11 @@ class FillPoints:
     def begin(self, points: list[FillPoint], final: mx.array | None) -> None:
         """Start evaluating a step: its points to resolve in order, then `final`.
 
+        A point with a `hint` (the first MoE layer's, engine.first_layer_hint) starts its
+        reads here, from the step's input token, which the sync below brings to the host with
+        the predicted ids (the previous step's token and heads are one evaluation), before
+        the predicted layers' reads, since its layer runs first.
+
         Wait-only points (`wait_only`: they need nothing this step computes,
         e.g. staging a layer whose ids a prerouter predicted during the previous step) never
         stop the compute thread: their `start` (issuing the reads) runs here, after the
@@ -120,8 +130,11 @@ class FillPoints:
         if early:
             self._kick()
         starts = [p for p in points if p.start is not None and not p.early]
-        if starts:  # their ids to the host in one sync: each is a round trip to compute
-            mx.eval([p.inds for p in starts])
+        hints = [p for p in points if p.hint is not None and p.token is not None]
+        if starts or hints:  # their ids to the host in one sync: each is a round trip
+            mx.eval([p.inds for p in starts] + [p.token for p in hints])
+        for point in hints:  # first: its layer is the first to need them
+            self._at_step(lambda _inds, p=point: p.hint(int(p.token.item())), point)
         for point in starts:
             self._at_step(point.start, point)
         self._resolve_waits()

@@ -246,6 +246,7 @@ class StepLoop:
             self.on_step_start(step, phase, tokens.size)
         b0 = time.perf_counter_ns()
         if self.deferring:
+            self.fills.tokens = tokens  # a first-layer hint reads it (engine.first_layer_hint)
             with self.fills.collecting():
                 logits = self.model(tokens[None], cache=self.cache)
         else:

@@ -180,7 +180,10 @@ def load_streaming(
         from engine.prerouter import Prerouter, install
 
         pre = Prerouter.load_for(Path(config.prerouter), manifest)
-        rt.preroute = install(streaming_blocks(model), pre)
+        blocks = streaming_blocks(model)
+        rt.preroute = install(blocks, pre)
+        if config.first_layer_hint:
+            install_hint(blocks, pre, Path(config.prerouter))
     elif config.lead_kind == "layer":
         from engine import layer_lead
 
@@ -190,6 +193,21 @@ def load_streaming(
                            f"layer (MoE layers: {manifest.moe_layers})")
         rt.preroute = layer_lead.install(blocks)
     return Engine(model, load_tokenizer(manifest), store, rt)
+
+
+def install_hint(blocks: dict, pre, src: Path) -> None:
+    """The first MoE layer's token table on its staged decode path (engine.first_layer_hint)."""
+    from engine.first_layer_hint import HINT_FILE
+    from engine.paths.staged import StagedPath
+
+    if pre.hint is None:
+        raise BadInput(f"{src / HINT_FILE}: no such file (first-layer hint: heads trained "
+                       "before it existed; fit it with `ssdmoe train hint`)")
+    first = blocks[min(blocks)].path
+    if not isinstance(first, StagedPath):
+        raise BadInput(f"first-layer hint: the first MoE layer's decode path is "
+                       f"{first.name!r}; the hint fills the staged path's slots")
+    first.hint = pre.hint
 
 
 def install_lora(model, src: Path, manifest: Manifest):

@@ -31,6 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from contract.errors import BadInput
+from engine.first_layer_hint import FirstLayerHint
 from engine.routing import RoutingSpec, route
 
 WEIGHTS = "prerouter.safetensors"
@@ -99,6 +100,7 @@ class Prerouter(nn.Module):
     def __init__(self, spec: PrerouterSpec):
         super().__init__()
         self.spec = spec
+        self.hint: FirstLayerHint | None = None  # the first MoE layer's token table
         self.heads = {f"layer{n}": PrerouterHead(spec.dims, spec.experts, spec.hidden)
                       for n in spec.owners}
 
@@ -122,6 +124,8 @@ class Prerouter(nn.Module):
         flat = dict(nn.utils.tree_flatten(self.parameters()))
         mx.save_safetensors(str(out_dir / WEIGHTS), flat)
         (out_dir / META).write_text(json.dumps(asdict(self.spec), indent=1) + "\n")
+        if self.hint is not None:
+            self.hint.save(out_dir)
 
     @classmethod
     def load(cls, src: Path) -> Prerouter:
@@ -149,6 +153,8 @@ class Prerouter(nn.Module):
         pre = cls.load(src)
         pre.check(manifest.moe_layers, manifest.config["hidden_size"], manifest.num_experts,
                   manifest.top_k, Path(src))
+        pre.hint = FirstLayerHint.load(Path(src), int(manifest.config["vocab_size"]),
+                                       manifest.num_experts)
         return pre
 
     def check(self, moe_layers: list[int], dims: int, experts: int, top_k: int,

@@ -175,6 +175,7 @@ class Recorder:
         self._loads: deque[dict] = deque()  # filled from any thread (deque appends are atomic)
         self._later: list[dict] = []  # drained loads labelled with a step not yet written
         self._routing: dict[int, list[tuple]] = {}  # step -> its blocks' lazy routing
+        self._hints: dict[int, dict[int, list[int]]] = {}  # step -> {layer: hinted experts}
         self._building = -1  # the step whose graph is being built (gets on_routing calls)
         self._stats = None  # the engine's engine.paths.stats.PathStats
         self._last_counts: dict[str, int] = {}
@@ -195,6 +196,8 @@ class Recorder:
         self._blocks = list(streaming_blocks(engine.model).values())
         for block in self._blocks:
             block.on_routing = self.on_routing
+            if hasattr(block.path, "on_hint"):
+                block.path.on_hint = self.on_hint
         self._stats = engine.stats
         self._last_counts = self._count()
         self._cpu_last = None
@@ -206,6 +209,8 @@ class Recorder:
         for block in self._blocks:
             if block.on_routing == self.on_routing:
                 block.on_routing = None
+            if getattr(block.path, "on_hint", None) == self.on_hint:
+                block.path.on_hint = None
         self._blocks = []
 
     def hooks(self) -> dict[str, Any]:
@@ -230,9 +235,14 @@ class Recorder:
         self._routing.setdefault(self._building, []).append(
             (layer, inds, weights, source, router_inds))
 
+    def on_hint(self, step: int, layer: int, experts: list[int]) -> None:
+        """A first-layer hint started reading `experts` for `layer` of `step`."""
+        self._hints.setdefault(step, {})[layer] = list(experts)
+
     def on_step_start(self, step: int, phase: str, tokens: int) -> None:
         self._building = step
         self._routing[step] = []  # a step built ahead and dropped (EOS) left its number free
+        self._hints.pop(step, None)  # (and maybe a hint)
         if self.reset_peak:
             memory.reset_mlx_peak()
 
@@ -319,8 +329,11 @@ class Recorder:
 
     def _write_routing(self, step: int) -> None:
         pending = self._routing.pop(step, [])
+        hints = self._hints.pop(step, {})
         for old in [s for s in self._routing if s < step]:  # steps that never finished
             del self._routing[old]
+        for old in [s for s in self._hints if s < step]:
+            del self._hints[old]
         if not pending:
             return
         lazy = [a for p in pending for a in (p[1], p[2], p[4]) if a is not None]
@@ -331,6 +344,7 @@ class Recorder:
         weights: list[list[float]] = []
         sources: list[str] = []
         routers: list[list[int] | None] = []
+        hinted: list[list[int] | None] = []
         for layer, inds, w, source, router_inds in pending:  # a plain loop: cheapest at T=1
             k = inds.shape[-1]
             e = np.asarray(inds).reshape(-1, k).tolist()
@@ -342,9 +356,11 @@ class Recorder:
             sources.extend([source] * n)
             routers.extend([None] * n if router_inds is None
                            else np.asarray(router_inds).reshape(n, -1).tolist())
+            hinted.extend([hints.get(layer) if n == 1 else None] + [None] * (n - 1))
         n = len(experts)
         cols = {"step": [step] * n, "layer": layers, "token": tokens, "experts": experts,
-                "weights": weights, "source": sources, "router_experts": routers}
+                "weights": weights, "source": sources, "router_experts": routers,
+                "hinted_experts": hinted}
         self.writer.add_routing_columns(cols, n)
 
     # ------------------------------------------------------------ end

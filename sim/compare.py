@@ -17,6 +17,8 @@ vocabulary (sim.policies):
                                         K + headroom slots, the cache policy's victim), lead none,
                                         no bundle LRU behind the slots, readers
   prerouter true                        path staged, lead token
+  first_layer_hint                      first_layer_hint as recorded (traces from before it
+                                        existed: off); the trace's hinted sets are replayed
   lead_kind layer                       path staged, lead layer, lead_layers 1, every MoE layer
                                         after the first a consumer, predictor bytes 0 (the next
                                         layer's own router, resident)
@@ -228,6 +230,7 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     sets.append(f"help_reads={'true' if cfg.help_reads else 'false'}")
     sets.append("gil=true")  # this engine's threads are Python threads (sim.gil)
     sets.append(f"lora={'true' if cfg.lora else 'false'}")
+    sets.append(f"first_layer_hint={'true' if cfg.first_layer_hint else 'false'}")
     o_direct = engine.get("o_direct_effective", cfg.o_direct)
     sets.append(f"o_direct={'true' if o_direct else 'false'}")
     fits = InDecode.from_table(sc.source or sc.name, sc.in_decode)  # fitted inside decode

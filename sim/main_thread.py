@@ -86,7 +86,8 @@ def engine_order(experts: list[int], held) -> list[int]:
 class MainThread:
     def __init__(self, env: simpy.Environment, sc: Scenario, policy: Policy, cores: Cores,
                  compute: ComputeStream, fetcher: Fetcher, readers: ReaderThreads | None,
-                 lru: BundleLRU, swap: Swap) -> None:
+                 lru: BundleLRU, swap: Swap,
+                 hints: dict[int, list[tuple[int, list[int]]]] | None = None) -> None:
         m, hw = sc.model, sc.hardware
         self.env = env
         self.sc = sc
@@ -97,6 +98,8 @@ class MainThread:
         self.readers = readers
         self.lru = lru
         self.swap = swap
+        # routing row -> [(layer, experts)] to hint at its step's begin (lookahead loop only)
+        self.hints = (hints or {}) if sc.lookahead else {}
         self.gil = fetcher.gil
         # (Belady runs on the hot path only: sim.profiles.check_scenario; no slots there)
         self.slots = SlotTables(m.layers, sc.staged_slots,
@@ -313,6 +316,27 @@ class MainThread:
             staged[e] = load
         slots.stage(layer, staged)
 
+    def hint(self, step: int, row: int) -> Generator:
+        """begin(step) with a first-layer hint (engine.first_layer_hint): the trace's hinted
+        experts of routing row `row` start reading as prefetches into their layer's slots, as
+        engine.paths.slot_table.SlotTable.hint places them: never over a read in flight, and
+        always leaving K slots without one."""
+        slots = self.slots
+        for layer, experts in self.hints.get(row, ()):
+            held = slots.held[layer]
+            busy = {e for e, load in held.items()
+                    if load is not None and not load.done.triggered}
+            room = slots.capacity - len(busy) - self.sc.k
+            missing = [e for e in dict.fromkeys(experts) if e not in held][:max(0, room)]
+            if not missing:
+                continue
+            slots.calls[layer] += 1  # the engine's hint ticks the table's clock
+            base = layer * self.experts
+            for e in missing:
+                load = yield from self.new_load(step, layer, e, base + e, self.bundle_bytes,
+                                                self.sc.prefetch_pieces, PREFETCH)
+                slots.place(layer, e, load, busy | set(missing))
+
     def stage_boundary(self, step: int, row: int) -> Generator:
         """Stage what the policy predicted for decode step `step` (routing row `row`) at its
         boundary (the token lead's sets of every consumer layer)."""
@@ -442,6 +466,7 @@ class MainThread:
                 yield from self.cpu(self._layer_build_s(layer))
             yield from self.queue_async(self._attention_s(0))
         if not built:  # begin(step) (engine.fill_points): its staged layers' reads start
+            yield from self.hint(step, row)
             yield from self.stage_boundary(step, row)
         resolved = set()
         for layer in range(self.layers):
@@ -475,6 +500,7 @@ class MainThread:
             # simulator had them start 1.9 ms before it).
             # Then step+1's evaluation is handed over (in the engine its kick comes before the
             # token; the stream runs in order, so the token never waits on it).
+            yield from self.hint(step + 1, next_row)  # the first layer's, before the rest
             yield from self.stage_boundary(step + 1, next_row)
             yield from self.queue_async(self._attention_s(0))
         self.record_step(step, request, "decode", 1, start)

@@ -130,9 +130,11 @@ def steps_frame(log: StepLog, loads: pl.DataFrame, memory: MemoryBudget,
 
 
 def routing_frame(executed: np.ndarray, router: np.ndarray, staged: np.ndarray,
-                  plan_steps: np.ndarray) -> pl.DataFrame:
+                  plan_steps: np.ndarray, hinted: list[dict[int, list[int]]] | None = None
+                  ) -> pl.DataFrame:
     """One row per decode (step, layer): executed experts; staged layers have source
-    "prediction" and the router's own set in router_experts."""
+    "prediction" and the router's own set in router_experts; `hinted` (per decode step,
+    {layer: experts}) the sets a first-layer hint read ahead."""
     rows, layers, k = executed.shape
     if rows == 0:
         return pl.DataFrame(schema=ROUTING_COLUMNS)
@@ -152,4 +154,7 @@ def routing_frame(executed: np.ndarray, router: np.ndarray, staged: np.ndarray,
             "router_experts"),
         pl.lit(None, dtype=pl.List(pl.Float32())).alias("weights"),
     )
+    hints = [(hinted[r].get(layer) if hinted else None) for r in range(rows)
+             for layer in range(layers)]
+    frame = frame.with_columns(pl.Series("hinted_experts", hints, dtype=lists))
     return frame.select(pl.col(c).cast(t) for c, t in ROUTING_COLUMNS.items())

@@ -129,7 +129,8 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
                     if sc.cache_policy == "belady" else sc.cache_policy)
     swap = Swap(mem.swapped, device, hw.cold_overhead_ms / 1e3,
                 (mem.resident + mem.kv) // m.layers)
-    main = MainThread(env, sc, policy, cores, compute, fetcher, readers, lru, swap)
+    main = MainThread(env, sc, policy, cores, compute, fetcher, readers, lru, swap,
+                      routing.hints if sc.first_layer_hint else None)
     main.warnings = warnings
     env.process(main.run(routing.plan))
     env.run()
@@ -189,7 +190,9 @@ def run_scenario(sc: Scenario, trace: Trace | None = None,
         len(decode_rows), sc.model.layers, sc.k)
     router = routing.router[[p[3] for p in decode_rows]] if decode_rows else executed
     staged = np.asarray([main.policy.staged_layer(layer) for layer in range(sc.model.layers)])
-    routing_df = routing_frame(executed, router, staged, decode_steps)
+    hinted = [dict(routing.hints.get(p[3], ())) if sc.first_layer_hint else {}
+              for p in decode_rows]
+    routing_df = routing_frame(executed, router, staged, decode_steps, hinted)
     info = run_info(sc, routing, mem)
     info.complete = True
     path = Path(out) if out is not None else Path(f"<simulated {sc.name}>")

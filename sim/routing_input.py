@@ -3,7 +3,7 @@ synthetic generator (sim.routing_synth, shared with the tests and the paper repo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
@@ -27,6 +27,9 @@ class RoutingInput:
     predicted: np.ndarray | None  # int16 [rows, layers, K]; router where nothing was predicted
     plan: list[PlanStep]
     source: str  # "synthetic" or the trace directory
+    # routing row -> [(layer, experts)] read ahead from the step's token before the layer
+    # routed (a trace's first-layer hints: engine.first_layer_hint)
+    hints: dict[int, list[tuple[int, list[int]]]] = field(default_factory=dict)
 
     @property
     def decode_steps(self) -> int:
@@ -141,7 +144,18 @@ def from_trace(trace: Trace, sc: Scenario) -> RoutingInput:
             plan.append(("prefill", int(tokens or 1), int(request), -1))
         elif int(step) in row_of:
             plan.append(("decode", 1, int(request), row_of[int(step)]))
-    return RoutingInput(router, _merge_predicted(router, predicted), plan, str(where))
+    return RoutingInput(router, _merge_predicted(router, predicted), plan, str(where),
+                        hints_of(trace, row_of))
+
+
+def hints_of(trace: Trace, row_of: dict[int, int]) -> dict[int, list[tuple[int, list[int]]]]:
+    """{routing row: [(layer, hinted experts)]} of the trace's steps that `row_of` replays."""
+    rows = trace.routing.filter(pl.col("hinted_experts").is_not_null())
+    out: dict[int, list[tuple[int, list[int]]]] = {}
+    for step, layer, experts in rows.select("step", "layer", "hinted_experts").iter_rows():
+        if int(step) in row_of:
+            out.setdefault(row_of[int(step)], []).append((int(layer), list(experts)))
+    return out
 
 
 def single_token_prefill(trace: Trace, layers: int, k: int) -> dict[int, np.ndarray]:

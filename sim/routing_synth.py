@@ -284,6 +284,7 @@ def routing_frame(sets: RoutingSets) -> pl.DataFrame:
         "weights": pl.Series(sets.weights.reshape(-1, k)).cast(pl.List(pl.Float32())),
         "source": np.where(has_pred, "prediction", "router"),
         "router_experts": pl.Series(router).cast(lists),
+        "hinted_experts": pl.Series([None] * (T * L), dtype=lists),
     }, schema=ROUTING_COLUMNS)
 
 

@@ -507,6 +507,12 @@ class Scenario:
               "False: the synchronous loop (the paper's engine; ours on the exact and hot "
               "paths). sim.main_thread"),
         obtain="the engine config (--lookahead)")
+    first_layer_hint: bool = key(False,
+        help=("lookahead loop with prerouter heads: when a step's token is on the host, the "
+              "experts a token table gives for the first MoE layer start reading into its "
+              "free slots, beside its own routing (engine.first_layer_hint); replays the "
+              "trace's hinted sets (routing column hinted_experts)"),
+        obtain="the engine config (--first-layer-hint)")
     lora: bool = key(False,
         help=("serve the model's recovery LoRA, unmerged (its bytes and build time from the "
               "model profile: lora_bytes, lora_build_ms)"),

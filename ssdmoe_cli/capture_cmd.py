@@ -18,6 +18,7 @@ from ssdmoe_cli.options import (
     CachePolicy,
     CpuQuota,
     Cpus,
+    FirstLayerHint,
     HotMb,
     Lead,
     LoraDir,
@@ -72,6 +73,7 @@ def capture(
     o_direct: Annotated[bool, typer.Option(
         "--o-direct", help="Read experts with O_DIRECT (bypasses the page cache).")] = False,
     lead: Lead = "none",
+    first_layer_hint: FirstLayerHint = False,
     top_k: Annotated[int | None, typer.Option(
         "--top-k", help="Route at K experts per token instead of the model's own K.")] = None,
     lora: LoraDir = None,
@@ -156,7 +158,7 @@ def capture(
         page_cache_fraction=page_cache_fraction, verify=verify, lookahead=lookahead,
         prerouter=prerouter, lead=lead, top_k=top_k, readers=readers, hot_mb=hot_mb,
         staged_headroom=staged_headroom, cache_policy=cache_policy,
-        lora=served_lora(model, lora, no_lora, prerouter, top_k))
+        first_layer_hint=first_layer_hint, lora=served_lora(model, lora, no_lora, prerouter, top_k))
     # the emulated machine starts once the model is loaded (as the throttle always did: loading
     # is not what is measured), and before --out is touched: a refused limit loses nothing
     machine = EmulatedMachine(model, limits)

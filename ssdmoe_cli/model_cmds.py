@@ -12,7 +12,14 @@ import typer
 
 from contract.errors import BadInput
 from ssdmoe_cli.atomic_dir import build_into
-from ssdmoe_cli.options import CachePolicy, LoraDir, NoLora, Readers, served_lora
+from ssdmoe_cli.options import (
+    CachePolicy,
+    FirstLayerHint,
+    LoraDir,
+    NoLora,
+    Readers,
+    served_lora,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -95,6 +102,7 @@ def generate(
     prerouter: Annotated[Path | None, typer.Option(
         "--prerouter", help="Prerouter heads directory (ssdmoe train heads): their predictions "
         "are the decode routing of the layers after a head.")] = None,
+    first_layer_hint: FirstLayerHint = False,
     lora: LoraDir = None,
     no_lora: NoLora = False,
     top_k: Annotated[int | None, typer.Option(
@@ -130,6 +138,7 @@ def generate(
                                       lookahead=lookahead, top_k=top_k, readers=readers,
                                       cache_policy=cache_policy,
                                       prerouter=None if prerouter is None else str(prerouter),
+                                      first_layer_hint=first_layer_hint,
                                       lora=served_lora(model, lora, no_lora, prerouter, top_k))
     engine = load_streaming(model, verify=verify, config=config)
     if not engine.tokenizer.encode(prompt):

@@ -40,6 +40,9 @@ CachePolicy = Annotated[str | None, typer.Option(
 HotMb = Annotated[float | None, typer.Option(
     "--hot-mb", help="The hot path's LRU of expert bundles in MiB (--preset hot; default "
     "25% of the expert bytes). Under --mem-limit it takes from the page cache.")]
+FirstLayerHint = Annotated[bool, typer.Option(
+    "--first-layer-hint", help="With --prerouter: start reading the first MoE layer's likely "
+    "experts from each step's token, before its router (the table `train heads` fits).")]
 Lead = Annotated[str, typer.Option(
     "--lead", help="How far ahead staged experts are known: none (on demand), token "
     "(prerouter heads, one token ahead; implied by --prerouter), layer (same token, the "

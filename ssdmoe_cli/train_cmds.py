@@ -90,8 +90,53 @@ def heads(
     typer.echo(f"held-out cross-entropy: own routing {q['ce_base']:.3f}, predicted routing "
                f"{q['ce_prerouted']:.3f}; greedy tokens agree {100 * q['greedy_agreement']:.1f}%"
                " (before the recovery LoRA: ssdmoe train sft)")
+    f = rep["first_layer_hint"]
+    typer.echo(f"first MoE layer from the token (no head predicts it): held-out recall "
+               f"{f['heldout_recall']:.3f}, the previous position's set "
+               f"{f['previous_position_recall']:.3f}")
     typer.echo(f"wrote {out} (record {rep['record_s']} s, train {rep['train_s']} s)")
     typer.echo(json.dumps({"out": str(out), "head_recall_mean": h["head_recall_mean"]}))
+
+
+@app.command("hint")
+def hint(
+    model: Annotated[Path, typer.Argument(help="Converted model directory (ssdmoe convert).")],
+    prerouter: Annotated[Path | None, typer.Option(
+        "--prerouter", help="Prerouter directory to add it to (default: MODEL/prerouter).")]
+        = None,
+    text: Annotated[Path | None, typer.Option(
+        "--text", help="UTF-8 training text (default: the fixtures' Python-stdlib corpus).")]
+        = None,
+) -> None:
+    """Fit the first MoE layer's token table (engine.first_layer_hint; `train heads` fits it
+    too) into an existing prerouter directory, for heads trained before it existed."""
+    from engine.first_layer_hint import HINT_FILE
+
+    pre_dir = Path(prerouter) if prerouter is not None else Path(model) / "prerouter"
+    meta = pre_dir / "prerouter.json"
+    if not meta.is_file():
+        raise BadInput(f"{meta}: no such file (train the heads first: ssdmoe train heads)")
+    if text is not None and not text.is_file():
+        raise BadInput(f"--text {text}: no such file")
+    try:
+        spec = json.loads(meta.read_text())
+    except ValueError as err:
+        raise BadInput(f"{meta}: not JSON ({err})") from None
+    fast_blas()
+    from engine.loader import load_resident
+    from engine.train.heads import corpus_tokens, train_first_layer_hint
+
+    lm, tokenizer = load_resident(model, top_k=spec.get("top_k"))
+    train_ids, held_ids = corpus_tokens(tokenizer, text)
+    try:
+        table, report = train_first_layer_hint(lm, train_ids, held_ids)
+    except ValueError as err:
+        raise BadInput(f"{text or 'corpus'}: {err}") from None
+    table.save(pre_dir)
+    spec.setdefault("report", {})["first_layer_hint"] = report
+    meta.write_text(json.dumps(spec, indent=1) + "\n")
+    typer.echo(f"wrote {pre_dir / HINT_FILE}: held-out recall {report['heldout_recall']:.3f} "
+               f"(the previous position's set {report['previous_position_recall']:.3f})")
 
 
 def fast_blas() -> None:

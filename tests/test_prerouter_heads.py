@@ -77,7 +77,21 @@ def test_cli_train_heads_then_generate(tiny_random_converted, model_copy, tmp_pa
     r = ssdmoe("generate", str(root), "--prompt", "the quick", "--max-tokens", "4", "--preset",
                "staged", "--prerouter", str(root / "prerouter"), "--json")
     assert r.returncode == 0, r.stderr
-    assert len(json.loads(r.stdout)["tokens"]) == 4
+    tokens = json.loads(r.stdout)["tokens"]
+    assert len(tokens) == 4
+    # the first layer's token table comes with the heads; `train hint` refits it alone
+    hint = meta["report"]["first_layer_hint"]
+    assert 0 <= hint["heldout_recall"] <= 1 and hint["train_rows"] > 0
+    (root / "prerouter" / "first_layer_hint.npy").unlink()
+    r = ssdmoe("train", "hint", str(root), "--text", str(text))
+    assert r.returncode == 0 and "held-out recall" in r.stdout, r.stderr
+    r = ssdmoe("generate", str(root), "--prompt", "the quick", "--max-tokens", "4", "--preset",
+               "staged", "--prerouter", str(root / "prerouter"), "--first-layer-hint", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tokens"] == tokens  # a hint never routes
+    r = ssdmoe("train", "hint", str(root), "--prerouter", str(tmp_path / "none"))
+    assert r.returncode == 2 and "prerouter.json: no such file" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_bad_prerouter_input(tiny_random_converted, tmp_path, ssdmoe):

@@ -80,7 +80,8 @@ def test_engine_configs_map_onto_scenario_keys():
     assert path == "exact" and sets == ["k=2", "path=exact", "lead=none", "lru_bytes=0",
                                         "readers=0", "lookahead=false",
                                         "prefill_stacks_held=false", "help_reads=true",
-                                        "gil=true", "lora=false", "o_direct=false"]
+                                        "gil=true", "lora=false", "first_layer_hint=false",
+                                        "o_direct=false"]
     sets, _, _ = engine_settings({"decode": "exact", "k": 2, "lora": "/some/adapter"}, sc)
     assert "lora=true" in sets
     sets, _, _ = engine_settings({"decode": "exact", "k": 2, "help_reads": False}, sc)

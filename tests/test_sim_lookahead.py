@@ -358,3 +358,52 @@ def test_asking_the_page_cache_first_costs_each_cold_miss():
     grown = np.array(_rows_ms(asked))[1:-1] - np.array(_rows_ms(base))[1:-1]
     assert grown == pytest.approx([2 * L * r] * (STEPS - 2), abs=1e-6)
     assert _rows_ms(run(r, o_direct=True)) == _rows_ms(run(0.0, o_direct=True))
+
+
+def test_first_layer_hint_reads_at_the_token_beside_the_router():
+    """The prerouter model above, cold reads of 0.5 ms (latency, no transfer time, 8 in
+    flight), 4 readers; the page cache holds every set from step 3 on (warm reads are free).
+    The first MoE layer (0) has no head: without a hint its two experts a step are demand
+    loads issued after its router, and in the cold steps 1 and 2 the main thread waits 0.5 ms
+    for them: windows of 6.8 + 0.5 ms (6.8: the prerouter test's window). With the trace's
+    hinted sets (engine.first_layer_hint) replayed they are prefetches issued when the previous
+    step's token is on the host, with the consumer layers' (the window's end: unbounded
+    queue), done 0.5 ms later, before layer 0's router (a + h = 1.2 ms after the token): no
+    wait, windows of 6.8. A wrong hint of four experts reads two (4 slots less K: the call's
+    own misses keep room) and the router's two still load on demand."""
+    from sim.routing_input import RoutingInput
+
+    m = _model(0.4, consumer_first=1, consumer_last=3, heads=3, head_bytes=200_000,
+               head_build_ms=0.1)
+    router = _cycling()
+    plan = [("decode", 1, 0, i) for i in range(STEPS)]
+
+    def run(hint: bool, hinted: np.ndarray):
+        hints = {i: [(0, hinted[i, 0].tolist())] for i in range(STEPS)}
+        sc = scenario(hw=_hw(ssd_latency_ms=0.5, queue_depth=8), m=m, path="staged", lead="token",
+                      readers=4, decode_steps=STEPS, lookahead=True, first_layer_hint=hint)
+        return run_scenario(sc, routing=RoutingInput(router, None, plan, "test", hints))
+
+    def layer0(result):
+        loads = result.trace.loads.filter((pl.col("layer") == 0) & (pl.col("step") > 0))
+        return loads, loads.group_by("source").agg(pl.len()).sort("source").rows()
+
+    # a wrong hint of four experts: room for two (4 slots - none in flight - K)
+    wrong_sets = np.concatenate([(router + 6) % 16, (router + 8) % 16], axis=-1)
+    hinted, plain, wrong = run(True, router), run(False, router), run(True, wrong_sets)
+    loads, by_source = layer0(hinted)
+    assert by_source == [("prefetch", 2 * (STEPS - 1))]
+    steps = hinted.trace.steps.filter(pl.col("phase") == "decode")
+    ends = dict(zip(steps["step"].to_list(), steps["end_ns"].to_list(), strict=True))
+    for s, issued, waited in loads.select("step", "issued_ns", "wait_ns").iter_rows():
+        assert (ends[s - 1] - issued) / 1e6 == pytest.approx(0.0, abs=1e-6)
+        assert waited == 0
+    assert layer0(plain)[1] == [("demand", 2 * (STEPS - 1))]
+    assert layer0(plain)[0]["wait_ns"].sum() > 0
+    assert layer0(wrong)[1] == [("demand", 2 * (STEPS - 1)), ("prefetch", 2 * (STEPS - 1))]
+    got = hinted.trace.routing.filter(pl.col("hinted_experts").is_not_null())
+    assert got.height == STEPS and set(got["layer"]) == {0}  # the simulated trace records them
+    window = 4 * C + 3 * 0.2 + 2 * S
+    assert _rows_ms(hinted)[1:] == pytest.approx([window] * (STEPS - 1), abs=1e-6)
+    assert _rows_ms(plain)[1:] == pytest.approx([window + 0.5] * 2 + [window] * (STEPS - 3),
+                                                 abs=1e-6)

@@ -10,7 +10,7 @@ import polars as pl
 
 from contract.errors import BadInput, read_json_object
 from traces.schema import (
-    LATER_STEP_COLUMNS,
+    LATER_COLUMNS,
     RUN_FILE,
     SCHEMA_VERSION,
     TABLES,
@@ -70,9 +70,10 @@ def read_table(path: Path, columns: dict[str, pl.DataType]) -> pl.DataFrame:
     except Exception as err:  # polars raises several error types for corrupt files
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise BadInput(f"{path}: unreadable parquet ({reason})") from None
-    later = [name for name in LATER_STEP_COLUMNS if name in columns and name not in frame.columns]
+    later = [name for name in LATER_COLUMNS if name in columns and name not in frame.columns]
     if later:
-        frame = frame.with_columns(pl.lit(-1, dtype=columns[n]).alias(n) for n in later)
+        frame = frame.with_columns(pl.lit(LATER_COLUMNS[n], dtype=columns[n]).alias(n)
+                                   for n in later)
     missing = [name for name in columns if name not in frame.columns]
     if missing:
         raise BadInput(f"{path}: missing columns {', '.join(missing)}")

@@ -58,9 +58,9 @@ STEP_COLUMNS: dict[str, pl.DataType] = {
     "cpu_ns": pl.Int64(),  # CPU time of every thread of the process since the previous row
     "main_cpu_ns": pl.Int64(),  # the main thread's CPU time since the previous row
 }
-# step columns added after traces were first written: a trace without them reads them as -1
-# (unknown)
-LATER_STEP_COLUMNS = ("cpu_ns", "main_cpu_ns")
+# columns added after traces were first written, and what a trace without them reads them as
+# (-1: unknown; null: none)
+LATER_COLUMNS: dict[str, int | None] = {"cpu_ns": -1, "main_cpu_ns": -1, "hinted_experts": None}
 
 ROUTING_COLUMNS: dict[str, pl.DataType] = {
     "step": pl.Int64(),
@@ -70,6 +70,9 @@ ROUTING_COLUMNS: dict[str, pl.DataType] = {
     "weights": pl.List(pl.Float32()),
     "source": pl.Utf8(),  # one of ROUTING_SOURCES
     "router_experts": pl.List(pl.Int16()),  # the layer's own router top-K when computed, else null
+    # experts read ahead from the step's token before this layer routed (a first-layer hint,
+    # engine.first_layer_hint: what the table gave, before any cap for room), else null
+    "hinted_experts": pl.List(pl.Int16()),
 }
 
 LOAD_COLUMNS: dict[str, pl.DataType] = {

@@ -17,7 +17,7 @@ from engine.paths.kernel import alloc_stack, row_targets
 from engine.paths.stats import PathStats
 from engine.readers import ReaderPool, Ticket
 from engine.store import ExpertStore
-from traces.schema import DEMAND
+from traces.schema import DEMAND, PREFETCH
 
 
 class StagingError(RuntimeError):
@@ -45,6 +45,7 @@ class SlotTable:
         self.policy = eviction.make(policy)  # over the experts held in slots
         self.clock = 0  # calls so far: the token of the policy's stamps
         self.last_call: set[int] = set()  # slots of the last call staged ahead (may still compute)
+        self.hinted: set[int] = set()  # experts the last hint read: the next call's misses
 
     def resident(self) -> dict[int, int]:
         """{expert: slot} of filled slots (fills in flight included)."""
@@ -60,8 +61,10 @@ class SlotTable:
         where = self.resident()
         keep = {where[e] for e in wanted if e in where}
         missing = [e for e in wanted if e not in where]
-        self.stats.cache_hits += len(wanted) - len(missing)
-        self.stats.cache_misses += len(missing)
+        hinted = sum(1 for e in wanted if e in self.hinted)  # read for this call: misses
+        self.hinted = set()
+        self.stats.cache_hits += len(wanted) - len(missing) - hinted
+        self.stats.cache_misses += len(missing) + hinted
         banned = keep | protected | set(self.ticket_of)
         free = [s for s in range(self.slots) if s not in banned and self.expert_in[s] < 0]
         kept = {self.expert_in[s] for s in banned}
@@ -93,6 +96,48 @@ class SlotTable:
             where[e] = s
         slots = [where[e] for e in wanted]
         return [self.ticket_of[s] for s in slots if s in self.ticket_of]
+
+    def hint(self, experts: list[int]) -> None:
+        """Start reading `experts` (a guess at the next call's set, engine.first_layer_hint)
+        into free slots as prefetches, as far as slots allow: empty ones first, then the
+        policy's victims, never a slot with a read in flight, and always leaving K slots
+        without one, so the call's own misses still find room whatever the guess. Counts no
+        hit or miss (the call that follows does) and never raises for want of room."""
+        self.hinted = set()
+        where = self.resident()
+        busy = set(self.ticket_of)
+        room = self.slots - len(busy) - self.k
+        missing = [e for e in dict.fromkeys(experts) if e not in where][:max(0, room)]
+        if not missing:
+            return
+        self.clock += 1
+        now = (self.clock, self.layer)
+        free = [s for s in range(self.slots) if s not in busy and self.expert_in[s] < 0]
+        kept = {self.expert_in[s] for s in busy}
+        while len(free) < len(missing):
+            victim = self.policy.victim(now, kept)
+            if victim is None:
+                break
+            kept.add(victim)
+            free.append(where[victim])
+        for e, s in zip(missing, free, strict=False):
+            old = self.expert_in[s]
+            if old >= 0:
+                self.table_np[old] = self.sentinel
+                self.policy.remove(old)
+                self.stats.cache_evictions += 1
+            self.expert_in[s] = e
+            self.policy.admit(e, now)
+            self.ticket_of[s] = self.readers.submit_bundle(self.layer, e, self.rows[s],
+                                                           source=PREFETCH)
+            self.hinted.add(e)
+
+    def reap(self) -> None:
+        """Publish the reads that have landed without anyone waiting for them (hints the
+        router did not pick): until then their slots count as busy."""
+        done = [t for t in self.ticket_of.values() if t.done()]
+        if done:
+            self.settle(done)
 
     def settle(self, tickets: list[Ticket]) -> None:
         """Wait for `tickets`; publish landed experts in the table; empty slots whose read

@@ -26,10 +26,13 @@ path for that call; slots are left untouched."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mlx.core as mx
 
 from contract import eviction
 from engine.fill_points import FillPoint, FillPoints
+from engine.first_layer_hint import FirstLayerHint
 from engine.paths.exact import ExactPath
 from engine.paths.kernel import ExpertPath, Quant, switch_glu
 from engine.paths.slot_table import SlotTable, StagingError
@@ -58,6 +61,14 @@ class StagedPath(ExpertPath):
         self.ahead_fill = AheadFill(self.slot_table, layer, self.points)
         self.predicted_fill = PredictedFill(self.slot_table, self.points)
         self.exact = ExactPath(store, layer, step_clock=self.points.clock, stats=stats)
+        # the first MoE layer's token table (engine.first_layer_hint), installed by the loader
+        self.hint: FirstLayerHint | None = None
+        # (step, layer, experts) of each hint as it starts: the recorder's (engine.recorder)
+        self.on_hint: Callable[[int, int, list[int]], None] | None = None
+
+    def _hinted(self, experts: list[int]) -> None:
+        if self.on_hint is not None:
+            self.on_hint(self.points.clock.step, self.layer, experts)
 
     @property
     def slots(self) -> int:
@@ -124,7 +135,7 @@ class StagedPath(ExpertPath):
                 raise StagingError(f"layer {self.layer}: a {tokens}-token call while sets "
                                    "are staged for single-token calls")
             elif tokens == 1 and self.points.active:
-                fill = self.demand_fill.point()
+                fill = self.demand_fill.point(self.hint, self.points.tokens, self._hinted)
             elif not self.demand_fill.fill_now(inds):
                 return self.exact(x, inds)
         except BaseException:

@@ -22,11 +22,13 @@ with the loop's lookahead, step t+1 is staged while step t may still compute."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import mlx.core as mx
 import numpy as np
 
 from engine.fill_points import FillPoint, FillPoints
+from engine.first_layer_hint import FirstLayerHint
 from engine.paths.slot_table import SlotTable, StagingError
 from engine.paths.stats import PathStats, host_routed
 from engine.readers import Ticket
@@ -37,9 +39,21 @@ class DemandFill:
     def __init__(self, table: SlotTable, stats: PathStats):
         self.table, self.stats = table, stats
 
-    def point(self) -> FillPoint:
-        """A single-token call inside the decode loop (<= K experts: always fits the slots)."""
-        return FillPoint(self.fill)
+    def point(self, hint: FirstLayerHint | None = None, token: mx.array | None = None,
+              report: Callable[[list[int]], None] | None = None) -> FillPoint:
+        """A single-token call inside the decode loop (<= K experts: always fits the slots).
+        With `hint`, the experts its table gives for `token` (the call's input token) start
+        reading when the token is on the host (engine.first_layer_hint); `report` is told
+        which."""
+        if hint is None or token is None:
+            return FillPoint(self.fill)
+
+        def start_hinted(token_id: int) -> None:
+            experts = hint.experts(token_id)
+            if report is not None:
+                report(experts)
+            self.table.hint(experts)
+        return FillPoint(self.fill, hint=start_hinted, token=token)
 
     def fill(self, inds: mx.array) -> None:
         """The fill point: the router's ids to the host, missing experts read into free slots
@@ -48,6 +62,7 @@ class DemandFill:
         experts = set(host_routed(inds, self.stats, deferred=True).ravel().tolist())
         if self.table.all_published(experts) is None:
             self.table.settle(self.table.place(sorted(experts), set(), source=DEMAND))
+        self.table.reap()  # hinted reads the router did not pick, once they land
 
     def fill_now(self, inds: mx.array) -> bool:
         """Outside the decode loop: sync at build and fill. False (counted as a fallback) when

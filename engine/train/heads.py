@@ -29,6 +29,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
+from engine.first_layer_hint import FirstLayerHint, fit_table, recall
 from engine.fixtures.train_loop import forward_with_taps, set_recall, window_batches
 from engine.fixtures.two_stream_training import two_stream_training
 from engine.prerouter import Prerouter, PrerouterSpec, owners_for, router_weight
@@ -58,10 +59,19 @@ class HeadsConfig:
     seed: int = 0
 
 
+@dataclass
+class FirstLayerData:
+    """Records of the first MoE layer (no head predicts it: engine.first_layer_hint)."""
+    tokens: np.ndarray  # [R] the input token ids
+    logits: np.ndarray  # [R, E] the layer's router logits there
+    routed: np.ndarray  # [R, K] its routed ids
+
+
 def record(model: nn.Module, tokens: np.ndarray, seq_len: int, windows: int,
-           batch: int = 16) -> dict[int, HeadData]:
+           batch: int = 16, first: list[tuple] | None = None) -> dict[int, HeadData]:
     """Run `windows` windows of `tokens` (spread evenly) through the model; return each owner
-    layer's head records."""
+    layer's head records. `first`: also appends the first layer's (tokens, router logits,
+    routed ids) per batch (`first_layer_data` joins them)."""
     layers = model.model.layers
     owners = owners_for(list(range(len(layers))))
     parts: dict[int, list[list[np.ndarray]]] = {o: [[], [], [], [], []] for o in owners}
@@ -69,7 +79,13 @@ def record(model: nn.Module, tokens: np.ndarray, seq_len: int, windows: int,
         w = mx.array(rows[:, :-1])
         _, taps = forward_with_taps(model, w)
         logits = {o + 1: layers[o + 1].mlp.gate(taps[o + 1].x) for o in owners}
-        mx.eval([t.x for t in taps], [t.inds for t in taps], list(logits.values()))
+        first_logits = layers[0].mlp.gate(taps[0].x)
+        mx.eval([t.x for t in taps], [t.inds for t in taps], list(logits.values()),
+                first_logits)
+        if first is not None:
+            e, k = first_logits.shape[-1], taps[0].inds.shape[-1]
+            first.append((rows[:, :-1].reshape(-1), np.array(first_logits).reshape(-1, e),
+                          np.array(taps[0].inds).reshape(-1, k)))
         for o in owners:
             x, ids = np.array(taps[o].x), np.array(taps[o].inds)
             nxt_ids, nxt_logits = np.array(taps[o + 1].inds), np.array(logits[o + 1])
@@ -81,6 +97,38 @@ def record(model: nn.Module, tokens: np.ndarray, seq_len: int, windows: int,
             p[3].append(nxt_logits[:, 2:].reshape(-1, nxt_logits.shape[-1]))
             p[4].append(nxt_ids[:, 1:-1].reshape(-1, ids.shape[-1]))
     return {o: HeadData(*(np.concatenate(a) for a in parts[o])) for o in owners}
+
+
+def first_layer_data(parts: list[tuple]) -> FirstLayerData:
+    return FirstLayerData(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+
+
+def fit_first_layer_hint(model: nn.Module, train: FirstLayerData, held: FirstLayerData,
+                         k: int) -> tuple[FirstLayerHint, dict]:
+    """The first layer's token table (engine.first_layer_hint) fitted on `train`; its
+    held-out recall beside the previous position's routed set (what reusing it would get)."""
+    embeddings = np.array(model.model.embed_tokens(mx.arange(model.args.vocab_size)))
+    table = fit_table(embeddings, train.tokens, train.logits, k)
+    previous = set_recall(held.routed[:-1], held.routed[1:])
+    report = {"heldout_recall": recall(table, held.tokens, held.routed),
+              "previous_position_recall": previous, "train_rows": int(len(train.tokens)),
+              "heldout_rows": int(len(held.tokens))}
+    return FirstLayerHint(table), report
+
+
+def train_first_layer_hint(model: nn.Module, train_tokens: np.ndarray,
+                           eval_tokens: np.ndarray, cfg: HeadsConfig | None = None
+                           ) -> tuple[FirstLayerHint, dict]:
+    """The first layer's token table alone (for heads trained before it existed): the same
+    records `train_heads` fits it on."""
+    cfg = cfg or HeadsConfig()
+    train: list[tuple] = []
+    held: list[tuple] = []
+    with two_stream_training(model):
+        record(model, train_tokens, cfg.seq_len, cfg.train_windows, first=train)
+        record(model, eval_tokens, cfg.seq_len, cfg.eval_windows, first=held)
+    return fit_first_layer_hint(model, first_layer_data(train), first_layer_data(held),
+                                model.model.layers[0].mlp.top_k)
 
 
 def kl_loss(pred_logits: mx.array, target_logits: mx.array) -> mx.array:
@@ -214,9 +262,14 @@ def train_heads(model: nn.Module, train_tokens: np.ndarray, eval_tokens: np.ndar
     routers = {o + 1: router_weight(layers[o + 1].mlp.gate) for o in owners}
     pre = Prerouter.warm_started(spec, routers, seed=cfg.seed)
     with two_stream_training(model):  # the same records, two cores (its module doc)
-        train = record(model, train_tokens, cfg.seq_len, cfg.train_windows)
-        held = record(model, eval_tokens, cfg.seq_len, cfg.eval_windows)
+        first_train: list[tuple] = []
+        first_held: list[tuple] = []
+        train = record(model, train_tokens, cfg.seq_len, cfg.train_windows,
+                       first=first_train)
+        held = record(model, eval_tokens, cfg.seq_len, cfg.eval_windows, first=first_held)
     t_record = time.perf_counter() - t0
+    hint, hint_report = fit_first_layer_hint(model, first_layer_data(first_train),
+                                             first_layer_data(first_held), spec.top_k)
     before = evaluate(pre, held, routers)
 
     arrays = {o: tuple(mx.array(a) for a in (d.x, d.ids, d.prev, d.target))
@@ -254,7 +307,9 @@ def train_heads(model: nn.Module, train_tokens: np.ndarray, eval_tokens: np.ndar
         "train_rows_per_head": rows, "heldout_rows_per_head": len(next(iter(held.values())).x),
         "record_s": round(t_record, 1), "train_s": round(t_train, 1),
         "heldout_before": before, "heldout": after, "lm_heldout": quality, "history": history,
+        "first_layer_hint": hint_report,
     }
+    pre.hint = hint
     return pre
 
 

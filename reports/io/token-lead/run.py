@@ -51,11 +51,11 @@ REGIMES = {"quarter": ["--page-cache-fraction", "0.25"], "all": []}
 RUNS = ROOT / "runs" / "token-lead"
 
 
-def capture(model: Path, regime: str, out: Path) -> None:
+def capture(model: Path, regime: str, out: Path, extra: tuple[str, ...] = ()) -> None:
     cmd = ["uv", "run", "ssdmoe", "capture", str(model), "--out", str(out), "--force",
            "--no-progress", "--prompts", str(PROMPTS), "--max-tokens", "96", "--temp", "1.0",
            "--seed", "0", "--preset", "staged", "--prerouter", str(model / "prerouter"),
-           *REGIMES[regime]]
+           *REGIMES[regime], *extra]
     run(cmd, cwd=ROOT)
 
 
