@@ -61,3 +61,23 @@ def test_first_layer_probe_recall_and_fit_by_hand(probe):
     x = np.arange(10.0)[:, None]
     got = probe.ridge(x, 2 * x - 1, np.array([[20.0]]), lam=1e-9)
     assert got[0, 0] == pytest.approx(39.0, rel=1e-6)
+
+
+def _hint_script():
+    spec = importlib.util.spec_from_file_location(
+        "first_layer_hint_run", ROOT / "reports" / "io" / "first-layer-hint" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_first_layer_hint_report_by_hand(tmp_path):
+    """reports/io/first-layer-hint/run.py: the hand-made trace's cold prefetches in decode are
+    expert 3 of layer 0 (issued and started at 65 ms, done at 82) and expert 1 of layer 1 (67,
+    67, 75): from issue to start 0 ms, start to finish the median of 17 and 8. The paired gain
+    of rounds (110 over 100, 90 over 100, 105 over 100) is their median ratio, 1.05."""
+    hint = _hint_script()
+    times = hint.read_times(write_handmade(tmp_path / "t"))
+    assert times == pytest.approx({"queue_ms": 0.0, "service_ms": 12.5})
+    rounds = [{"decode_tok_s": v} for v in (110.0, 90.0, 105.0)]
+    assert hint.paired_gain(rounds, [{"decode_tok_s": 100.0}] * 3) == pytest.approx(1.05)

@@ -65,24 +65,36 @@ class SlotTable:
         self.hinted = set()
         self.stats.cache_hits += len(wanted) - len(missing) - hinted
         self.stats.cache_misses += len(missing) + hinted
-        banned = keep | protected | set(self.ticket_of)
-        free = [s for s in range(self.slots) if s not in banned and self.expert_in[s] < 0]
-        kept = {self.expert_in[s] for s in banned}
         for e in wanted:
             if e in where:
                 self.policy.use(e, now)
-        while len(free) < len(missing):
-            victim = self.policy.victim(now, kept)
-            if victim is None:
-                break
-            kept.add(victim)  # chosen: not again
-            free.append(where[victim])
+        free = self._room(len(missing), keep | protected | set(self.ticket_of), where, now)
         if len(free) < len(missing):
             raise StagingError(
                 f"layer {self.layer}: {len(missing)} experts to stage but only {len(free)} free "
                 f"slots of {self.slots} (K={self.k} + headroom {self.headroom}); raise the "
                 "staged headroom")
-        for e, s in zip(missing, free, strict=False):
+        where.update(self._read_into(missing, free, now, source))
+        slots = [where[e] for e in wanted]
+        return [self.ticket_of[s] for s in slots if s in self.ticket_of]
+
+    def _room(self, n: int, banned: set[int], where: dict[int, int], now) -> list[int]:
+        """Up to `n` slots outside `banned`: empty ones, then the policy's victims."""
+        free = [s for s in range(self.slots) if s not in banned and self.expert_in[s] < 0]
+        kept = {self.expert_in[s] for s in banned}
+        while len(free) < n:
+            victim = self.policy.victim(now, kept)
+            if victim is None:
+                break
+            kept.add(victim)  # chosen: not again
+            free.append(where[victim])
+        return free
+
+    def _read_into(self, experts: list[int], slots: list[int], now, source: str
+                   ) -> dict[int, int]:
+        """Start reading each expert into its slot (the old one evicted); {expert: slot}."""
+        placed = {}
+        for e, s in zip(experts, slots, strict=False):
             old = self.expert_in[s]
             if old >= 0:
                 self.table_np[old] = self.sentinel
@@ -93,9 +105,8 @@ class SlotTable:
             self.ticket_of[s] = self.readers.submit_bundle(self.layer, e, self.rows[s],
                                                            source=source,
                                                            now=source == DEMAND)
-            where[e] = s
-        slots = [where[e] for e in wanted]
-        return [self.ticket_of[s] for s in slots if s in self.ticket_of]
+            placed[e] = s
+        return placed
 
     def hint(self, experts: list[int]) -> None:
         """Start reading `experts` (a guess at the next call's set, engine.first_layer_hint)
@@ -112,25 +123,8 @@ class SlotTable:
             return
         self.clock += 1
         now = (self.clock, self.layer)
-        free = [s for s in range(self.slots) if s not in busy and self.expert_in[s] < 0]
-        kept = {self.expert_in[s] for s in busy}
-        while len(free) < len(missing):
-            victim = self.policy.victim(now, kept)
-            if victim is None:
-                break
-            kept.add(victim)
-            free.append(where[victim])
-        for e, s in zip(missing, free, strict=False):
-            old = self.expert_in[s]
-            if old >= 0:
-                self.table_np[old] = self.sentinel
-                self.policy.remove(old)
-                self.stats.cache_evictions += 1
-            self.expert_in[s] = e
-            self.policy.admit(e, now)
-            self.ticket_of[s] = self.readers.submit_bundle(self.layer, e, self.rows[s],
-                                                           source=PREFETCH)
-            self.hinted.add(e)
+        free = self._room(len(missing), busy, where, now)
+        self.hinted = set(self._read_into(missing, free, now, PREFETCH))
 
     def reap(self) -> None:
         """Publish the reads that have landed without anyone waiting for them (hints the

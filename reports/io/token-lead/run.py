@@ -143,14 +143,28 @@ def table(results: dict) -> str:
 
 
 def median_figures(rows: list[dict]) -> dict:
-    """Each figure's median over rounds (per layer for the by-layer ones)."""
+    """Each figure's median over rounds (per layer for the by-layer ones); None where no
+    round has it."""
+    def median(values) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
     out = {}
     for key in rows[0]:
         if isinstance(rows[0][key], dict):
-            out[key] = {k: statistics.median(r[key][k] for r in rows) for k in rows[0][key]}
+            out[key] = {k: median(r[key].get(k) for r in rows) for k in rows[0][key]}
         else:
-            out[key] = statistics.median(r[key] for r in rows)
+            out[key] = median(r[key] for r in rows)
     return out
+
+
+def check_rounds_and_profiles(rounds: int, profiles: Path | None) -> None:
+    """--rounds and --profiles checked, in one line each."""
+    if rounds < 1:
+        raise SystemExit("run.py: --rounds must be at least 1")
+    for name in ("hardware.toml", "model.toml", "scenario.toml"):
+        if profiles is not None and not (profiles / name).is_file():
+            raise SystemExit(f"run.py: {profiles / name}: no such profile")
 
 
 def main() -> None:
@@ -160,11 +174,7 @@ def main() -> None:
     ap.add_argument("--profiles", type=Path, default=None)
     ap.add_argument("--before-code", type=Path, default=None)
     args = ap.parse_args()
-    if args.rounds < 1:
-        raise SystemExit("run.py: --rounds must be at least 1")
-    for name in ("hardware.toml", "model.toml", "scenario.toml"):
-        if args.profiles is not None and not (args.profiles / name).is_file():
-            raise SystemExit(f"run.py: {args.profiles / name}: no such profile")
+    check_rounds_and_profiles(args.rounds, args.profiles)
     if args.before_code is not None and not (args.before_code / "sim").is_dir():
         raise SystemExit(f"run.py: {args.before_code}: not a checkout of this project")
     if not (args.model / "prerouter").is_dir():
@@ -202,10 +212,13 @@ def main() -> None:
         "regimes": {r: {"rounds": rows[r], "median": {k: median_figures(v)
                                                        for k, v in rows[r].items()}}
                     for r in regimes}}
-    (HERE / "token-lead.json").write_text(json.dumps(results, indent=1) + "\n")
-    md = table(results)
+    publish(results, table(results), HERE / "token-lead.json", HERE / "README.md")
+
+
+def publish(results: dict, md: str, json_path: Path, readme: Path) -> None:
+    """Write the JSON, print the table and put it between the README's table markers."""
+    json_path.write_text(json.dumps(results, indent=1) + "\n")
     print(md)
-    readme = HERE / "README.md"
     if readme.is_file():
         text = readme.read_text()
         start, end = "<!-- table: run.py -->", "<!-- /table -->"
