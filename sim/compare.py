@@ -19,6 +19,8 @@ vocabulary (sim.policies):
   prerouter true                        path staged, lead token
   first_layer_hint                      first_layer_hint as recorded (traces from before it
                                         existed: off); the trace's hinted sets are replayed
+  extra.recorder                        token_host_ms = overhead_ms / steps: the recorder's
+                                        per-token work on the main thread (none: 0)
   lead_kind layer                       path staged, lead layer, lead_layers 1, every MoE layer
                                         after the first a consumer, predictor bytes 0 (the next
                                         layer's own router, resident)
@@ -358,6 +360,9 @@ def scenario_for(trace: Trace | PlannedRun, scenario: str | None = None,
         derived.append(f"throttle_burst_s={throttle['burst_s']}")
     if throttle.get("read_mbps") or throttle.get("read_iops"):
         derived.append("throttle_kind=blk-throttle")
+    recorder = (trace.run.get("extra") or {}).get("recorder") or {}
+    if recorder.get("steps"):
+        derived.append(f"token_host_ms={recorder['overhead_ms'] / recorder['steps']:.4f}")
     machine = (trace.run.get("extra") or {}).get("machine") or {}
     cores = len((machine.get("cpuset") or {}).get("cores") or []) or None
     quota = (machine.get("cpu_quota") or {}).get("cores")

@@ -19,7 +19,8 @@ while it computes the main thread builds step t+1's graph and, layer by layer, r
 t's fill points. Per decode step t (a window of wall time, as the engine's trace rows are):
   start     step t's graph was built in the previous window and its layer 0 attention queued,
             its predicted sets staged (the first decode step of a request builds its own graph
-            and stages its sets first)
+            and stages its sets first); the main thread does token t-1's host work
+            (`token_host_ms`: the recorder's row), holding the GIL, as eval time
   per layer build layer l of step t+1 (+ its head), then step t's fill point l: sync on router
             l (unless staged: then only the staged loads are waited for), the loads as above,
             then queue layer l's experts and layer l+1's attention (+ head)
@@ -468,6 +469,8 @@ class MainThread:
         if not built:  # begin(step) (engine.fill_points): its staged layers' reads start
             yield from self.hint(step, row)
             yield from self.stage_boundary(step, row)
+        if built and self.sc.token_host_ms:  # the previous token's record (engine.recorder)
+            yield from self.fill_cpu(self.sc.token_host_ms / 1e3)
         resolved = set()
         for layer in range(self.layers):
             if next_row is not None:  # step+1's layer, while this step computes

@@ -507,6 +507,11 @@ class Scenario:
               "False: the synchronous loop (the paper's engine; ours on the exact and hot "
               "paths). sim.main_thread"),
         obtain="the engine config (--lookahead)")
+    token_host_ms: float = key(0.0,
+        help=("the main thread's Python per decode token beside graph building and fills (the "
+              "trace recorder's per-step work): in the lookahead loop it runs after each "
+              "token, holding the GIL, while the next step computes"),
+        obtain="sim compare: the trace's run.json extra.recorder overhead_ms / steps")
     first_layer_hint: bool = key(False,
         help=("lookahead loop with prerouter heads: when a step's token is on the host, the "
               "experts a token table gives for the first MoE layer start reading into its "

@@ -407,3 +407,32 @@ def test_first_layer_hint_reads_at_the_token_beside_the_router():
     assert _rows_ms(hinted)[1:] == pytest.approx([window] * (STEPS - 1), abs=1e-6)
     assert _rows_ms(plain)[1:] == pytest.approx([window + 0.5] * 2 + [window] * (STEPS - 3),
                                                  abs=1e-6)
+
+
+def test_token_host_work_runs_after_the_token_beside_compute():
+    """The engine's main thread does each token's host work (the recorder's row: run.json
+    extra.recorder overhead_ms / steps, `token_host_ms`) after the token, while the next step
+    computes, then builds layer 0 of the step after (b = 0.4) and syncs on router 0, ready
+    a = 1.0 ms after the window starts. With h = 0.3 it arrives at 0.7 and waits, as without
+    (window 6.5 ms); with h = 0.8 it arrives at 1.2, after the router is ready (the sync finds
+    nothing running: no s), so every window but the first (no token before it) and the last
+    (nothing to build) is 1.2 - (a + s) = 0.1 ms longer, as eval time."""
+    window = L * (C + S) + S
+    for h, extra in ((0.0, 0.0), (0.3, 0.0), (0.8, 0.1)):
+        result = _run(0.4, True, token_host_ms=h)
+        want = [L * 0.4 + window] + [window + extra] * (STEPS - 2) + [window]
+        assert _rows_ms(result) == pytest.approx(want, abs=1e-6)
+        assert _rows_ms(result, "build_ns") == pytest.approx(
+            [2 * L * 0.4] + [L * 0.4] * (STEPS - 2) + [0.0], abs=1e-6)
+
+
+def test_token_host_work_comes_from_the_traces_recorder(tmp_path):
+    """sim compare reads it from run.json: overhead_ms / steps."""
+    shutil.copytree(STAGED_TRACE, tmp_path / "t")
+    run = json.loads((tmp_path / "t" / "run.json").read_text())
+    rec = run["extra"]["recorder"]
+    sc, derived, _ = scenario_for(read_trace(tmp_path / "t"))
+    assert sc.token_host_ms == pytest.approx(rec["overhead_ms"] / rec["steps"], abs=1e-4)
+    del run["extra"]["recorder"]
+    (tmp_path / "t" / "run.json").write_text(json.dumps(run))
+    assert scenario_for(read_trace(tmp_path / "t"))[0].token_host_ms == 0.0
