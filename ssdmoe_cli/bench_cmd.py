@@ -37,7 +37,8 @@ def bench(
     model: Annotated[Path, typer.Argument(help="Converted model directory (ssdmoe convert).")],
     arms: Annotated[str, typer.Option(
         "--arms", help="Comma-separated: resident, engine-resident, resident-sync, on-demand, "
-        "hot, staged, staged-oracle, staged-layer, staged-prerouter, staged-prerouter-lora.")] \
+        "hot, staged, staged-oracle, staged-layer, staged-prerouter, staged-prerouter-hint, "
+        "staged-prerouter-lora.")] \
         = "resident,on-demand,hot,staged",
     page_cache_budget: Annotated[str | None, typer.Option(
         "--page-cache-budget", help="Expert bytes kept in the page cache by streaming arms: "
@@ -145,7 +146,10 @@ def bench(
         if not (heads_dir / META).is_file():
             raise BadInput(f"{heads_dir}: no prerouter heads for the staged-prerouter arms "
                            f"(make them with `ssdmoe train heads {model}`)")
-        Prerouter.load_for(heads_dir, manifest)
+        pre = Prerouter.load_for(heads_dir, manifest)
+        if "staged-prerouter-hint" in arm_list and pre.hint is None:
+            raise BadInput(f"{heads_dir}: no first-layer hint table for the "
+                           f"staged-prerouter-hint arm (ssdmoe train hint {model})")
         if "staged-prerouter-lora" in arm_list:
             if no_lora:
                 raise BadInput("--no-lora: the staged-prerouter-lora arm needs an adapter")

@@ -57,3 +57,15 @@ def _heads(root: Path, out: Path, seed: int = 0) -> Path:
                                            .astype(np.float32))
     pre.save(out)
     return out
+
+
+def _hint_table(root: Path, path: Path) -> np.ndarray:
+    """A hand-made first-layer hint table (engine.first_layer_hint) saved into `path`: token
+    v -> experts (v, v + 1, ...) mod E."""
+    from engine.first_layer_hint import FirstLayerHint
+
+    m = read_manifest(root)
+    vocab, e, k = m.config["vocab_size"], m.num_experts, m.top_k
+    table = (np.arange(vocab)[:, None] + np.arange(k)[None, :]) % e
+    FirstLayerHint(table.astype(np.int16)).save(path)
+    return table

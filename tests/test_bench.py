@@ -180,3 +180,26 @@ def test_before_code_runs_another_checkouts_engine(tiny_random_converted, tmp_pa
     r = ssdmoe("bench", str(tiny_random_converted), "--before-code", str(tmp_path))
     assert r.returncode == 2 and "not a checkout of ssdmoe" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bench_hint_arm_keeps_the_heads_tokens(tiny_random_converted, model_copy, tmp_path,
+                                               ssdmoe):
+    """staged-prerouter-hint runs the heads with the first layer's token table: the same
+    tokens as staged-prerouter (a hint never routes), first-layer prefetches in decode; heads
+    without a table are refused in one line."""
+    from prerouter_helpers import _heads, _hint_table
+
+    root = model_copy(tiny_random_converted)
+    heads = _heads(root, root / "prerouter", seed=1)
+    r = ssdmoe("bench", str(root), "--arms", "staged-prerouter-hint")
+    assert r.returncode == 2 and "no first-layer hint table" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    _hint_table(root, heads)
+    out = tmp_path / "b.json"
+    r = ssdmoe("bench", str(root), "--arms", "staged-prerouter,staged-prerouter-hint",
+               "--rounds", "1", "--max-tokens", "6", "--num-prompts", "1",
+               "--page-cache-budget", "25%", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["hint_tokens_identical"] is True
+    assert res["runs"]["staged-prerouter-hint"][0]["config"]["first_layer_hint"] is True

@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from prerouter_helpers import PROMPT, _heads
+from prerouter_helpers import PROMPT, _heads, _hint_table
 
 from contract.engine_config import EngineConfig
 from contract.errors import BadInput
@@ -114,15 +114,6 @@ def test_hint_never_takes_a_slot_with_a_read_in_flight(staged):
     assert sorted(table.resident()) == [1, 2, 3, 4]
     table.readers.drain(list(table.ticket_of.values()))
     table.reap()
-
-
-def _hint_table(root, path):
-    """A hand-made table: token v -> experts (v, v + 1, ...) mod E."""
-    m = read_manifest(root)
-    vocab, e, k = m.config["vocab_size"], m.num_experts, m.top_k
-    table = (np.arange(vocab)[:, None] + np.arange(k)[None, :]) % e
-    FirstLayerHint(table.astype(np.int16)).save(path)
-    return table
 
 
 def test_engine_same_tokens_and_the_hinted_sets_recorded(tiny_random_converted, tmp_path):

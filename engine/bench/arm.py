@@ -128,6 +128,7 @@ def run_arm(spec: dict) -> dict:
                                           else "none",
                                           prerouter=spec.get("prerouter")
                                           if arm.startswith("staged-prerouter") else None,
+                                          first_layer_hint=arm == "staged-prerouter-hint",
                                           lora=spec.get("lora")
                                           if arm == "staged-prerouter-lora" else None,
                                           readers=spec.get("readers"),

@@ -24,6 +24,9 @@ Arms:
                    --prerouter DIR; `ssdmoe train heads`): their predictions ARE the routing
                    of the consumer layers, staged one token ahead; layers without a head fill
                    on demand. A different model in effect: its tokens differ from resident's
+  staged-prerouter-hint  staged-prerouter plus the first-layer hint (engine.first_layer_hint:
+                   the first MoE layer's likely experts read from each token, before its
+                   router; the table `train heads` fits): the same tokens as staged-prerouter
   staged-prerouter-lora  staged-prerouter plus the recovery LoRA (--lora DIR, default the
                    adapter trained for those heads, MODEL/lora/k{K}-distill or -sft), unmerged:
                    what the adapter costs at decode (paired with staged-prerouter) and to load
@@ -69,13 +72,15 @@ from engine.child_env import importing
 from traces.regime import DECODE_SEED, DECODE_TEMP, decode_routing
 
 ARMS = ("resident", "engine-resident", "resident-sync", "on-demand", "hot", "staged",
-        "staged-oracle", "staged-layer", "staged-prerouter", "staged-prerouter-lora")
+        "staged-oracle", "staged-layer", "staged-prerouter", "staged-prerouter-hint",
+        "staged-prerouter-lora")
 # route by prediction: their own tokens
-PREDICTED = ("staged-layer", "staged-prerouter", "staged-prerouter-lora")
+PREDICTED = ("staged-layer", "staged-prerouter", "staged-prerouter-hint",
+             "staged-prerouter-lora")
 DEFAULT_ARMS = ("resident", "on-demand", "hot", "staged")
 STREAMING = {"on-demand": "on-demand", "hot": "hot", "staged": "staged",
              "staged-oracle": "staged", "staged-layer": "staged", "staged-prerouter": "staged",
-             "staged-prerouter-lora": "staged"}
+             "staged-prerouter-hint": "staged", "staged-prerouter-lora": "staged"}
 PROMPTS = Path(__file__).resolve().parents[2] / "traces" / "prompts" / "default.jsonl"
 # suffix of an arm run on BenchSpec.before (the same model converted otherwise) and/or by
 # BenchSpec.before_code (another checkout's engine)
@@ -366,6 +371,9 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
         # share of positions equal to the base tokens, per predicted-routing arm
         "prerouter_token_agreement": agreement.get("staged-prerouter"),
         "predicted_token_agreement": agreement,
+        # a hint never routes: its tokens are the heads' own (None without both arms)
+        "hint_tokens_identical": tokens["staged-prerouter-hint"] == tokens["staged-prerouter"]
+        if "staged-prerouter-hint" in tokens and "staged-prerouter" in tokens else None,
         "decode_routing": decode_routing(spec.temp, spec.seed),
         "throttle": None if spec.read_mbps is None and spec.read_iops is None else
         {"read_mbps": spec.read_mbps, "read_iops": spec.read_iops},
