@@ -14,8 +14,9 @@ simulated, and the hint's paired gain (hint / no hint, per round, then the media
 and simulated.
 
 Usage: uv run python reports/io/first-layer-hint/run.py [--rounds 3] [--profiles DIR]
-(--profiles: as reports/io/token-lead/run.py). Writes first-layer-hint.json and the table in
-README.md beside this script; traces in runs/first-layer-hint/."""
+[--model DIR --model-profile TOML --tag NAME] (--profiles: as reports/io/token-lead/run.py).
+Writes first-layer-hint[-NAME].json and the table in README.md beside this script (the one
+marked with NAME); traces in runs/first-layer-hint/[NAME/]."""
 
 from __future__ import annotations
 
@@ -118,6 +119,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", type=Path, default=lead.MODEL)
     ap.add_argument("--profiles", type=Path, default=None)
+    ap.add_argument("--model-profile", type=Path, default=None,
+                    help="the model profile to replay with (default: the --profiles folder's)")
+    ap.add_argument("--tag", default="",
+                    help="name of this run's JSON (first-layer-hint-TAG.json) and README table")
     args = ap.parse_args()
     lead.check_rounds_and_profiles(args.rounds, args.profiles)
     hint_file = args.model / "prerouter" / "first_layer_hint.npy"
@@ -131,11 +136,12 @@ def main() -> None:
         r: {a: {"measured": [], "simulated": []} for a in ARMS} for r in lead.REGIMES}
     with tempfile.TemporaryDirectory() as tmp:
         scenario = lead.scenario_file(args.profiles.resolve() if args.profiles else None,
-                                      Path(tmp))
+                                      Path(tmp), args.model_profile and
+                                      args.model_profile.resolve())
         for rnd in range(args.rounds):
             shift = rnd % len(combos)
             for regime, arm in combos[shift:] + combos[:shift]:
-                trace_dir = RUNS / f"{regime}.{arm.replace(' ', '-')}.r{rnd}"
+                trace_dir = RUNS / args.tag / f"{regime}.{arm.replace(' ', '-')}.r{rnd}"
                 lead.capture(args.model, regime, trace_dir, ARMS[arm])
                 measured = {**lead.lead_figures(read_trace(trace_dir)), **read_times(trace_dir)}
                 simulated = {**lead.simulated(trace_dir, scenario, Path(tmp) / "sim"),
@@ -144,11 +150,12 @@ def main() -> None:
                 rows[regime][arm]["simulated"].append(simulated)
                 print(f"{regime} {arm} round {rnd}: measured {measured['decode_tok_s']:.1f} "
                       f"tok/s, simulated {simulated['decode_tok_s']:.1f}", flush=True)
-    first = RUNS / f"{combos[0][0]}.{combos[0][1].replace(' ', '-')}.r0"
+    first = RUNS / args.tag / f"{combos[0][0]}.{combos[0][1].replace(' ', '-')}.r0"
     results = {
         "command": "uv run python reports/io/first-layer-hint/run.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
         "profiles": str(args.profiles) if args.profiles else "scenarios/this-machine-tiny-trained",
+        "model_profile": str(args.model_profile) if args.model_profile else None,
         "model": str(args.model),
         "manifest_sha256": read_trace(first).run["model"]["manifest_sha256"],
         "hint": json.loads((args.model / "prerouter" / "prerouter.json").read_text())
@@ -159,8 +166,9 @@ def main() -> None:
                         "gain": {k: paired_gain(rows[r]["hint"][k], rows[r]["no hint"][k])
                                  for k in ("measured", "simulated")}}
                     for r in lead.REGIMES}}
+    name = "first-layer-hint" + (f"-{args.tag}" if args.tag else "")
     lead.publish(results, table(results) + "\n\n" + reads_table(results),
-                 HERE / "first-layer-hint.json", HERE / "README.md")
+                 HERE / f"{name}.json", HERE / "README.md", args.tag)
 
 if __name__ == "__main__":
     main()

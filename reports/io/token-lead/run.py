@@ -82,16 +82,16 @@ def lead_figures(trace: Trace) -> dict:
             "issue_lead_ms": statistics.median(leads) if leads else None}
 
 
-def scenario_file(profiles: Path | None, tmp: Path) -> str | None:
+def scenario_file(profiles: Path | None, tmp: Path, model: Path | None = None) -> str | None:
     """A scenario path for `sim compare`: the folder's scenario with its hardware and model
-    profiles pointed at the folder's files (a file any checkout's `sim compare` reads); None:
-    the committed scenario."""
+    profiles pointed at the folder's files (a file any checkout's `sim compare` reads), or at
+    `model` for the model profile; None: the committed scenario."""
     if profiles is None:
         return None
     text = (profiles / "scenario.toml").read_text()
-    for key in ("hardware", "model"):
-        text = re.sub(rf'^{key} = ".*"', f'{key} = "{profiles / (key + ".toml")}"', text,
-                      count=1, flags=re.M)
+    for key, path in (("hardware", profiles / "hardware.toml"),
+                      ("model", model or profiles / "model.toml")):
+        text = re.sub(rf'^{key} = ".*"', f'{key} = "{path}"', text, count=1, flags=re.M)
     path = tmp / "scenario.toml"
     path.write_text(text)
     return str(path)
@@ -215,13 +215,15 @@ def main() -> None:
     publish(results, table(results), HERE / "token-lead.json", HERE / "README.md")
 
 
-def publish(results: dict, md: str, json_path: Path, readme: Path) -> None:
-    """Write the JSON, print the table and put it between the README's table markers."""
+def publish(results: dict, md: str, json_path: Path, readme: Path, tag: str = "") -> None:
+    """Write the JSON, print the table and put it between the README's table markers (those
+    of `tag`, when given)."""
     json_path.write_text(json.dumps(results, indent=1) + "\n")
     print(md)
     if readme.is_file():
         text = readme.read_text()
-        start, end = "<!-- table: run.py -->", "<!-- /table -->"
+        start = f"<!-- table: run.py{' ' + tag if tag else ''} -->"
+        end = "<!-- /table -->"
         if start in text and end in text:
             head, rest = text.split(start, 1)
             readme.write_text(head + start + "\n" + md + "\n" + end + rest.split(end, 1)[1])
