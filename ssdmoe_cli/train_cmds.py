@@ -107,6 +107,11 @@ def hint(
     text: Annotated[Path | None, typer.Option(
         "--text", help="UTF-8 training text (default: the fixtures' Python-stdlib corpus).")]
         = None,
+    train_windows: Annotated[int, typer.Option(
+        "--train-windows", help="Windows of 128 tokens recorded for the fit (one forward "
+        "pass each: on a large model, fewer).")] = 256,
+    eval_windows: Annotated[int, typer.Option(
+        "--eval-windows", help="Held-out windows for the recall.")] = 64,
 ) -> None:
     """Fit the first MoE layer's token table (engine.first_layer_hint; `train heads` fits it
     too) into an existing prerouter directory, for heads trained before it existed."""
@@ -118,18 +123,23 @@ def hint(
         raise BadInput(f"{meta}: no such file (train the heads first: ssdmoe train heads)")
     if text is not None and not text.is_file():
         raise BadInput(f"--text {text}: no such file")
+    for name, v in (("--train-windows", train_windows), ("--eval-windows", eval_windows)):
+        if v < 1:
+            raise BadInput(f"{name}: must be >= 1, got {v}")
     try:
         spec = json.loads(meta.read_text())
     except ValueError as err:
         raise BadInput(f"{meta}: not JSON ({err})") from None
     fast_blas()
     from engine.loader import load_resident
-    from engine.train.heads import corpus_tokens, train_first_layer_hint
+    from engine.train.heads import HeadsConfig, corpus_tokens, train_first_layer_hint
 
     lm, tokenizer = load_resident(model, top_k=spec.get("top_k"))
     train_ids, held_ids = corpus_tokens(tokenizer, text)
     try:
-        table, report = train_first_layer_hint(lm, train_ids, held_ids)
+        table, report = train_first_layer_hint(
+            lm, train_ids, held_ids,
+            HeadsConfig(train_windows=train_windows, eval_windows=eval_windows))
     except ValueError as err:
         raise BadInput(f"{text or 'corpus'}: {err}") from None
     table.save(pre_dir)

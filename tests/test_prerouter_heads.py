@@ -83,12 +83,15 @@ def test_cli_train_heads_then_generate(tiny_random_converted, model_copy, tmp_pa
     hint = meta["report"]["first_layer_hint"]
     assert 0 <= hint["heldout_recall"] <= 1 and hint["train_rows"] > 0
     (root / "prerouter" / "first_layer_hint.npy").unlink()
-    r = ssdmoe("train", "hint", str(root), "--text", str(text))
+    r = ssdmoe("train", "hint", str(root), "--text", str(text), "--train-windows", "4",
+               "--eval-windows", "2")
     assert r.returncode == 0 and "held-out recall" in r.stdout, r.stderr
     r = ssdmoe("generate", str(root), "--prompt", "the quick", "--max-tokens", "4", "--preset",
                "staged", "--prerouter", str(root / "prerouter"), "--first-layer-hint", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["tokens"] == tokens  # a hint never routes
+    r = ssdmoe("train", "hint", str(root), "--eval-windows", "0")
+    assert r.returncode == 2 and "--eval-windows: must be >= 1" in r.stderr
     r = ssdmoe("train", "hint", str(root), "--prerouter", str(tmp_path / "none"))
     assert r.returncode == 2 and "prerouter.json: no such file" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
