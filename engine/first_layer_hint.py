@@ -40,14 +40,6 @@ def fit_table(embeddings: np.ndarray, tokens: np.ndarray, logits: np.ndarray, k:
     return np.argsort(-scores, axis=1, kind="stable")[:, :k].astype(np.int16)
 
 
-def recall(table: np.ndarray, tokens: np.ndarray, routed: np.ndarray) -> float:
-    """Mean share of each position's routed set (`routed` [N, K]) that its token's row holds."""
-    rows = table[np.asarray(tokens)]
-    k = routed.shape[1]
-    return float(np.mean([len(set(a.tolist()) & set(b.tolist())) / k
-                          for a, b in zip(rows, routed, strict=True)]))
-
-
 @dataclass
 class FirstLayerHint:
     table: np.ndarray  # int16 [vocab, K]

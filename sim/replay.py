@@ -190,8 +190,7 @@ def run_scenario(sc: Scenario, trace: Trace | None = None,
         len(decode_rows), sc.model.layers, sc.k)
     router = routing.router[[p[3] for p in decode_rows]] if decode_rows else executed
     staged = np.asarray([main.policy.staged_layer(layer) for layer in range(sc.model.layers)])
-    hinted = [dict(routing.hints.get(p[3], ())) if sc.first_layer_hint else {}
-              for p in decode_rows]
+    hinted = [dict(main.hints.get(p[3], ())) for p in decode_rows]  # the ones replayed
     routing_df = routing_frame(executed, router, staged, decode_steps, hinted)
     info = run_info(sc, routing, mem)
     info.complete = True

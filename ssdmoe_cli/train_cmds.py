@@ -126,15 +126,14 @@ def hint(
     for name, v in (("--train-windows", train_windows), ("--eval-windows", eval_windows)):
         if v < 1:
             raise BadInput(f"{name}: must be >= 1, got {v}")
-    try:
-        spec = json.loads(meta.read_text())
-    except ValueError as err:
-        raise BadInput(f"{meta}: not JSON ({err})") from None
     fast_blas()
     from engine.loader import load_resident
+    from engine.prerouter import Prerouter
     from engine.train.heads import HeadsConfig, corpus_tokens, train_first_layer_hint
 
-    lm, tokenizer = load_resident(model, top_k=spec.get("top_k"))
+    top_k = Prerouter.load(pre_dir).spec.top_k  # a bad description is one line, here
+    spec = json.loads(meta.read_text())
+    lm, tokenizer = load_resident(model, top_k=top_k)
     train_ids, held_ids = corpus_tokens(tokenizer, text)
     try:
         table, report = train_first_layer_hint(

@@ -13,7 +13,7 @@ from prerouter_helpers import PROMPT, _heads, _hint_table
 
 from contract.engine_config import EngineConfig
 from contract.errors import BadInput
-from engine.first_layer_hint import HINT_FILE, FirstLayerHint, fit_table, recall
+from engine.first_layer_hint import HINT_FILE, FirstLayerHint, fit_table
 from engine.loader import load_streaming
 from engine.manifest import read_manifest
 from engine.paths.exact import ExactPath
@@ -39,11 +39,14 @@ def test_fit_recovers_an_exact_linear_map():
 
 
 def test_recall_by_hand():
-    """Rows: token 0 -> {0, 1}, token 1 -> {2, 3}. Positions (0, routed {0, 5}): 1/2;
-    (1, {2, 3}): 2/2; (1, {4, 5}): 0/2. Mean 0.5."""
+    """The table's recall as `train heads` reports it (set_recall of the tokens' rows). Rows:
+    token 0 -> {0, 1}, token 1 -> {2, 3}. Positions (0, routed {0, 5}): 1/2; (1, {2, 3}):
+    2/2; (1, {4, 5}): 0/2. Mean 0.5."""
+    from engine.fixtures.train_loop import set_recall
+
     table = np.array([[0, 1], [2, 3]])
     routed = np.array([[0, 5], [2, 3], [4, 5]])
-    assert recall(table, np.array([0, 1, 1]), routed) == pytest.approx(0.5)
+    assert set_recall(table[np.array([0, 1, 1])], routed) == pytest.approx(0.5)
 
 
 def test_table_file_is_checked_against_the_model(tmp_path):

@@ -6,6 +6,7 @@ generates, and bad input."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import mlx.core as mx
 import numpy as np
@@ -92,6 +93,11 @@ def test_cli_train_heads_then_generate(tiny_random_converted, model_copy, tmp_pa
     assert json.loads(r.stdout)["tokens"] == tokens  # a hint never routes
     r = ssdmoe("train", "hint", str(root), "--eval-windows", "0")
     assert r.returncode == 2 and "--eval-windows: must be >= 1" in r.stderr
+    shutil.copytree(root / "prerouter", tmp_path / "bad")
+    (tmp_path / "bad" / "prerouter.json").write_text("[]")  # a description that is not one
+    r = ssdmoe("train", "hint", str(root), "--prerouter", str(tmp_path / "bad"))
+    assert r.returncode == 2 and "not a prerouter description" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
     r = ssdmoe("train", "hint", str(root), "--prerouter", str(tmp_path / "none"))
     assert r.returncode == 2 and "prerouter.json: no such file" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

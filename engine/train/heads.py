@@ -29,7 +29,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from engine.first_layer_hint import FirstLayerHint, fit_table, recall
+from engine.first_layer_hint import FirstLayerHint, fit_table
 from engine.fixtures.train_loop import forward_with_taps, set_recall, window_batches
 from engine.fixtures.two_stream_training import two_stream_training
 from engine.prerouter import Prerouter, PrerouterSpec, owners_for, router_weight
@@ -79,10 +79,10 @@ def record(model: nn.Module, tokens: np.ndarray, seq_len: int, windows: int,
         w = mx.array(rows[:, :-1])
         _, taps = forward_with_taps(model, w)
         logits = {o + 1: layers[o + 1].mlp.gate(taps[o + 1].x) for o in owners}
-        first_logits = layers[0].mlp.gate(taps[0].x)
+        first_logits = layers[0].mlp.gate(taps[0].x) if first is not None else None
         mx.eval([t.x for t in taps], [t.inds for t in taps], list(logits.values()),
-                first_logits)
-        if first is not None:
+                [] if first_logits is None else [first_logits])
+        if first_logits is not None:
             e, k = first_logits.shape[-1], taps[0].inds.shape[-1]
             first.append((rows[:, :-1].reshape(-1), np.array(first_logits).reshape(-1, e),
                           np.array(taps[0].inds).reshape(-1, k)))
@@ -110,7 +110,7 @@ def fit_first_layer_hint(model: nn.Module, train: FirstLayerData, held: FirstLay
     embeddings = np.array(model.model.embed_tokens(mx.arange(model.args.vocab_size)))
     table = fit_table(embeddings, train.tokens, train.logits, k)
     previous = set_recall(held.routed[:-1], held.routed[1:])
-    report = {"heldout_recall": recall(table, held.tokens, held.routed),
+    report = {"heldout_recall": set_recall(table[held.tokens], held.routed),
               "previous_position_recall": previous, "train_rows": int(len(train.tokens)),
               "heldout_rows": int(len(held.tokens))}
     return FirstLayerHint(table), report
