@@ -45,6 +45,17 @@ def test_paper_scenarios_load(name):
     assert sc.model.name == "edge0-35b" and sc.k == 4 and sc.readers == 0
 
 
+def test_the_8b_scenario_is_table_1s_second_tier_on_the_35b_machine():
+    """The digest's 8B row: K=8, a shared LRU of 64 bundles, the 35B rows' M4 Pro profile and
+    engine; the 1,024-bundle LRU of the same row is 16 times the bytes."""
+    sc, big = load_scenario("paper-m4pro-24gb-8b"), load_scenario("paper-m4pro-24gb")
+    assert sc.model.name == "edge0-8b" and sc.k == 8 and sc.model.layers == 24
+    assert sc.lru_bytes == 64 * 1331692 == 64 * sc.model.bundle_bytes
+    assert sc.hardware == big.hardware
+    assert (sc.readers, sc.demand_pieces, sc.prefetch_pieces) == (
+        big.readers, big.demand_pieces, big.prefetch_pieces)
+
+
 def test_the_m2_os_reserve_leaves_the_prerouter_arm_the_page_cache_floor():
     """The M2's OS reserve is derived, not fitted (reports/paper, section 1): its page cache sat at
     the kernel's floor beside the prerouter engine's peak (the digest's 2.9 GiB plus the KV of a
