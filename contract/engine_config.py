@@ -58,6 +58,11 @@ class EngineConfig:
     readers: int | None = None  # reads in flight (reader threads); None: engine.queue_depth
     readers_source: str = ""  # where the reader count came from (set when it is resolved)
     help_reads: bool = True  # main thread does a needed read no reader has started yet
+    # queued bundle reads on native threads (engine.native_reads: no interpreter lock on the
+    # read path) where the pool can be built; else, and by default, on Python reader threads
+    # (reports/io/native-reads: cold reads twice as fast, decode not faster on 2 cores)
+    native_reads: bool = False
+    readers_kind: str = ""  # who read them, set when resolved: "native" or "python: why"
     o_direct: bool = False
     page_cache_budget: int | None = None  # bytes of expert pages kept in the page cache
     # prerouter heads directory (`ssdmoe train heads`): at decode their predictions ARE the

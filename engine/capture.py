@@ -86,6 +86,7 @@ def load_engine(
     cache_policy: str | None = None,
     staged_headroom: int | None = None,
     first_layer_hint: bool = False,
+    native_reads: bool = False,
 ):
     """-> the Engine (engine.engine) for `preset`
     (contract.engine_config.PRESETS) with the page-cache budget given in MiB or as a fraction of the
@@ -107,6 +108,7 @@ def load_engine(
                                       staged_headroom=staged_headroom,
                                       prerouter=None if prerouter is None else str(prerouter),
                                       first_layer_hint=first_layer_hint,
+                                      native_reads=native_reads,
                                       lora=None if lora is None else str(lora))
     return load_streaming(model_dir, verify=verify, config=config)
 

@@ -13,7 +13,14 @@ latency to the last), so the load rows' `wait_ns` sum to the real blocked time. 
 emitted from the main thread when waited on, with `step` = the step that consumed the load.
 A failed read re-raises its `ExpertReadError` (naming layer, expert and file) from `wait`,
 after every ticket of the batch has finished, so no reader still writes into a buffer that
-the caller is about to reuse."""
+the caller is about to reuse.
+
+With `native` (EngineConfig.native_reads, where engine.native_reads can build its pool) a
+queued bundle read goes to native threads instead: one `preadv` with no Python on the read
+path, so it starts as soon as a thread is free, not when the main thread next lets go of the
+interpreter lock. The main thread plans it and makes its row when it waits (the budget charged
+there): the Python a reader did moves to the main thread. Whole-layer reads, O_DIRECT and
+bundles of several runs stay on the Python threads."""
 
 from __future__ import annotations
 
@@ -25,15 +32,16 @@ from collections.abc import Mapping
 import numpy as np
 
 from contract.thresholds import INLINE_WARM_BYTES  # the policy, shared with the simulator
+from engine import native_reads
 from engine.paths.stats import PathStats
 from engine.step_clock import StepClock
-from engine.store import ExpertStore
+from engine.store import ExpertStore, NativeRead
 from traces.schema import DEMAND, WHOLE_LAYER
 
 
 class Ticket:
     __slots__ = ("layer", "expert", "source", "issued_ns", "event", "row", "error", "emitted",
-                 "into", "whole", "claimed", "queued", "cold")
+                 "into", "whole", "claimed", "queued", "cold", "job", "native")
 
     def __init__(self, layer: int, expert: int, source: str, into, whole: bool):
         self.layer, self.expert, self.source = layer, expert, source
@@ -46,9 +54,13 @@ class Ticket:
         self.claimed = False  # a thread (reader or main) has taken this read
         self.queued = False  # handed to the readers' queue
         self.cold = False  # known not cached (a warm-only attempt was refused)
+        self.job: native_reads.Job | None = None  # handed to the native pool
+        self.native: NativeRead | None = None
 
     def done(self) -> bool:
-        return self.event.is_set()
+        """Landed (a native read may be done before anyone has waited for it)."""
+        return self.event.is_set() or (self.job is not None
+                                       and self.job.state == native_reads.DONE)
 
     def finished_ns(self) -> int:
         return self.row["finished_ns"] if self.row else 0
@@ -66,9 +78,15 @@ class ReaderPool:
     parallel. Rows say which thread read (`thread`)."""
 
     def __init__(self, store: ExpertStore, n: int = 2, stats: PathStats | None = None,
-                 help_main: bool = True, step_clock: StepClock | None = None):
+                 help_main: bool = True, step_clock: StepClock | None = None,
+                 native: bool = False):
         if n < 1:
             raise ValueError(f"readers: need at least 1, got {n}")
+        # `kind`: who reads queued bundles, "native" or "python" (`why_python`: why not native)
+        self._native_lib, self.why_python = native_reads.load() if native else (
+            None, "native reads off")
+        self.kind = "native" if self._native_lib is not None else "python"
+        self._native: native_reads.NativePool | None = None  # started on first use
         self.store = store
         self.step_clock = step_clock if step_clock is not None else StepClock()
         self.stats = stats or PathStats()
@@ -93,10 +111,41 @@ class ReaderPool:
         return t
 
     def _enqueue(self, t: Ticket) -> None:
+        t.queued = True
+        if self._native_lib is not None and not t.whole and self._submit_native(t):
+            return
         if not self._threads:
             self._start()
-        t.queued = True
         self._q.put(t)
+
+    def _submit_native(self, t: Ticket) -> bool:
+        """Hand a bundle read to the native pool; False where it is not one plain read."""
+        read = self.store.native_read(t.layer, t.expert, t.into)
+        if read is None:
+            return False
+        if self._native is None:
+            self._native = native_reads.NativePool(self.n, self._native_lib)
+        t.claimed = True  # no Python thread, and not the main thread, takes it
+        t.native = read
+        f = read.file
+        t.job = self._native.submit(f.fd, read.run.offset, read.run.length, read.iovecs,
+                                    f.addr)
+        return True
+
+    def _finish_native(self, tickets: list[Ticket]) -> None:
+        """Wait for the native reads of `tickets` not yet finished; make their rows."""
+        mine = [t for t in tickets if t.job is not None and not t.event.is_set()]
+        if not mine:
+            return
+        self._native.wait([t.job for t in mine])
+        for t in mine:
+            try:
+                t.row = self.store.finish_native(t.layer, t.expert, t.native, t.job,
+                                                 source=t.source, issued_ns=t.issued_ns)
+            except BaseException as err:  # noqa: BLE001 - raised by wait, like a reader's
+                t.error = err
+            t.into = t.native = t.job = None
+            t.event.set()
 
     def submit_bundle(self, layer: int, expert: int, into: Mapping[str, np.ndarray],
                       source: str = DEMAND, now: bool = False) -> Ticket:
@@ -123,6 +172,7 @@ class ReaderPool:
             for t in tickets:
                 if not t.claimed and self._claim(t):
                     self._execute(t, "main")
+        self._finish_native(tickets)
         for t in tickets:
             t.event.wait()
         end = time.perf_counter_ns()
@@ -155,6 +205,8 @@ class ReaderPool:
         for t in tickets:
             if not t.queued and self._claim(t):
                 self._execute(t, "main")
+        self._finish_native(list(tickets))
+        for t in tickets:
             t.event.wait()
 
     # ------------------------------------------------------------ threads
@@ -212,3 +264,6 @@ class ReaderPool:
         for t in self._threads:
             t.join(timeout=5)
         self._threads = []
+        if self._native is not None:
+            self._native.close()  # runs what is queued, then joins
+            self._native = None

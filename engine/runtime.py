@@ -103,8 +103,11 @@ def build_runtime(config: EngineConfig, store: ExpertStore) -> Runtime:
         config.readers_source = "given"
     stats = PathStats()
     clock = StepClock()
-    rt = Runtime(config, store, stats, ReaderPool(store, config.readers, stats, config.help_reads,
-                                                  clock), fills=FillPoints(clock))
+    readers = ReaderPool(store, config.readers, stats, config.help_reads, clock,
+                         native=config.native_reads)
+    config.readers_kind = readers.kind if readers.kind == "native" else \
+        f"python: {readers.why_python}"
+    rt = Runtime(config, store, stats, readers, fills=FillPoints(clock))
     layers = m.moe_layers
     if config.uses("hot", layers):
         expert_bytes = m.bundle_bytes * m.num_experts * len(layers)

@@ -64,6 +64,7 @@ from contract.errors import BadInput, IOFault
 from contract.thresholds import INLINE_WARM_BYTES
 from engine import platform
 from engine.manifest import LayerEntry, Manifest
+from engine.native_reads import MAX_IOV as NATIVE_MAX_IOV
 from engine.page_cache_budget import PageCacheBudget
 from engine.platform import PAGE, ResidencyProbe, map_for_residency, unmap
 from engine.range_reads import (
@@ -119,6 +120,20 @@ class _File:
     fd: int  # buffered
     dfd: int  # O_DIRECT, -1 when not used
     addr: int  # base of the untouched PROT_READ mapping used for mincore (0: none)
+
+
+@dataclass
+class NativeRead:
+    """One bundle's read as a native job takes it (ExpertStore.native_read)."""
+
+    file: _File
+    run: Run
+    iovecs: object  # the run's buffers as a C iovec array
+    ranges: list[tuple[int, int]]  # what the load covers (the row, the budget)
+    views: list[np.ndarray]  # the destination buffers, in file order
+
+
+NATIVE_THREAD = "native"  # the load rows' thread of a native read
 
 
 class ExpertStore:
@@ -573,11 +588,12 @@ class ExpertStore:
         return row
 
     def _row(self, layer, expert, ranges, started, issued_ns, source, thread, cold=False,
-             waited=False, step: int = -1) -> dict:
-        """A finished read's load row (the page-cache budget is charged here)."""
+             waited=False, step: int = -1, finished_ns: int | None = None) -> dict:
+        """A finished read's load row (the page-cache budget is charged here). `finished_ns`:
+        when it finished, if not now (a native read's own stamp)."""
         if self.read_hook is not None:
             self.read_hook()
-        finished = time.perf_counter_ns()
+        finished = time.perf_counter_ns() if finished_ns is None else finished_ns
         issued = started if issued_ns is None else issued_ns
         if not self.direct and self.budget is not None:
             self.budget.charge((layer, expert), self._files[layer].fd, ranges, step)
@@ -588,6 +604,45 @@ class ExpertStore:
             "source": source, "cold": cold, "waited": waited,
             "wait_ns": finished - issued if waited else 0, "thread": thread,
         }
+
+    # ------------------------------------------------------------ native reads
+
+    def native_read(self, layer: int, expert: int, into: Mapping[str, np.ndarray]
+                    ) -> NativeRead | None:
+        """The bundle's one vectored read for engine.native_reads, its buffers checked; None
+        where it is not one plain read: O_DIRECT, a bundle of several runs (the stacked
+        layout), more iovecs than a native job takes, no C iovecs."""
+        if self.direct or self.read_hook is not None:
+            return None
+        bundle = self._bundle(layer, expert)
+        views = self._views(layer, expert, into)
+        runs = self._bundle_runs(bundle, views, getattr(into, "iovecs", None))
+        if len(runs) != 1:
+            return None
+        run = runs[0]
+        iovecs = run.iovecs if run.iovecs is not None else iovec_array(run.buffers)
+        if iovecs is None or len(iovecs) > NATIVE_MAX_IOV:
+            return None
+        return NativeRead(self._files[layer], run, iovecs, bundle.ranges, views)
+
+    def finish_native(self, layer: int, expert: int, read: NativeRead, job, *, source: str,
+                      issued_ns: int, step: int = -1) -> dict:
+        """The load row of a native read that is done (`job`: engine.native_reads.Job). A
+        failed read raises ExpertReadError naming the file; a short one is finished here, or
+        named, as `read_buffered` does. The page-cache budget is charged here, on the caller's
+        thread."""
+        f, run = read.file, read.run
+        finished = job.finished_ns
+        if job.result < 0:
+            raise self._fail(f, layer, expert, os.strerror(-job.result))
+        if job.result != run.length:
+            self._read_buffered(f, run, layer, expert, job.result)
+            finished = time.perf_counter_ns()
+        cold = job.cold != 0  # -1, residency unknown, counts cold (as _load's ResidencyUnknown)
+        if self.verify_cold and cold:
+            self._check_crc(layer, expert, read.views)
+        return self._row(layer, expert, read.ranges, job.started_ns, issued_ns, source,
+                         NATIVE_THREAD, cold, False, step, finished_ns=finished)
 
     def _fail(self, f: _File, layer: int, expert: int, what: str) -> ExpertReadError:
         who = "whole layer" if expert == WHOLE_LAYER_EXPERT else f"expert {expert}"

@@ -51,6 +51,7 @@ names, thresholds) and traces/ (the schema, load sources):
   engine/generate.py (decode loop, lookahead)      main_thread.py, compute_stream.py
   engine/fill_points.py (deferred routing syncs)   main_thread.py (fills)
   engine/readers.py (reader threads, help_reads)   reader_threads.py, gil.py
+  engine/native_reads.py (no GIL on the readers)   loads.py (native_reads), main_thread.py
   engine/store.py (reads, cold/warm, budget),      loads.py (bundle_reads: 1 bundled, one
     engine/read_plan.py (vectored reads),            per slice stacked), page_cache.py,
     engine/manifest.py (layout)                      storage.py, token_bucket.py

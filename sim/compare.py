@@ -47,6 +47,9 @@ vocabulary (sim.policies):
   (presets hot, staged)                 allocated when the engine is built and held (memory)
   k, o_direct, help_reads               as recorded (help_reads: the main thread reads a needed
                                         bundle no reader has started; traces without it: on)
+  readers_kind                          native_reads=true where the engine's queued reads ran
+                                        on native threads (engine.native_reads); else, and in
+                                        traces from before them, false (Python readers)
   page_cache_budget                     the simulated page cache holds as many bundles as the
                                         engine's budget does (it charges each bundle its ranges
                                         rounded out to pages); the OS reserve is set so that
@@ -230,6 +233,7 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
         d.get("prefill") == "whole-layer" for d in cfg.layers.values())
     sets.append(f"prefill_stacks_held={'true' if whole else 'false'}")
     sets.append(f"help_reads={'true' if cfg.help_reads else 'false'}")
+    sets.append(f"native_reads={'true' if cfg.readers_kind == 'native' else 'false'}")
     sets.append("gil=true")  # this engine's threads are Python threads (sim.gil)
     sets.append(f"lora={'true' if cfg.lora else 'false'}")
     sets.append(f"first_layer_hint={'true' if cfg.first_layer_hint else 'false'}")

@@ -44,11 +44,12 @@ of a cold bundle is a separate device request.
 from __future__ import annotations
 
 from collections.abc import Generator
+from typing import Any
 
 import simpy
 
 from contract.thresholds import PAGE
-from sim.cpu import Cores
+from sim.cpu import READER_THREAD, Cores
 from sim.gil import Gil
 from sim.page_cache import PageCache
 from sim.scenario import Hardware
@@ -58,7 +59,7 @@ from sim.storage import Device
 class Load:
     __slots__ = ("step", "layer", "expert", "nbytes", "pieces", "source", "issued", "started",
                  "finished", "cold", "cold_pieces", "waited", "wait", "thread", "key",
-                 "done")
+                 "done", "owed", "queued")
 
     def __init__(self, step: int, layer: int, expert: int, key: int, nbytes: int, pieces: int,
                  source: str, issued: float, done: simpy.Event) -> None:
@@ -78,6 +79,9 @@ class Load:
         self.wait = 0.0
         self.thread = ""
         self.done = done  # fires when the bytes are in engine memory
+        self.owed = 0.0  # a native read's Python (its row, the budget's drops): the main
+        # thread's, when it collects the load (sim.main_thread.wait)
+        self.queued = False  # handed to the reader threads (sim.reader_threads)
 
 
 class Fetcher:
@@ -87,7 +91,8 @@ class Fetcher:
                  page_cache: PageCache, cores: Cores, experts: int, bundle_bytes: int,
                  device_bundle_bytes: int = 0, evict_ms: float = 0.0,
                  gil: Gil | None = None, bundle_reads: int = 1, hold_ms: float = 0.0,
-                 hold_busy: bool = False, direct_reclaim: bool = False) -> None:
+                 hold_busy: bool = False, direct_reclaim: bool = False,
+                 native_reads: bool = False) -> None:
         self.env = env
         self.device = device
         self.pc = page_cache
@@ -112,6 +117,8 @@ class Fetcher:
         # each pread takes the GIL back (the engine); False: once per load, as the sim did
         # before (kept for reports/validation/gil_probe.py's comparison)
         self.slices_take_the_gil = True
+        # Scenario.native_reads: reader threads run no Python (engine.native_reads)
+        self.native_readers = native_reads
         self.log: list[Load] = []
 
     def _edge_bytes(self, load: Load) -> int:
@@ -178,7 +185,10 @@ class Fetcher:
         beside = max(self.cold_cpu(cold_bytes, cold_share, load.nbytes) - kernel - python,
                      0.0) if cold_bytes and load.expert >= 0 else 0.0
         fill = cold_bytes > 0 and not held
-        if (self.gil.enabled and self.slices_take_the_gil and cold_bytes and syscalls > 1
+        if self.native_readers and thread.startswith(READER_THREAD) and load.expert >= 0:
+            evicted = yield from self._native(load, thread, cold_bytes, requests, kernel,
+                                              beside, fill, python)
+        elif (self.gil.enabled and self.slices_take_the_gil and cold_bytes and syscalls > 1
                 and (requests == syscalls or not self.readahead)):
             evicted = yield from self._by_syscall(load, thread, syscalls, requests, cold_bytes,
                                                   faults, copy, python, beside, fill)
@@ -202,8 +212,25 @@ class Fetcher:
         load.finished = env.now  # the engine's finished_ns: taken before the budget's drops
         self.log.append(load)
         if evicted and self.evict_s:
-            yield from self._drop_evicted(evicted, thread)
+            if self.native_readers and thread.startswith(READER_THREAD):
+                load.owed += evicted * self.evict_s  # the budget is charged with the row
+            else:
+                yield from self._drop_evicted(evicted, thread)
         load.done.succeed()
+
+    def _native(self, load: Load, thread: str, cold_bytes: int, requests: int, kernel: float,
+                beside: float, fill: bool, python: float) -> Generator[Any, Any, int]:
+        """A bundle read on a native reader thread (engine.native_reads): one vectored read,
+        its copy and fault work on the cores, and no interpreter lock; the load's Python (its
+        row) is owed to the main thread. Returns the bundles the fill pushed out."""
+        evicted = 0
+        if cold_bytes:
+            yield from self._device_read(cold_bytes, requests, thread, beside)
+            evicted = self._fill(load) if fill else 0
+        if kernel > 0:
+            yield self.cores.work(kernel, thread)
+        load.owed = python
+        return evicted
 
     def cold_cpu(self, cold_bytes: int, cold_share: float, nbytes: int) -> float:
         """A cold read's CPU on the reading thread (s): per request plus per page where the

@@ -257,19 +257,30 @@ class MainThread:
 
     def wait(self, load: Load) -> Generator:
         if load.done.triggered:
+            yield from self._collect(load)
             return
-        if self.readers is not None and load.started < 0:
-            if self.sc.help_reads:  # no reader has started it: the main thread reads it
-                yield from self._perform_here(load)  # (the reader that finds it skips it)
-                return
+        # no reader has started it: the main thread reads it (the reader that finds it skips
+        # it), unless a native reader has it (engine.readers: claimed when queued)
+        native = self.sc.native_reads and load.queued
+        if self.readers is not None and load.started < 0 and self.sc.help_reads and not native:
+            yield from self._perform_here(load)
+            return
         start = self.env.now
         yield load.done
         if self.readers is not None:
             yield self.env.timeout(self.readers.handoff_s)
         yield from self.gil.take_back()  # the wait let go of it (sim.gil)
+        yield from self._collect(load)
         self._waited_on(load)
         load.wait += self.env.now - start
         self._blocked(start)
+
+    def _collect(self, load: Load) -> Generator:
+        """A native read's row, made by the main thread when it waits (engine.readers): the
+        load's Python and the page-cache budget's drops, holding the GIL."""
+        if load.owed:
+            owed, load.owed = load.owed, 0.0
+            yield from self.gil.run(self.cores, owed, MAIN_THREAD)
 
     def _waited_on(self, load: Load) -> None:
         """The main thread waited on `load` (or read it itself): a cold one is a cold stall."""

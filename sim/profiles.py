@@ -142,6 +142,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "prediction_accuracy": (_fraction, "must be in [0, 1]"),
     "stager_dup_views": (lambda v: True, ""),
     "help_reads": (lambda v: True, ""),
+    "native_reads": (lambda v: True, ""),
     "gil": (lambda v: True, ""),
     "lora": (lambda v: True, ""),
     "budget_evict_ms": (_nonneg, "must be >= 0"),

@@ -44,6 +44,7 @@ class ReaderThreads:
             env.process(self._reader(f"{READER_THREAD}{i}"))
 
     def submit(self, load: Load) -> None:
+        load.queued = True
         self.queue.put(load)
 
     def _reader(self, name: str) -> Generator:

@@ -119,7 +119,7 @@ def simulate(sc: Scenario, routing: RoutingInput) -> Model:
                       m.device_bundle_bytes, sc.budget_evict_ms,
                       Gil(env, sc.gil, hw.gil_handoff_ms / 1e3),
                       m.bundle_reads, sc.read_hold_ms, sc.read_hold_busy,
-                      sc.direct_reclaim)
+                      sc.direct_reclaim, sc.native_reads)
     readers = (ReaderThreads(env, reader_threads, fetcher, hw.handoff_ms / 1e3,
                              hw.reader_wake_ms / 1e3)
                if reader_threads > 0 else None)

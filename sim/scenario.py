@@ -496,6 +496,11 @@ class Scenario:
         help=("the engine's threads share Python's interpreter lock (sim.gil): graph building "
               "and fill work on the main thread, each load's Python bookkeeping on its reader"),
         obtain="true for the Python engine")
+    native_reads: bool = key(False,
+        help=("reader threads run no Python (engine.native_reads): a load on one takes no "
+              "GIL, and its row (its Python, the page-cache budget's drops) is made by the "
+              "main thread when it collects the load"),
+        obtain="the trace's run.json (engine readers_kind 'native')")
     help_reads: bool = key(True,
         help=("the main thread does a needed read no reader has started yet, and of a fill "
               "point's misses reads the first itself (EngineConfig.help_reads, engine.readers)"),

@@ -18,6 +18,7 @@ from ssdmoe_cli.options import (
     Cpus,
     LoraDir,
     MemLimit,
+    NativeReads,
     NoLora,
     Readers,
     ReadIops,
@@ -73,6 +74,7 @@ def bench(
         "each streaming arm also runs its engine as ARM@before (on --before's model when "
         "given), rotated and paired in the same rounds.")] = None,
     readers: Readers = None,
+    native_reads: NativeReads = False,
     cache_policy: CachePolicy = None,
     from_json: Annotated[Path | None, typer.Option(
         "--from-json", help="Re-render the table and chart of an earlier result JSON "
@@ -173,8 +175,8 @@ def bench(
                      prerouter=None if prerouter is None else str(prerouter), lora=adapter,
                      temp=temp, seed=seed, read_mbps=throttle.read_mbps,
                      read_iops=throttle.read_iops, mem_limit=limits.mem_limit, cpus=limits.cpus,
-                     cpu_quota=limits.cpu_quota, readers=readers, cache_policy=cache_policy,
-                     before=None if before is None else str(before),
+                     cpu_quota=limits.cpu_quota, readers=readers, native_reads=native_reads,
+                     cache_policy=cache_policy, before=None if before is None else str(before),
                      before_code=None if before_code is None else str(before_code))
     name = Path(model).name + ("" if budget is None else f"-budget{round(100 * budget / total)}")
     name += "" if throttle.read_mbps is None else f"-{throttle.read_mbps:g}mbps"

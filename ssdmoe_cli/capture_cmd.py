@@ -23,6 +23,7 @@ from ssdmoe_cli.options import (
     Lead,
     LoraDir,
     MemLimit,
+    NativeReads,
     NoLora,
     Readers,
     ReadIops,
@@ -108,6 +109,7 @@ def capture(
         "capturing; writes JSON under reports/trace-overhead/.")] = False,
     rounds: Annotated[int, typer.Option("--rounds", help="--overhead: measured rounds.")] = 5,
     readers: Readers = None,
+    native_reads: NativeReads = False,
     cache_policy: CachePolicy = None,
     hot_mb: HotMb = None,
     staged_headroom: StagedHeadroom = None,
@@ -158,7 +160,8 @@ def capture(
         page_cache_fraction=page_cache_fraction, verify=verify, lookahead=lookahead,
         prerouter=prerouter, lead=lead, top_k=top_k, readers=readers, hot_mb=hot_mb,
         staged_headroom=staged_headroom, cache_policy=cache_policy,
-        first_layer_hint=first_layer_hint, lora=served_lora(model, lora, no_lora, prerouter, top_k))
+        first_layer_hint=first_layer_hint, native_reads=native_reads,
+        lora=served_lora(model, lora, no_lora, prerouter, top_k))
     # the emulated machine starts once the model is loaded (as the throttle always did: loading
     # is not what is measured), and before --out is touched: a refused limit loses nothing
     machine = EmulatedMachine(model, limits)

@@ -16,6 +16,7 @@ from ssdmoe_cli.options import (
     CachePolicy,
     FirstLayerHint,
     LoraDir,
+    NativeReads,
     NoLora,
     Readers,
     served_lora,
@@ -116,6 +117,7 @@ def generate(
     force: Annotated[bool, typer.Option(
         "--force", help="Replace an existing trace in the --trace directory.")] = False,
     readers: Readers = None,
+    native_reads: NativeReads = False,
     cache_policy: CachePolicy = None,
 ) -> None:
     """Generate text from a converted model, streaming experts from disk (--preset picks the
@@ -139,6 +141,7 @@ def generate(
                                       cache_policy=cache_policy,
                                       prerouter=None if prerouter is None else str(prerouter),
                                       first_layer_hint=first_layer_hint,
+                                      native_reads=native_reads,
                                       lora=served_lora(model, lora, no_lora, prerouter, top_k))
     engine = load_streaming(model, verify=verify, config=config)
     if not engine.tokenizer.encode(prompt):

@@ -32,6 +32,11 @@ NoLora = Annotated[bool, typer.Option("--no-lora", help="Serve without any adapt
 Readers = Annotated[int | None, typer.Option(
     "--readers", help="Reads in flight (reader threads), 1-64. Default: the model directory's "
     "queue_depth.json (ssdmoe calibrate --queue-depth-only --model DIR), else 2.")]
+NativeReads = Annotated[bool, typer.Option(
+    "--native-reads/--no-native-reads", help="Queued bundle reads on native threads that never "
+    "wait for Python's interpreter lock (engine.native_reads; built with the system's C "
+    "compiler on first use; without one, Python reader threads, run.json says why). Default: "
+    "Python reader threads.")]
 CachePolicy = Annotated[str | None, typer.Option(
     "--cache-policy", help="Eviction policy of the app caches (hot pool, staged slots, "
     "page-cache budget): lru (default), lfu, least-stale, fifo (contract.eviction; belady is "

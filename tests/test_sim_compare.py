@@ -80,12 +80,16 @@ def test_engine_configs_map_onto_scenario_keys():
     assert path == "exact" and sets == ["k=2", "path=exact", "lead=none", "lru_bytes=0",
                                         "readers=0", "lookahead=false",
                                         "prefill_stacks_held=false", "help_reads=true",
-                                        "gil=true", "lora=false", "first_layer_hint=false",
-                                        "o_direct=false"]
+                                        "native_reads=false", "gil=true", "lora=false",
+                                        "first_layer_hint=false", "o_direct=false"]
     sets, _, _ = engine_settings({"decode": "exact", "k": 2, "lora": "/some/adapter"}, sc)
     assert "lora=true" in sets
     sets, _, _ = engine_settings({"decode": "exact", "k": 2, "help_reads": False}, sc)
     assert "help_reads=false" in sets
+    # who read: native threads (engine.native_reads) or Python ones, or a Python fallback
+    for kind, native in (("native", "true"), ("python: native reads off", "false"), ("", "false")):
+        sets, _, _ = engine_settings({"decode": "exact", "k": 2, "readers_kind": kind}, sc)
+        assert f"native_reads={native}" in sets
     sets, _, _ = engine_settings({"decode": "hot", "k": 2, "readers": 3, "hot_bytes": None}, sc)
     assert "lru_bytes=16000" in sets and "readers=3" in sets  # 25% of 4 x 16 x 1000 bytes
     assert "prefill_stacks_held=false" in sets  # prefill exact (the config's default)

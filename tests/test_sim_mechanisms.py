@@ -137,46 +137,81 @@ def test_a_wait_on_a_pooled_read_lasts_through_the_budgets_page_drops(help_reads
     assert took(loads) == took(loads0)
 
 
-def test_the_budgets_page_drops_hold_the_gil():
-    """A reader's cold read (0.2 ms on the device, no Python) evicts one bundle, whose pages
-    take 0.3 ms to drop: each fadvise returns before a waiting thread could take the GIL, so
-    the drops keep it. The read and its 0.05 ms of Python end at 0.25 ms; the main thread asks
-    for the GIL at 0.3 ms to build for 1 ms: it gets it when the drops end, at 0.55 ms, and the
-    load is done then too."""
+def _read_beside_a_build(gil_on: bool, native: bool = False) -> tuple[dict[str, float], Load]:
+    """A reader's cold read (0.2 ms on the device, 0.05 ms of Python) that evicts one bundle,
+    whose pages take 0.3 ms to drop, while the main thread asks for the GIL at 0.3 ms to build
+    for 1 ms: when the read finished, its load was done and the build ended (ms)."""
     from sim.gil import Gil
 
-    def run(gil_on: bool) -> dict[str, float]:
-        env = simpy.Environment()
-        cores = Cores(env, 0)
-        gil = Gil(env, gil_on)
-        pc = PageCache(1000, 1000, 16)  # room for one bundle: holds expert 5
-        pc.fill(5, (0, 0))
-        f = Fetcher(env, hardware(**IO), Device(0.0002, 1e12), pc, cores, 16, 1000,
-                    evict_ms=0.3, gil=gil)
-        load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())
-        seen: dict[str, float] = {}
+    env = simpy.Environment()
+    cores = Cores(env, 0)
+    gil = Gil(env, gil_on)
+    pc = PageCache(1000, 1000, 16)  # room for one bundle: holds expert 5
+    pc.fill(5, (0, 0))
+    f = Fetcher(env, hardware(**IO), Device(0.0002, 1e12), pc, cores, 16, 1000,
+                evict_ms=0.3, gil=gil, native_reads=native)
+    load = Load(0, 0, 3, 3, 1000, 1, "prefetch", 0.0, env.event())
+    seen: dict[str, float] = {}
 
-        def main():
-            yield env.timeout(0.0003)
-            yield from gil.run(cores, 0.001, "main")
-            seen["build_end"] = env.now
+    def main():
+        yield env.timeout(0.0003)
+        yield from gil.run(cores, 0.001, "main")
+        seen["build_end"] = env.now
 
-        def waiter():
-            yield load.done
-            seen["done"] = env.now
+    def waiter():
+        yield load.done
+        seen["done"] = env.now
 
-        env.process(f.perform(load, "reader0"))
-        env.process(main())
-        env.process(waiter())
-        env.run()
-        seen["finished"] = load.finished
-        return {k: v * 1e3 for k, v in seen.items()}
+    env.process(f.perform(load, "reader0"))
+    env.process(main())
+    env.process(waiter())
+    env.run()
+    seen["finished"] = load.finished
+    return {k: v * 1e3 for k, v in seen.items()}, load
 
-    held = run(True)
+
+def test_the_budgets_page_drops_hold_the_gil():
+    """Each fadvise returns before a waiting thread could take the GIL, so the drops keep it:
+    the read and its Python end at 0.25 ms, the main thread gets the GIL when the drops end, at
+    0.55 ms, and the load is done then too."""
+    held, _ = _read_beside_a_build(True)
     assert held["finished"] == pytest.approx(0.2 + 0.05, abs=1e-5)  # the read, its Python
     assert held["done"] == pytest.approx(0.25 + 0.3, abs=1e-5)
     assert held["build_end"] == pytest.approx(0.55 + 1.0, abs=1e-5)
-    assert run(False)["build_end"] == pytest.approx(0.3 + 1.0, abs=1e-5)  # no lock: at once
+    free, _ = _read_beside_a_build(False)
+    assert free["build_end"] == pytest.approx(0.3 + 1.0, abs=1e-5)  # no lock: at once
+
+
+def test_a_native_readers_load_takes_no_gil_and_owes_its_row_to_the_main_thread():
+    """The same read on a native reader (engine.native_reads): no Python runs on the reader,
+    so the read ends at 0.2 ms, the main thread builds from 0.3 ms without waiting for anything
+    (1.3 ms), and the read's Python (0.05 ms) and the budget's drops (0.3 ms) are owed to the
+    main thread, which pays them holding the GIL when it collects the load."""
+    seen, load = _read_beside_a_build(True, native=True)
+    assert seen["finished"] == pytest.approx(0.2, abs=1e-6)
+    assert seen["done"] == pytest.approx(0.2, abs=1e-6)
+    assert seen["build_end"] == pytest.approx(0.3 + 1.0, abs=1e-6)
+    assert load.owed * 1e3 == pytest.approx(0.05 + 0.3, abs=1e-6)
+
+
+def test_a_native_loads_owed_row_is_main_thread_time_at_collection():
+    """sim.main_thread.MainThread.wait on a finished native load pays what it owes, holding
+    the GIL: the scenario with native readers builds each step longer by the rows' Python,
+    where Python readers pay it on their own threads."""
+    runs = {}
+    for native in (False, True):
+        m = model(layers=1, experts=16, k=2, build_ms_per_layer=0.5)
+        router = np.array([[[2 * (s % 4), 2 * (s % 4) + 1]] for s in range(8)], dtype=np.int16)
+        sc = scenario(hw=hardware(**IO), m=m, path="hot", lru_bytes=MB, readers=1,
+                      o_direct=True, decode_steps=8, help_reads=False, gil=True,
+                      native_reads=native)
+        runs[native] = run_scenario(sc, routing=routing_input(router)).trace
+    py, nat = runs[False], runs[True]
+    assert set(py.loads["thread"]) == set(nat.loads["thread"]) == {"reader0"}
+    # each decode step's two loads: 2 x 0.05 ms of Python, on the main thread when native
+    steps = [t.steps.filter(pl.col("phase") == "decode") for t in (py, nat)]
+    diff = (steps[1]["main_cpu_ns"] - steps[0]["main_cpu_ns"]).to_list()
+    assert diff == [round(2 * 0.05e6)] * 8
 
 
 def test_oversubscribed_memory_faults_its_swapped_share_back_in():

@@ -132,6 +132,7 @@ def run_arm(spec: dict) -> dict:
                                           lora=spec.get("lora")
                                           if arm == "staged-prerouter-lora" else None,
                                           readers=spec.get("readers"),
+                                          native_reads=spec.get("native_reads", False),
                                           cache_policy=spec.get("cache_policy")
                                           if cached else None)
         engine = load_streaming(model_dir, config=config, on_load=loads.append)

@@ -120,6 +120,7 @@ class BenchSpec:
     cpus: int | None = None
     cpu_quota: float | None = None
     readers: int | None = None  # reads in flight (None: the model's queue_depth.json)
+    native_reads: bool = False  # queued bundle reads on native threads (engine.native_reads)
     cache_policy: str | None = None  # every cached arm's eviction policy (None: lru)
     # the same model converted otherwise (e.g. `convert --layout stacked`): every streaming
     # arm also runs on it, as ARM@before, in the same rounds, and is paired with ARM
@@ -363,6 +364,7 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
         if spec.before else None,
         "before_code": None if spec.before_code is None else checkout(spec.before_code),
         "code": checkout(str(Path(__file__).resolve().parents[2])), "readers": spec.readers,
+        "native_reads": spec.native_reads,
         "cache_policy": spec.cache_policy or "lru",
         "max_tokens": spec.max_tokens, "prompts": spec.prompts,
         "page_cache_budget": spec.page_cache_budget, "expert_bytes": expert_bytes(model),
