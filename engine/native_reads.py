@@ -39,6 +39,7 @@ class Job(ctypes.Structure):
                 ("iov", ctypes.c_void_p), ("map", ctypes.c_void_p),
                 ("state", ctypes.c_int64), ("result", ctypes.c_int64), ("cold", ctypes.c_int64),
                 ("started_ns", ctypes.c_int64), ("finished_ns", ctypes.c_int64),
+                ("drops", ctypes.c_void_p), ("ndrops", ctypes.c_int64),
                 ("next", ctypes.c_void_p)]
 
 
@@ -118,15 +119,20 @@ class NativePool:
             raise OSError(f"native reads: could not start {n} threads")
 
     def submit(self, fd: int, offset: int, length: int, iovecs: ctypes.Array,
-               map_addr: int = 0) -> Job:
+               map_addr: int = 0, drops: list[tuple[int, int, int]] = ()) -> Job:
         """Queue a read of `length` bytes at `offset` of `fd` into `iovecs` (a C iovec array,
         engine.range_reads.iovec_array), counting the range's resident pages first over the
-        file's mapping at `map_addr` (0: unknown)."""
+        file's mapping at `map_addr` (0: unknown); then drop the pages of `drops` (fd, offset,
+        length): the page-cache budget's victims of this read."""
         if not 1 <= len(iovecs) <= MAX_IOV:
             raise ValueError(f"native reads: {len(iovecs)} iovecs (1 to {MAX_IOV})")
         job = Job(fd=fd, iovcnt=len(iovecs), offset=offset, length=length,
                   iov=ctypes.addressof(iovecs), map=map_addr or None)
         job.keep = iovecs  # type: ignore[attr-defined]  # alive while the job may run
+        if drops:
+            flat = (ctypes.c_int64 * (3 * len(drops)))(*[v for d in drops for v in d])
+            job.drops, job.ndrops = ctypes.addressof(flat), len(drops)
+            job.keep_drops = flat  # type: ignore[attr-defined]
         self.lib.rp_submit(self._pool, ctypes.byref(job))
         return job
 

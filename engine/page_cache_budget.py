@@ -31,6 +31,13 @@ class PageCacheBudget:
         """`bundle` (layer, expert) was just read from `fd` at `ranges` during `step`: it is
         used now, and the policy's victims are dropped until the rest fits (a bundle above the
         whole budget is dropped too)."""
+        for dfd, off, ln in self.victims(bundle, fd, ranges, step):
+            self._drop_pages(dfd, off, ln)
+
+    def victims(self, bundle: tuple[int, int], fd: int, ranges: list[tuple[int, int]],
+                step: int = -1) -> list[tuple[int, int, int]]:
+        """`charge`'s accounting alone: the (fd, offset, length) extents to drop, for a caller
+        that drops them itself (a native read, after its read: engine.native_reads)."""
         pages = page_extents(ranges, self.page)
         nbytes = sum(ln for _, ln in pages)
         now = (step, bundle[0])
@@ -46,9 +53,7 @@ class PageCacheBudget:
                 drop.append(self._evict(self.policy.victim(now, (bundle,))))
             if self.used_bytes > self.limit:  # one bundle above the whole budget
                 drop.append(self._evict(bundle))
-        for dfd, dpages in drop:  # outside the lock: a syscall per extent
-            for off, ln in dpages:
-                self._drop_pages(dfd, off, ln)
+        return [(dfd, off, ln) for dfd, dpages in drop for off, ln in dpages]
 
     def forget(self, layer: int | None = None) -> None:
         """The pages of every bundle (of `layer`) were dropped outside the budget."""

@@ -18,9 +18,10 @@ the caller is about to reuse.
 With `native` (EngineConfig.native_reads, where engine.native_reads can build its pool) a
 queued bundle read goes to native threads instead: one `preadv` with no Python on the read
 path, so it starts as soon as a thread is free, not when the main thread next lets go of the
-interpreter lock. The main thread plans it and makes its row when it waits (the budget charged
-there): the Python a reader did moves to the main thread. Whole-layer reads, O_DIRECT and
-bundles of several runs stay on the Python threads."""
+interpreter lock. The main thread plans it (charging the page-cache budget, whose victims the
+native thread drops after the read) and makes its row when it waits: the Python a reader did
+moves to the main thread. Whole-layer reads, O_DIRECT and bundles of several runs stay on
+the Python threads."""
 
 from __future__ import annotations
 
@@ -129,7 +130,7 @@ class ReaderPool:
         t.native = read
         f = read.file
         t.job = self._native.submit(f.fd, read.run.offset, read.run.length, read.iovecs,
-                                    f.addr)
+                                    f.addr, read.drops)
         return True
 
     def _finish_native(self, tickets: list[Ticket]) -> None:

@@ -131,6 +131,7 @@ class NativeRead:
     iovecs: object  # the run's buffers as a C iovec array
     ranges: list[tuple[int, int]]  # what the load covers (the row, the budget)
     views: list[np.ndarray]  # the destination buffers, in file order
+    drops: list[tuple[int, int, int]]  # the budget's victims (fd, offset, length)
 
 
 NATIVE_THREAD = "native"  # the load rows' thread of a native read
@@ -588,14 +589,15 @@ class ExpertStore:
         return row
 
     def _row(self, layer, expert, ranges, started, issued_ns, source, thread, cold=False,
-             waited=False, step: int = -1, finished_ns: int | None = None) -> dict:
-        """A finished read's load row (the page-cache budget is charged here). `finished_ns`:
-        when it finished, if not now (a native read's own stamp)."""
+             waited=False, step: int = -1, finished_ns: int | None = None,
+             charged: bool = False) -> dict:
+        """A finished read's load row (the page-cache budget is charged here, unless
+        `charged`). `finished_ns`: when it finished, if not now (a native read's own stamp)."""
         if self.read_hook is not None:
             self.read_hook()
         finished = time.perf_counter_ns() if finished_ns is None else finished_ns
         issued = started if issued_ns is None else issued_ns
-        if not self.direct and self.budget is not None:
+        if not self.direct and self.budget is not None and not charged:
             self.budget.charge((layer, expert), self._files[layer].fd, ranges, step)
         return {
             "step": step, "layer": layer, "expert": expert,
@@ -623,14 +625,19 @@ class ExpertStore:
         iovecs = run.iovecs if run.iovecs is not None else iovec_array(run.buffers)
         if iovecs is None or len(iovecs) > NATIVE_MAX_IOV:
             return None
-        return NativeRead(self._files[layer], run, iovecs, bundle.ranges, views)
+        f = self._files[layer]
+        # charged when asked for (the victims' pages are dropped by the native thread after
+        # the read), not when it lands: the main thread does no page drops
+        drops = [] if self.budget is None else self.budget.victims((layer, expert), f.fd,
+                                                                  bundle.ranges)
+        return NativeRead(f, run, iovecs, bundle.ranges, views, drops)
 
     def finish_native(self, layer: int, expert: int, read: NativeRead, job, *, source: str,
                       issued_ns: int, step: int = -1) -> dict:
         """The load row of a native read that is done (`job`: engine.native_reads.Job). A
         failed read raises ExpertReadError naming the file; a short one is finished here, or
-        named, as `read_buffered` does. The page-cache budget is charged here, on the caller's
-        thread."""
+        named, as `read_buffered` does. The page-cache budget was charged when the read was
+        planned (`native_read`), and its victims dropped by the native thread."""
         f, run = read.file, read.run
         finished = job.finished_ns
         if job.result < 0:
@@ -642,7 +649,7 @@ class ExpertStore:
         if self.verify_cold and cold:
             self._check_crc(layer, expert, read.views)
         return self._row(layer, expert, read.ranges, job.started_ns, issued_ns, source,
-                         NATIVE_THREAD, cold, False, step, finished_ns=finished)
+                         NATIVE_THREAD, cold, False, step, finished_ns=finished, charged=True)
 
     def _fail(self, f: _File, layer: int, expert: int, what: str) -> ExpertReadError:
         who = "whole layer" if expert == WHOLE_LAYER_EXPERT else f"expert {expert}"

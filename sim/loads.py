@@ -79,8 +79,8 @@ class Load:
         self.wait = 0.0
         self.thread = ""
         self.done = done  # fires when the bytes are in engine memory
-        self.owed = 0.0  # a native read's Python (its row, the budget's drops): the main
-        # thread's, when it collects the load (sim.main_thread.wait)
+        self.owed = 0.0  # a native read's Python (its plan and row): the main thread's, when
+        # it collects the load (sim.main_thread.wait)
         self.queued = False  # handed to the reader threads (sim.reader_threads)
 
 
@@ -213,7 +213,8 @@ class Fetcher:
         self.log.append(load)
         if evicted and self.evict_s:
             if self.native_readers and thread.startswith(READER_THREAD):
-                load.owed += evicted * self.evict_s  # the budget is charged with the row
+                # the native thread drops the budget's victims after its read, no GIL
+                yield self.cores.work(evicted * self.evict_s, thread)
             else:
                 yield from self._drop_evicted(evicted, thread)
         load.done.succeed()
@@ -222,7 +223,7 @@ class Fetcher:
                 beside: float, fill: bool, python: float) -> Generator[Any, Any, int]:
         """A bundle read on a native reader thread (engine.native_reads): one vectored read,
         its copy and fault work on the cores, and no interpreter lock; the load's Python (its
-        row) is owed to the main thread. Returns the bundles the fill pushed out."""
+        plan and row) is owed to the main thread. Returns the bundles the fill pushed out."""
         evicted = 0
         if cold_bytes:
             yield from self._device_read(cold_bytes, requests, thread, beside)

@@ -276,8 +276,8 @@ class MainThread:
         self._blocked(start)
 
     def _collect(self, load: Load) -> Generator:
-        """A native read's row, made by the main thread when it waits (engine.readers): the
-        load's Python and the page-cache budget's drops, holding the GIL."""
+        """A native read's Python, the main thread's when it waits (engine.readers): its plan
+        and its row, holding the GIL."""
         if load.owed:
             owed, load.owed = load.owed, 0.0
             yield from self.gil.run(self.cores, owed, MAIN_THREAD)

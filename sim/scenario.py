@@ -498,8 +498,8 @@ class Scenario:
         obtain="true for the Python engine")
     native_reads: bool = key(False,
         help=("reader threads run no Python (engine.native_reads): a load on one takes no "
-              "GIL, and its row (its Python, the page-cache budget's drops) is made by the "
-              "main thread when it collects the load"),
+              "GIL (the page-cache budget's drops included), and its Python (plan and row) "
+              "is the main thread's when it collects the load"),
         obtain="the trace's run.json (engine readers_kind 'native')")
     help_reads: bool = key(True,
         help=("the main thread does a needed read no reader has started yet, and of a fill "

@@ -255,3 +255,27 @@ def test_the_engine_decodes_the_same_tokens_on_native_readers(tiny_random_conver
     assert out[True][0] == out[False][0]
     assert out[True][1] == out[False][1]
     assert out[True][2] == {"native"} and "native" not in out[False][2]
+
+
+@needs_pool
+def test_the_budgets_victims_are_dropped_by_the_native_thread(store):
+    """A job drops the (fd, offset, length) extents it is given after its read: a bundle read
+    warm before is cold once a later job names its pages (mincore, through the store)."""
+    _cold_capable(store)
+    layer = store.manifest.moe_layers[0]
+    store.read_bundle(layer, 4, _buffers(store, layer))
+    assert not store.is_cold(layer, 4)
+    f = store._files[layer]
+    (off, ln), = store._bundle(layer, 4).spans
+    page = 4096
+    start, end = off - off % page, -(-(off + ln) // page) * page
+    pool = native_reads.NativePool(1, lib)
+    try:
+        r = store.native_read(layer, 5, _buffers(store, layer))
+        job = pool.submit(f.fd, r.run.offset, r.run.length, r.iovecs, f.addr,
+                          [(f.fd, start, end - start)])
+        pool.wait([job])
+    finally:
+        pool.close()
+    assert job.result == r.run.length
+    assert store.is_cold(layer, 4) and not store.is_cold(layer, 5)

@@ -435,7 +435,7 @@ def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
     spec_file.write_text(json.dumps({
         "arm": base_arm(arm), "model": absolute(model), "prompts": spec.prompts,
         "max_tokens": spec.max_tokens, "readers": spec.readers,
-        "cache_policy": spec.cache_policy,
+        "native_reads": spec.native_reads, "cache_policy": spec.cache_policy,
         "page_cache_budget": spec.page_cache_budget, "warmup_tokens": spec.warmup_tokens,
         "temp": spec.temp, "seed": spec.seed, "limits": limits_of(spec).to_dict(),
         "prerouter": absolute(spec.prerouter or str(Path(spec.model) / "prerouter")),

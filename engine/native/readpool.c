@@ -9,6 +9,7 @@
    its iovecs and keeps them alive until the job is done. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -31,6 +32,8 @@ typedef struct job {
     int64_t result;             /* bytes read, or -errno */
     int64_t cold;               /* 1: a page was not resident before the read; -1 unknown */
     int64_t started_ns, finished_ns;
+    const int64_t *drops;       /* ndrops x (fd, offset, length): pages to drop after the read */
+    int64_t ndrops;
     struct job *next;
 } job_t;
 
@@ -88,6 +91,16 @@ static void run(job_t *j) {
     j->result = done;
 out:
     j->finished_ns = now_ns();
+    /* the page-cache budget's victims (engine.page_cache_budget), after the read and its
+       stamp, as a Python reader drops them after its read */
+    for (int64_t i = 0; i < j->ndrops; i++) {
+        const int64_t *d = j->drops + 3 * i;
+#ifdef POSIX_FADV_DONTNEED
+        posix_fadvise((int)d[0], (off_t)d[1], (off_t)d[2], POSIX_FADV_DONTNEED);
+#else
+        (void)d;  /* no per-range page dropping here (macOS): no budget either */
+#endif
+    }
 }
 
 static void *worker(void *arg) {
