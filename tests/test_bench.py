@@ -203,3 +203,26 @@ def test_bench_hint_arm_keeps_the_heads_tokens(tiny_random_converted, model_copy
     res = json.loads(out.read_text())
     assert res["hint_tokens_identical"] is True
     assert res["runs"]["staged-prerouter-hint"][0]["config"]["first_layer_hint"] is True
+
+
+def test_native_reads_reach_the_arms_workers(tiny_random_converted, tmp_path, ssdmoe):
+    """--native-reads is each streaming arm's setting, in its worker: the raw rounds' engine
+    config says who read (native where the pool builds), and without the flag Python readers."""
+    from engine import native_reads
+
+    lib, _ = native_reads.load()
+    kinds = {}
+    for flag in ("--native-reads", "--no-native-reads"):
+        out = tmp_path / f"{flag}.json"
+        r = ssdmoe("bench", str(tiny_random_converted), "--arms", "staged", "--rounds", "1",
+                   "--max-tokens", "3", "--num-prompts", "1", flag, "--json", str(out))
+        assert r.returncode == 0, r.stderr
+        res = json.loads(out.read_text())
+        kinds[flag] = res["runs"]["staged"][0]["config"]["readers_kind"]
+        assert res["native_reads"] is (flag == "--native-reads")
+    assert kinds["--no-native-reads"] == "python: native reads off"
+    if lib is not None:
+        assert kinds["--native-reads"] == "native"
+    else:  # no compiler here: the arm fell back, and says why
+        assert kinds["--native-reads"].startswith("python: ") and "off" not in kinds[
+            "--native-reads"]
