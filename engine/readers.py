@@ -135,6 +135,8 @@ class ReaderPool:
 
     def _finish_native(self, tickets: list[Ticket]) -> None:
         """Wait for the native reads of `tickets` not yet finished; make their rows."""
+        if self._native is None:  # no native read was ever submitted (the default readers)
+            return
         mine = [t for t in tickets if t.job is not None and not t.event.is_set()]
         if not mine:
             return

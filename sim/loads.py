@@ -44,7 +44,6 @@ of a cold bundle is a separate device request.
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
 
 import simpy
 
@@ -185,11 +184,11 @@ class Fetcher:
         beside = max(self.cold_cpu(cold_bytes, cold_share, load.nbytes) - kernel - python,
                      0.0) if cold_bytes and load.expert >= 0 else 0.0
         fill = cold_bytes > 0 and not held
-        if self.native_readers and thread.startswith(READER_THREAD) and load.expert >= 0:
-            evicted = yield from self._native(load, thread, cold_bytes, requests, kernel,
-                                              beside, fill, python)
-        elif (self.gil.enabled and self.slices_take_the_gil and cold_bytes and syscalls > 1
-                and (requests == syscalls or not self.readahead)):
+        # a bundle read on a native reader thread (engine.native_reads): no interpreter lock;
+        # its Python (plan and row) is owed to the main thread, which collects the load
+        native = self.native_readers and thread.startswith(READER_THREAD) and load.expert >= 0
+        if (not native and self.gil.enabled and self.slices_take_the_gil and cold_bytes
+                and syscalls > 1 and (requests == syscalls or not self.readahead)):
             evicted = yield from self._by_syscall(load, thread, syscalls, requests, cold_bytes,
                                                   faults, copy, python, beside, fill)
         else:
@@ -197,7 +196,11 @@ class Fetcher:
             if cold_bytes:
                 yield from self._device_read(cold_bytes, requests, thread, beside)
                 evicted = self._fill(load) if fill else 0
-            if not cold_bytes and self.gil.enabled and self.slices_take_the_gil:
+            if native:
+                if kernel > 0:
+                    yield self.cores.work(kernel, thread)
+                load.owed = python
+            elif not cold_bytes and self.gil.enabled and self.slices_take_the_gil:
                 # a warm pread returns before a waiting thread is awake: the whole load,
                 # its copies too, holds the GIL (_by_syscall)
                 yield from self.gil.run(self.cores, python + kernel, thread)
@@ -212,26 +215,11 @@ class Fetcher:
         load.finished = env.now  # the engine's finished_ns: taken before the budget's drops
         self.log.append(load)
         if evicted and self.evict_s:
-            if self.native_readers and thread.startswith(READER_THREAD):
-                # the native thread drops the budget's victims after its read, no GIL
+            if native:  # the native thread drops the budget's victims after its read, no GIL
                 yield self.cores.work(evicted * self.evict_s, thread)
             else:
                 yield from self._drop_evicted(evicted, thread)
         load.done.succeed()
-
-    def _native(self, load: Load, thread: str, cold_bytes: int, requests: int, kernel: float,
-                beside: float, fill: bool, python: float) -> Generator[Any, Any, int]:
-        """A bundle read on a native reader thread (engine.native_reads): one vectored read,
-        its copy and fault work on the cores, and no interpreter lock; the load's Python (its
-        plan and row) is owed to the main thread. Returns the bundles the fill pushed out."""
-        evicted = 0
-        if cold_bytes:
-            yield from self._device_read(cold_bytes, requests, thread, beside)
-            evicted = self._fill(load) if fill else 0
-        if kernel > 0:
-            yield self.cores.work(kernel, thread)
-        load.owed = python
-        return evicted
 
     def cold_cpu(self, cold_bytes: int, cold_share: float, nbytes: int) -> float:
         """A cold read's CPU on the reading thread (s): per request plus per page where the

@@ -20,11 +20,9 @@ marked with NAME); traces in runs/first-layer-hint/[NAME/]."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,10 +66,10 @@ def read_times(trace_dir: Path) -> dict:
             "service_ms": float((cold["finished_ns"] - cold["started_ns"]).median()) / 1e6}
 
 
-def paired_gain(hint: list[dict], plain: list[dict]) -> float:
-    """Median over rounds of hint / no-hint decode tok/s (rounds paired in order)."""
-    return statistics.median(h["decode_tok_s"] / p["decode_tok_s"]
-                             for h, p in zip(hint, plain, strict=True))
+def paired_gain(arm: list[dict], base: list[dict]) -> float:
+    """Median over rounds of arm / base decode tok/s (rounds paired in order)."""
+    return statistics.median(a["decode_tok_s"] / b["decode_tok_s"]
+                             for a, b in zip(arm, base, strict=True))
 
 
 def _blocked(f: dict) -> tuple[float, float, float]:
@@ -115,22 +113,11 @@ def table(results: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--model", type=Path, default=lead.MODEL)
-    ap.add_argument("--profiles", type=Path, default=None)
-    ap.add_argument("--model-profile", type=Path, default=None,
-                    help="the model profile to replay with (default: the --profiles folder's)")
-    ap.add_argument("--tag", default="",
-                    help="name of this run's JSON (first-layer-hint-TAG.json) and README table")
-    args = ap.parse_args()
-    lead.check_rounds_and_profiles(args.rounds, args.profiles)
+    args = lead.replay_arguments(__doc__, "first-layer-hint")
     hint_file = args.model / "prerouter" / "first_layer_hint.npy"
     if not hint_file.is_file():
         raise SystemExit(f"run.py: {hint_file}: no first-layer hint table (ssdmoe train "
                          "hint)")
-    commit = subprocess.run(["git", "rev-parse", "--short=8", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
     combos = [(r, a) for r in lead.REGIMES for a in ARMS]
     rows: dict[str, dict[str, dict[str, list]]] = {
         r: {a: {"measured": [], "simulated": []} for a in ARMS} for r in lead.REGIMES}
@@ -153,7 +140,7 @@ def main() -> None:
     first = RUNS / args.tag / f"{combos[0][0]}.{combos[0][1].replace(' ', '-')}.r0"
     results = {
         "command": "uv run python reports/io/first-layer-hint/run.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": lead.commit(),
         "profiles": str(args.profiles) if args.profiles else "scenarios/this-machine-tiny-trained",
         "model_profile": str(args.model_profile) if args.model_profile else None,
         "model": str(args.model),

@@ -18,11 +18,8 @@ with NAME); traces in runs/native-reads/[NAME/]."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -83,11 +80,6 @@ def replayed(trace_dir: Path, scenario: str | None, out: Path) -> dict:
     return figures(out)
 
 
-def paired_gain(native: list[dict], python: list[dict]) -> float:
-    return statistics.median(n["decode_tok_s"] / p["decode_tok_s"]
-                             for n, p in zip(native, python, strict=True))
-
-
 def _v(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -114,21 +106,10 @@ def table(results: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--model", type=Path, default=lead.MODEL)
-    ap.add_argument("--profiles", type=Path, default=None)
-    ap.add_argument("--model-profile", type=Path, default=None,
-                    help="the model profile to replay with (default: the --profiles folder's)")
-    ap.add_argument("--tag", default="",
-                    help="name of this run's JSON (native-reads-TAG.json) and README table")
-    args = ap.parse_args()
-    lead.check_rounds_and_profiles(args.rounds, args.profiles)
+    args = lead.replay_arguments(__doc__, "native-reads")
     if not (args.model / "prerouter").is_dir():
         raise SystemExit(f"run.py: {args.model / 'prerouter'}: no prerouter heads (ssdmoe "
                          "train heads)")
-    commit = subprocess.run(["git", "rev-parse", "--short=8", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
     combos = [(c, a) for c in CASES for a in ARMS]
     rows = {c: {a: {"measured": [], "simulated": []} for a in ARMS} for c in CASES}
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,7 +135,7 @@ def main() -> None:
     first = RUNS / args.tag / f"{CASES[0][0].replace(' ', '-')}.{CASES[0][1]}.python.r0"
     results = {
         "command": "uv run python reports/io/native-reads/run.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": lead.commit(),
         "profiles": str(args.profiles) if args.profiles else "scenarios/this-machine-tiny-trained",
         "model_profile": str(args.model_profile) if args.model_profile else None,
         "model": str(args.model),
@@ -163,7 +144,7 @@ def main() -> None:
             "rounds": rows[(p, r)],
             "median": {a: {k: lead.median_figures(v) for k, v in rows[(p, r)][a].items()}
                        for a in ARMS},
-            "gain": {k: paired_gain(rows[(p, r)]["native"][k], rows[(p, r)]["python"][k])
+            "gain": {k: hint.paired_gain(rows[(p, r)]["native"][k], rows[(p, r)]["python"][k])
                      for k in ("measured", "simulated")}}
             for p, r in CASES}}
     name = "native-reads" + (f"-{args.tag}" if args.tag else "")

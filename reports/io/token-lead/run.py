@@ -158,6 +158,29 @@ def median_figures(rows: list[dict]) -> dict:
     return out
 
 
+def commit() -> str:
+    """This checkout's short commit, as the reports' JSON names it."""
+    return subprocess.run(["git", "rev-parse", "--short=8", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def replay_arguments(doc: str, name: str) -> argparse.Namespace:
+    """The options of a report that captures arms of one model and replays each trace on one
+    profile (--rounds, --model, --profiles, --model-profile, --tag), checked; `name` is the
+    report's JSON name."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--model", type=Path, default=MODEL)
+    ap.add_argument("--profiles", type=Path, default=None)
+    ap.add_argument("--model-profile", type=Path, default=None,
+                    help="the model profile to replay with (default: the --profiles folder's)")
+    ap.add_argument("--tag", default="",
+                    help=f"name of this run's JSON ({name}-TAG.json) and README table")
+    args = ap.parse_args()
+    check_rounds_and_profiles(args.rounds, args.profiles)
+    return args
+
+
 def check_rounds_and_profiles(rounds: int, profiles: Path | None) -> None:
     """--rounds and --profiles checked, in one line each."""
     if rounds < 1:
@@ -180,8 +203,6 @@ def main() -> None:
     if not (args.model / "prerouter").is_dir():
         raise SystemExit(f"run.py: {args.model / 'prerouter'}: no prerouter heads (ssdmoe "
                          "train heads)")
-    commit = subprocess.run(["git", "rev-parse", "--short=8", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
     regimes = list(REGIMES)
     rows: dict[str, dict[str, list]] = {r: {} for r in regimes}
     with tempfile.TemporaryDirectory() as tmp:
@@ -204,7 +225,7 @@ def main() -> None:
                       f"{_ms(got['simulated']['issue_lead_ms'])} ms", flush=True)
     results = {
         "command": "uv run python reports/io/token-lead/run.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(),
         "before_code": str(args.before_code) if args.before_code else None,
         "profiles": str(args.profiles) if args.profiles else "scenarios/this-machine-tiny-trained",
         "model": str(args.model),
