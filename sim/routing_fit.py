@@ -98,7 +98,7 @@ def novelty(router: np.ndarray, boundaries: np.ndarray | None = None,
     return out
 
 
-def _entropy(router: np.ndarray, experts: int) -> float:
+def load_entropy(router: np.ndarray, experts: int) -> float:
     """Mean over layers of the normalised entropy of the layer's expert loads."""
     out = []
     for layer in range(router.shape[1]):
@@ -109,7 +109,7 @@ def _entropy(router: np.ndarray, experts: int) -> float:
     return float(np.mean(out))
 
 
-def _pairs(router: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
+def adjacent_overlaps(router: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
     """Overlap fraction of each adjacent pair of decode tokens within a request."""
     a, b = router[1:], router[:-1]
     same = (a[..., :, None] == b[..., None, :]).any(-1).sum(-1) / router.shape[-1]
@@ -126,13 +126,13 @@ def _routing(trace: Trace) -> _Routing:
     request = dict(zip(steps["step"].to_list(), steps["request"].to_list(), strict=True))
     req = np.asarray([request.get(int(s), -1) for s in sets.step])
     boundaries = np.concatenate(([True], req[1:] != req[:-1]))
-    pairs = _pairs(router, boundaries)
+    pairs = adjacent_overlaps(router, boundaries)
     if len(pairs) < MIN_TOKENS:
         raise BadInput(f"{where}: {len(pairs)} adjacent decode tokens: too short to fit routing "
                        f"statistics (need at least {MIN_TOKENS})")
     experts = int((trace.run.get("model") or {}).get("experts") or int(router.max()) + 1)
     return _Routing(where, router, experts, len(pairs), float(pairs.mean()),
-                    _entropy(router, experts), novelty(router, boundaries))
+                    load_entropy(router, experts), novelty(router, boundaries))
 
 
 def _fit(data: _Routing, recall: float, window: int) -> RoutingFit:
@@ -184,7 +184,7 @@ def fit_skew(layers: int, experts: int, k: int, steps: int, reuse: float,
     def generated(skew: float) -> float:
         params = SynthRouting(layers=layers, experts=experts, k=k, steps=steps, skew=skew,
                               reuse=min(reuse, 0.95), recall=recall, window=window, seed=0)
-        return _entropy(generate_sets(params).router, experts)
+        return load_entropy(generate_sets(params).router, experts)
 
     lo, hi = 0.0, 4.0
     if generated(lo) <= entropy:

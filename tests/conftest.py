@@ -115,3 +115,16 @@ def ssdmoe_subprocess():
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
     return run
+
+
+@pytest.fixture
+def store(tiny_random_converted):
+    """An ExpertStore over tiny_random_converted whose load rows collect in `store.rows`."""
+    from engine.manifest import read_manifest
+    from engine.store import ExpertStore
+
+    rows: list[dict] = []
+    s = ExpertStore(read_manifest(tiny_random_converted), on_load=rows.append)
+    s.rows = rows
+    yield s
+    s.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from store_helpers import expert_buffers, needs_real_page_cache
 
 from contract.engine_config import EngineConfig
 from engine import native_reads
@@ -21,10 +22,6 @@ from engine.store import ExpertReadError, ExpertStore
 lib, why = native_reads.load()
 needs_pool = pytest.mark.skipif(lib is None, reason=f"native reads unavailable: {why}")
 PROC_IO = Path("/proc/self/io")
-
-
-def _buffers(store: ExpertStore, layer: int) -> dict[str, np.ndarray]:
-    return {n: np.zeros(s, dtype=dt) for n, (s, dt) in store.expert_shapes(layer).items()}
 
 
 def _file_bytes(store: ExpertStore, layer: int, expert: int) -> bytes:
@@ -38,28 +35,13 @@ def _got(into: dict[str, np.ndarray], store: ExpertStore, layer: int) -> bytes:
     return b"".join(into[n].tobytes() for n in order)
 
 
-@pytest.fixture
-def store(tiny_random_converted):
-    rows: list[dict] = []
-    s = ExpertStore(read_manifest(tiny_random_converted), on_load=rows.append)
-    s.rows = rows
-    yield s
-    s.close()
-
-
-def _cold_capable(store: ExpertStore) -> None:
-    store.drop_page_cache()
-    if store.page_cache_bytes() != 0:
-        pytest.skip("this filesystem keeps file pages resident (tmpfs?): fadvise cannot drop")
-
-
 @needs_pool
 def test_a_native_read_is_the_files_bytes_on_perf_counters_clock(store):
     layer = store.manifest.moe_layers[-1]
     pool = native_reads.NativePool(2, lib)
     try:
         for expert in (0, 3):
-            into = _buffers(store, layer)
+            into = expert_buffers(store, layer)
             read = store.native_read(layer, expert, into)
             before = time.perf_counter_ns()
             job = pool.submit(read.file.fd, read.run.offset, read.run.length, read.iovecs,
@@ -83,7 +65,7 @@ def test_one_native_read_is_one_read_system_call_counted_by_the_kernel(store):
     layer = store.manifest.moe_layers[0]
     pool = native_reads.NativePool(2, lib)
     try:
-        reads = [store.native_read(layer, e, _buffers(store, layer)) for e in range(6)]
+        reads = [store.native_read(layer, e, expert_buffers(store, layer)) for e in range(6)]
         own = syscr()
         own = syscr() - own  # reading the count is itself a read
         before = syscr()
@@ -97,19 +79,19 @@ def test_one_native_read_is_one_read_system_call_counted_by_the_kernel(store):
 
 @needs_pool
 def test_the_cold_flag_is_mincores_before_the_read(store):
-    _cold_capable(store)
+    needs_real_page_cache(store)
     layer = store.manifest.moe_layers[0]
     pool = native_reads.NativePool(1, lib)
     try:
         def once() -> int:
-            r = store.native_read(layer, 2, _buffers(store, layer))
+            r = store.native_read(layer, 2, expert_buffers(store, layer))
             job = pool.submit(r.file.fd, r.run.offset, r.run.length, r.iovecs, r.file.addr)
             pool.wait([job])
             return job.cold
 
         assert once() == 1  # dropped: read from the device
         assert once() == 0  # now cached
-        r = store.native_read(layer, 2, _buffers(store, layer))
+        r = store.native_read(layer, 2, expert_buffers(store, layer))
         job = pool.submit(r.file.fd, r.run.offset, r.run.length, r.iovecs, 0)
         pool.wait([job])
         assert job.cold == -1  # no mapping: unknown (the row counts it cold)
@@ -125,7 +107,7 @@ def test_a_native_read_lands_while_the_interpreter_keeps_its_lock(store):
     pool = native_reads.NativePool(1, lib)
     interval = sys.getswitchinterval()
     try:
-        r = store.native_read(layer, 1, _buffers(store, layer))
+        r = store.native_read(layer, 1, expert_buffers(store, layer))
         sys.setswitchinterval(1.0)
         job = pool.submit(r.file.fd, r.run.offset, r.run.length, r.iovecs, r.file.addr)
         end = time.perf_counter() + 0.5
@@ -145,16 +127,16 @@ def test_reader_pool_native_rows_and_bytes_equal_the_python_readers(store):
     """The same reads, warm and cold, through both kinds of reader: the same bytes, the same
     cold flags, rows on their own thread name, a ticket done before anyone waits."""
     layer = store.manifest.moe_layers[0]
-    _cold_capable(store)
+    needs_real_page_cache(store)
     out = {}
     for kind in ("python", "native"):
         store.drop_page_cache()
         store.rows.clear()
         pool = ReaderPool(store, 2, native=kind == "native")
         assert pool.kind == kind
-        intos = [_buffers(store, layer) for _ in range(4)]
+        intos = [expert_buffers(store, layer) for _ in range(4)]
         tickets = [pool.submit_bundle(layer, e, intos[e]) for e in range(4)]
-        tickets += [pool.submit_bundle(layer, e, _buffers(store, layer)) for e in range(2)]
+        tickets += [pool.submit_bundle(layer, e, expert_buffers(store, layer)) for e in range(2)]
         end = time.perf_counter() + 5
         while not all(t.done() for t in tickets) and time.perf_counter() < end:
             time.sleep(0.001)
@@ -185,7 +167,7 @@ def test_a_native_read_cut_short_is_named_with_its_file(tiny_random_converted, t
         pool = ReaderPool(s, 1, native=True)
         with open(path, "r+b") as f:
             f.truncate(end - 100)  # the last bundle's last bytes are gone
-        t = pool.submit_bundle(layer, last, _buffers(s, layer))
+        t = pool.submit_bundle(layer, last, expert_buffers(s, layer))
         with pytest.raises(ExpertReadError, match=f"{path}.*short read"):
             pool.wait([t])
         pool.close()
@@ -200,7 +182,7 @@ def test_without_a_compiler_the_engine_keeps_python_readers(store, tmp_path, mon
     pool = ReaderPool(store, 2, native=True)
     assert pool.kind == "python" and pool.why_python == reason
     layer = store.manifest.moe_layers[0]
-    into = _buffers(store, layer)
+    into = expert_buffers(store, layer)
     pool.wait([pool.submit_bundle(layer, 0, into)])
     pool.close()
     assert _got(into, store, layer) == _file_bytes(store, layer, 0)
@@ -261,9 +243,9 @@ def test_the_engine_decodes_the_same_tokens_on_native_readers(tiny_random_conver
 def test_the_budgets_victims_are_dropped_by_the_native_thread(store):
     """A job drops the (fd, offset, length) extents it is given after its read: a bundle read
     warm before is cold once a later job names its pages (mincore, through the store)."""
-    _cold_capable(store)
+    needs_real_page_cache(store)
     layer = store.manifest.moe_layers[0]
-    store.read_bundle(layer, 4, _buffers(store, layer))
+    store.read_bundle(layer, 4, expert_buffers(store, layer))
     assert not store.is_cold(layer, 4)
     f = store._files[layer]
     (off, ln), = store._bundle(layer, 4).spans
@@ -271,7 +253,7 @@ def test_the_budgets_victims_are_dropped_by_the_native_thread(store):
     start, end = off - off % page, -(-(off + ln) // page) * page
     pool = native_reads.NativePool(1, lib)
     try:
-        r = store.native_read(layer, 5, _buffers(store, layer))
+        r = store.native_read(layer, 5, expert_buffers(store, layer))
         job = pool.submit(f.fd, r.run.offset, r.run.length, r.iovecs, f.addr,
                           [(f.fd, start, end - start)])
         pool.wait([job])

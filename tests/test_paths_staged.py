@@ -8,6 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from layer_reference import stacked_reference
+from store_helpers import expert_buffers
 
 from contract.engine_config import EngineConfig
 from engine.generate import generate
@@ -192,7 +193,7 @@ def test_warm_misses_read_on_main_cold_ones_in_parallel(env, monkeypatch):
         return mine
 
     for e in (1, 2, 3, 4):  # cache the bundles' pages
-        store.read_bundle(0, e, _buffers_of(store, 0), emit=False)
+        store.read_bundle(0, e, expert_buffers(store, 0), emit=False)
     mine = call([1, 2, 3, 4])
     assert [r["thread"] for r in mine] == ["main"] * 4 and not started
     assert all(r["waited"] and not r["cold"] for r in mine)
@@ -210,10 +211,6 @@ def test_warm_misses_read_on_main_cold_ones_in_parallel(env, monkeypatch):
     pool.close()
 
 
-def _buffers_of(store, layer):
-    return {n: np.zeros(s, dtype=dt) for n, (s, dt) in store.expert_shapes(layer).items()}
-
-
 def test_large_warm_misses_still_copy_in_parallel(env, monkeypatch):
     """Bundles above INLINE_WARM_BYTES: the main thread keeps the first held miss and hands the
     others to the readers (as for cold ones), which copy them in parallel."""
@@ -225,7 +222,7 @@ def test_large_warm_misses_still_copy_in_parallel(env, monkeypatch):
     monkeypatch.setattr(pool, "_enqueue", lambda t: (queued.append(t.expert), real_enqueue(t)))
     path = StagedPath(store, 0, pool, stats)
     for e in (1, 2, 3, 4):  # cache the bundles' pages
-        store.read_bundle(0, e, _buffers_of(store, 0), emit=False)
+        store.read_bundle(0, e, expert_buffers(store, 0), emit=False)
     rng = np.random.default_rng(6)
     x = mx.array(rng.standard_normal((1, store.manifest.config["hidden_size"]))
                  .astype(np.float32))
@@ -248,7 +245,7 @@ def test_o_direct_rows_keep_the_residency_classification(tiny_random_converted):
     stats = PathStats()
     pool = ReaderPool(store, 2, stats, help_main=True)
     for e in (1, 2, 3, 4):  # cache the bundles' pages: residency says warm
-        store.read_bundle(0, e, _buffers_of(store, 0), emit=False)
+        store.read_bundle(0, e, expert_buffers(store, 0), emit=False)
     resident = [store.residency(0, e) == 1.0 for e in (1, 2, 3, 4)]
     rows.clear()
     path = StagedPath(store, 0, pool, stats)

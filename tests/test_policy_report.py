@@ -5,22 +5,16 @@ judged on the resolved pairs alone; each round's throttle rate rotates around th
 
 from __future__ import annotations
 
-import importlib.util
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from reports.load_script import load_script
 
 
 @pytest.fixture(scope="module")
 def report():
-    spec = importlib.util.spec_from_file_location("policies_run",
-                                                  ROOT / "reports" / "policies" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("policies/run.py")
 
 
 def _row(config: str, policy: str, rounds: list[float], sim: float, hit: float = 0.3) -> dict:

@@ -3,21 +3,18 @@ re-predicted end to end (its held-out configurations replayed on its own profile
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from reports.load_script import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "reports" / "cross-machine" / "b-validation-6"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location(
-        "repredict", ROOT / "reports" / "cross-machine" / "repredict.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("cross-machine/repredict.py")
 
 
 def test_errors_by_hand():

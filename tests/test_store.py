@@ -10,29 +10,11 @@ import time
 import numpy as np
 import pytest
 from layer_reference import stacked_reference
+from store_helpers import expert_buffers, needs_real_page_cache
 
 from engine.manifest import read_manifest
 from engine.store import PAGE, ExpertReadError, ExpertStore
 from traces.schema import LOAD_COLUMNS
-
-
-def _buffers(store: ExpertStore, layer: int) -> dict[str, np.ndarray]:
-    return {n: np.zeros(s, dtype=dt) for n, (s, dt) in store.expert_shapes(layer).items()}
-
-
-@pytest.fixture
-def store(tiny_random_converted):
-    rows: list[dict] = []
-    s = ExpertStore(read_manifest(tiny_random_converted), on_load=rows.append)
-    s.rows = rows
-    yield s
-    s.close()
-
-
-def _needs_real_page_cache(store: ExpertStore) -> None:
-    store.drop_page_cache()
-    if store.page_cache_bytes() != 0:
-        pytest.skip("this filesystem keeps file pages resident (tmpfs?): fadvise cannot drop")
 
 
 def test_read_bundle_matches_file(store, tiny_random_converted):
@@ -40,7 +22,7 @@ def test_read_bundle_matches_file(store, tiny_random_converted):
     for layer in (m.moe_layers[0], m.moe_layers[-1]):
         ref = stacked_reference(tiny_random_converted / m.layers[layer].file)
         for e in (0, 7, m.num_experts - 1):
-            buf = _buffers(store, layer)
+            buf = expert_buffers(store, layer)
             row = store.read_bundle(layer, e, buf)
             for n, v in buf.items():
                 assert np.array_equal(v, ref[n][e]), (layer, e, n)
@@ -58,7 +40,7 @@ def test_read_layer_matches_file(store, tiny_random_converted):
 
 
 def test_load_rows_follow_schema(store):
-    store.read_bundle(0, 3, _buffers(store, 0), step=5)  # the step is the caller's
+    store.read_bundle(0, 3, expert_buffers(store, 0), step=5)  # the step is the caller's
     assert not hasattr(store, "step")  # the store holds none: it does I/O only
     row = store.rows[-1]
     assert set(row) == set(LOAD_COLUMNS)
@@ -70,20 +52,20 @@ def test_load_rows_follow_schema(store):
 
 
 def test_cold_then_warm(store):
-    _needs_real_page_cache(store)
+    needs_real_page_cache(store)
     # Up to 3 tries of the premise: in one fresh-clone run the kernel brought dropped pages
     # back between mincore and the read; a store that never classes a read cold fails all.
     for _ in range(3):
         store.drop_page_cache(1)
         time.sleep(0.05)
         assert store.is_cold(1, 4) and store.residency(1, 4) == 0.0
-        row = store.read_bundle(1, 4, _buffers(store, 1))
+        row = store.read_bundle(1, 4, expert_buffers(store, 1))
         if row["cold"] is True:
             break
     else:
         pytest.fail("a read of a bundle mincore found not resident was never classed cold")
     assert store.residency(1, 4) == 1.0
-    row = store.read_bundle(1, 4, _buffers(store, 1))
+    row = store.read_bundle(1, 4, expert_buffers(store, 1))
     assert row["cold"] is False
     # Readahead is off: a neighbour that shares no page with expert 4 stays cold.
     assert store.is_cold(1, 9)
@@ -100,7 +82,7 @@ def test_o_direct_reads_identical_bytes_and_bypass_cache(tiny_random_converted):
         s.drop_page_cache()
         dropped = s.page_cache_bytes() == 0
         for e in range(m.num_experts):
-            buf = _buffers(s, 2)
+            buf = expert_buffers(s, 2)
             row = s.read_bundle(2, e, buf)
             assert s.direct, s.direct_fallback
             for n, v in buf.items():
@@ -129,22 +111,22 @@ def test_page_cache_budget_is_real(tiny_random_converted):
         order = [(layer, e) for layer in m.moe_layers for e in range(0, m.num_experts, 2)]
         peak = 0
         for layer, e in order:
-            s.read_bundle(layer, e, _buffers(s, layer))
+            s.read_bundle(layer, e, expert_buffers(s, layer))
             peak = max(peak, s.page_cache_bytes())
         assert 0 < peak <= budget
         last = order[-4:]
         assert all(s.residency(layer, e) == 1.0 for layer, e in last)
         assert all(s.is_cold(layer, e) for layer, e in order[:-4])
         # Re-reading an old bundle makes it most recent; the oldest of the last four goes.
-        s.read_bundle(*order[0], _buffers(s, order[0][0]))
+        s.read_bundle(*order[0], expert_buffers(s, order[0][0]))
         assert s.residency(*order[0]) == 1.0 and s.is_cold(*last[0])
         assert s.page_cache_bytes() <= budget
         # LRU, not FIFO: re-reading a resident bundle refreshes it. Kept now (oldest first):
         # last[1], last[2], last[3], order[0]; refresh last[1], then a new bundle evicts
         # last[2] (FIFO would evict last[1], the oldest read).
-        s.read_bundle(*last[1], _buffers(s, last[1][0]))
+        s.read_bundle(*last[1], expert_buffers(s, last[1][0]))
         new = (m.moe_layers[0], 1)  # odd experts were never read
-        s.read_bundle(*new, _buffers(s, new[0]))
+        s.read_bundle(*new, expert_buffers(s, new[0]))
         assert s.residency(*last[1]) == 1.0 and s.residency(*new) == 1.0
         assert s.is_cold(*last[2])  # (last[3] may share a page with last[2]: not checked)
 
@@ -156,12 +138,12 @@ def test_read_errors_name_layer_expert_file(tiny_random_converted, model_copy):
     with ExpertStore(m) as s:
         os.truncate(path, m.layers[3].tensors["down_proj.weight"].offset)
         with pytest.raises(ExpertReadError) as err:
-            s.read_bundle(3, 30, _buffers(s, 3))
+            s.read_bundle(3, 30, expert_buffers(s, 3))
         msg = str(err.value)
         assert str(path) in msg and "layer 3" in msg and "expert 30" in msg
         assert "short read" in msg
         with pytest.raises(ValueError, match="buffer"):
-            buf = _buffers(s, 0)
+            buf = expert_buffers(s, 0)
             buf["up_proj.scales"] = buf["up_proj.scales"][:1]
             s.read_bundle(0, 1, buf)
 
@@ -179,7 +161,7 @@ def test_o_direct_refused_falls_back_clearly(tiny_random_converted, monkeypatch)
     with pytest.warns(UserWarning, match="O_DIRECT unavailable"):
         s = ExpertStore(m, o_direct=True)
     assert not s.direct and "Invalid argument" in s.direct_fallback
-    buf = _buffers(s, 0)
+    buf = expert_buffers(s, 0)
     s.read_bundle(0, 2, buf)
     ref = stacked_reference(tiny_random_converted / m.layers[0].file)
     assert all(np.array_equal(buf[n], ref[n][2]) for n in buf)
@@ -202,7 +184,7 @@ def test_o_direct_read_refused_falls_back_to_buffered(tiny_random_converted, mon
         return real_preadv(fd, bufs, off, *flags)
 
     monkeypatch.setattr("engine.range_reads.os.preadv", refusing_preadv)
-    buf = _buffers(s, 1)
+    buf = expert_buffers(s, 1)
     with pytest.warns(UserWarning, match="O_DIRECT unavailable"):
         s.read_bundle(1, 3, buf)
     assert not s.direct and "Invalid argument" in s.direct_fallback
@@ -226,10 +208,10 @@ def test_drop_until_cold_drops_again_while_pages_stay_and_says_what_is_left(stor
 
 
 def test_drop_until_cold_empties_a_warm_layer(store):
-    _needs_real_page_cache(store)
+    needs_real_page_cache(store)
     layer = store.manifest.moe_layers[0]
     for e in range(4):
-        store.read_bundle(layer, e, _buffers(store, layer))
+        store.read_bundle(layer, e, expert_buffers(store, layer))
     assert store.page_cache_bytes(layer) > 0
     assert store.drop_until_cold(layer) == 0
     assert all(store.is_cold(layer, e) for e in range(4))
@@ -243,7 +225,7 @@ def test_a_failed_mincore_is_unknown_never_cold_or_warm(store, monkeypatch):
     from engine.store import ResidencyUnknown
 
     layer = store.manifest.moe_layers[0]
-    store.read_bundle(layer, 2, _buffers(store, layer))  # cached now
+    store.read_bundle(layer, 2, expert_buffers(store, layer))  # cached now
     store.residency_method = "mincore"
 
     def failing_mincore(addr, length, vec) -> int:
@@ -258,8 +240,8 @@ def test_a_failed_mincore_is_unknown_never_cold_or_warm(store, monkeypatch):
     with pytest.raises(ResidencyUnknown):
         store.is_cold(layer, 2)
     assert store.page_cache_bytes() == -1
-    assert store.read_bundle(layer, 2, _buffers(store, layer))["cold"] is True
-    assert store.read_bundle_if_warm(layer, 2, _buffers(store, layer)) is None
+    assert store.read_bundle(layer, 2, expert_buffers(store, layer))["cold"] is True
+    assert store.read_bundle_if_warm(layer, 2, expert_buffers(store, layer)) is None
 
 
 def _uncached(fd: int, offset: int) -> bool:
@@ -313,5 +295,5 @@ def test_open_probe_trusts_rwf_nowait_only_where_it_starts_no_read(tiny_random_c
         time.sleep(0.02)  # a read left in flight would have landed by now
         assert s.page_cache_bytes() == 0
         layer = s.manifest.moe_layers[1]
-        assert s.read_bundle(layer, 4, _buffers(s, layer))["cold"] is True
-        assert s.read_bundle(layer, 4, _buffers(s, layer))["cold"] is False
+        assert s.read_bundle(layer, 4, expert_buffers(s, layer))["cold"] is True
+        assert s.read_bundle(layer, 4, expert_buffers(s, layer))["cold"] is False

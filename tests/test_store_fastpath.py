@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from store_helpers import expert_buffers
 
 from engine.manifest import TENSOR_NAMES, read_manifest
 from engine.store import PAGE, ExpertReadError, ExpertStore
@@ -29,10 +30,6 @@ def _open(root, method: str) -> ExpertStore:
         s.close()
         pytest.skip("this filesystem keeps file pages resident (tmpfs?): fadvise cannot drop")
     return s
-
-
-def _buffers(store: ExpertStore, layer: int) -> dict[str, np.ndarray]:
-    return {n: np.zeros(s, dtype=dt) for n, (s, dt) in store.expert_shapes(layer).items()}
 
 
 def _file_bytes(root, store: ExpertStore, layer: int, expert: int) -> dict[str, bytes]:
@@ -73,18 +70,18 @@ def test_cold_after_drop_then_warm_same_bytes(method, tiny_random_converted, mod
             for _ in range(3):
                 assert s.drop_until_cold(settle_s=0.02) == 0
                 assert s.residency(layer, e) == 0.0
-                buf = _buffers(s, layer)
+                buf = expert_buffers(s, layer)
                 if s.read_bundle(layer, e, buf)["cold"]:
                     break
             else:
                 pytest.fail(f"layer {layer} expert {e}: never read cold after a drop")
             _assert_bytes(buf, ref)
             assert s.residency(layer, e) == 1.0  # mincore agrees the read cached it
-            buf = _buffers(s, layer)
+            buf = expert_buffers(s, layer)
             assert s.read_bundle(layer, e, buf)["cold"] is False
             _assert_bytes(buf, ref)
         s.drop_page_cache()
-        assert s.read_bundle(m.moe_layers[0], 5, _buffers(s, m.moe_layers[0]))["cold"] is True
+        assert s.read_bundle(m.moe_layers[0], 5, expert_buffers(s, m.moe_layers[0]))["cold"] is True
         # A whole-layer read goes through the same classification.
         layer = m.moe_layers[1]
         stacks = {n: np.zeros((m.num_experts, *sh), dtype=dt)
@@ -101,7 +98,7 @@ def test_partially_resident_bundle_is_cold(method, tiny_random_converted, model_
         layer, e = s.manifest.moe_layers[2], 6
         ref = _file_bytes(root, s, layer, e)
         s.drop_page_cache()  # plain reads cached pages (with readahead)
-        s.read_bundle(layer, e, _buffers(s, layer))
+        s.read_bundle(layer, e, expert_buffers(s, layer))
         assert s.residency(layer, e) == 1.0
         # Drop the whole pages of one range (gate_proj.weight: page aligned in this layout).
         t = s.manifest.layers[layer].tensors["gate_proj.weight"]
@@ -123,14 +120,14 @@ def test_partially_resident_bundle_is_cold(method, tiny_random_converted, model_
             # Closed form: each page of the bundle's span counts once (slices share pages).
             assert s.residency(layer, e) == (total - (p1 - p0)) / total
             assert s.is_cold(layer, e)
-            buf = _buffers(s, layer)
+            buf = expert_buffers(s, layer)
             if s.read_bundle(layer, e, buf)["cold"] is True:
                 break
         else:
             pytest.fail("a partially resident bundle was never read as cold")
         _assert_bytes(buf, ref)
         assert s.residency(layer, e) == 1.0
-        assert s.read_bundle(layer, e, _buffers(s, layer))["cold"] is False
+        assert s.read_bundle(layer, e, expert_buffers(s, layer))["cold"] is False
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -140,11 +137,12 @@ def test_short_read_names_layer_expert_file(method, tiny_random_converted, model
         layer, e = s.manifest.moe_layers[3], 20
         t = s.manifest.layers[layer].tensors["up_proj.weight"]
         cut = t.offset + e * t.stride + 1000  # inside the bundle's up_proj.weight range
-        s.read_bundle(layer, e, _buffers(s, layer))  # warm: RWF_NOWAIT starts with cached pages
+        # warm: RWF_NOWAIT starts with cached pages
+        s.read_bundle(layer, e, expert_buffers(s, layer))
         path = root / s.manifest.layers[layer].file
         os.truncate(path, cut)
         with pytest.raises(ExpertReadError) as err:
-            s.read_bundle(layer, e, _buffers(s, layer))
+            s.read_bundle(layer, e, expert_buffers(s, layer))
         msg = str(err.value)
         assert str(path) in msg and f"layer {layer}" in msg and f"expert {e}" in msg
         assert f"short read at byte {cut}" in msg
@@ -163,7 +161,7 @@ def test_eio_names_layer_expert_file(method, tiny_random_converted, monkeypatch)
 
         monkeypatch.setattr(os, "preadv", failing)
         with pytest.raises(ExpertReadError) as err:
-            s.read_bundle(1, 3, _buffers(s, 1))
+            s.read_bundle(1, 3, expert_buffers(s, 1))
         monkeypatch.setattr(os, "preadv", real)
         msg = str(err.value)
         assert "layer 1" in msg and "expert 3" in msg and "Input/output error" in msg
@@ -181,12 +179,12 @@ def test_warm_nowait_load_is_one_syscall(tiny_random_converted, monkeypatch):
 
         monkeypatch.setattr(os, "preadv", counting)
         ranges = s.bundle_ranges(0, 11)
-        s.read_bundle(0, 11, _buffers(s, 0))  # cold: every range tried without waiting first
+        s.read_bundle(0, 11, expert_buffers(s, 0))  # cold: every range tried without waiting first
         whole = (ranges[0][0], sum(n for _, n in ranges))  # the bundled layout: one range
         assert calls[0] == (*whole, (os.RWF_NOWAIT,))
         assert len(calls) == 2 and calls[1][2] == ()  # the rest from one blocking read
         calls.clear()
-        assert s.read_bundle(0, 11, _buffers(s, 0))["cold"] is False
+        assert s.read_bundle(0, 11, expert_buffers(s, 0))["cold"] is False
         assert calls == [(*whole, (os.RWF_NOWAIT,))]
 
 
@@ -205,8 +203,8 @@ def test_nowait_probe_falls_back_to_mincore(tiny_random_converted, monkeypatch):
         assert os.strerror(errno.EOPNOTSUPP) in s.residency_fallback
         s.drop_page_cache()
         if s.page_cache_bytes() == 0:
-            assert s.read_bundle(0, 1, _buffers(s, 0))["cold"] is True
-        assert s.read_bundle(0, 1, _buffers(s, 0))["cold"] is False
+            assert s.read_bundle(0, 1, expert_buffers(s, 0))["cold"] is True
+        assert s.read_bundle(0, 1, expert_buffers(s, 0))["cold"] is False
     monkeypatch.setattr(os, "preadv", real)
     monkeypatch.delattr(os, "RWF_NOWAIT")  # as on macOS (engine.platform reads it)
     with ExpertStore(m) as s:
@@ -232,20 +230,20 @@ def test_read_if_warm_copies_only_a_fully_cached_bundle(method, tiny_random_conv
             return real(fd, buffers, offset, *flags)
 
         monkeypatch.setattr(os, "preadv", watching)
-        assert s.read_bundle_if_warm(layer, e, _buffers(s, layer)) is None  # cold: refused
+        assert s.read_bundle_if_warm(layer, e, expert_buffers(s, layer)) is None  # cold: refused
         assert blocking == []  # ... without waiting for the device
         monkeypatch.setattr(os, "preadv", real)
-        s.read_bundle(layer, e, _buffers(s, layer))  # now cached
-        buf = _buffers(s, layer)
+        s.read_bundle(layer, e, expert_buffers(s, layer))  # now cached
+        buf = expert_buffers(s, layer)
         row = s.read_bundle_if_warm(layer, e, buf, thread="main")
         assert row is not None and row["cold"] is False and row["thread"] == "main"
         assert row["bytes"] == sum(n for _, n in s.bundle_ranges(layer, e))
         _assert_bytes(buf, ref)
         # A read that a refused warm attempt sent to a reader stays cold in its row, even if
         # the kernel's readahead has cached the pages by the time the reader gets to it.
-        buf = _buffers(s, layer)
+        buf = expert_buffers(s, layer)
         assert s.read_bundle(layer, e, buf, known_cold=True)["cold"] is True
         _assert_bytes(buf, ref)
     with ExpertStore(read_manifest(root), o_direct=True) as s:  # O_DIRECT: never a copy
         if s.direct:
-            assert s.read_bundle_if_warm(layer, e, _buffers(s, layer)) is None
+            assert s.read_bundle_if_warm(layer, e, expert_buffers(s, layer)) is None

@@ -5,24 +5,16 @@ its prefetches start."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from trace_handmade import write_handmade
 
+from reports.load_script import load_script
 from traces.reader import read_trace
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script(name: str):
     """reports/io/token-lead/NAME.py as a module (the folder's name is not an identifier)."""
-    spec = importlib.util.spec_from_file_location(
-        f"token_lead_{name}", ROOT / "reports" / "io" / "token-lead" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"io/token-lead/{name}.py")
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +56,7 @@ def test_first_layer_probe_recall_and_fit_by_hand(probe):
 
 
 def _hint_script():
-    spec = importlib.util.spec_from_file_location(
-        "first_layer_hint_run", ROOT / "reports" / "io" / "first-layer-hint" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("io/first-layer-hint/run.py")
 
 
 def test_first_layer_hint_report_by_hand(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from layer_reference import stacked_reference
+from store_helpers import expert_buffers
 
 from contract.errors import BadInput
 from engine import read_plan
@@ -36,10 +37,6 @@ def _reads(fn) -> int:
     before = _syscr()
     fn()
     return _syscr() - before - own
-
-
-def _buffers(store: ExpertStore, layer: int) -> dict[str, np.ndarray]:
-    return {n: np.zeros(s, dtype=dt) for n, (s, dt) in store.expert_shapes(layer).items()}
 
 
 def _stacks(store: ExpertStore, layer: int) -> dict[str, np.ndarray]:
@@ -89,7 +86,7 @@ def test_bundle_is_one_read_syscall(tiny_random_converted):
         for cold in (True, False):
             if cold:
                 s.drop_page_cache()
-            buf = _buffers(s, layer)
+            buf = expert_buffers(s, layer)
             rows: list[dict] = []
             assert _reads(lambda b=buf, r=rows: r.append(s.read_bundle(layer, 9, b))) == 1, cold
             row = rows[0]
@@ -106,7 +103,7 @@ def test_stacked_layout_still_reads_one_range_per_tensor(tiny_random_stacked):
         s.residency_method = "mincore"
         layer = m.moe_layers[0]
         ref = stacked_reference(tiny_random_stacked / m.layers[layer].file)
-        buf = _buffers(s, layer)
+        buf = expert_buffers(s, layer)
         assert _reads(lambda: s.read_bundle(layer, 3, buf)) == len(m.layers[layer].tensors)
         for n, v in buf.items():
             assert np.array_equal(v, ref[n][3]), n
@@ -142,7 +139,7 @@ def test_o_direct_bundle_reads_the_same_bytes(tiny_random_converted):
         layer = m.moe_layers[0]
         ref = stacked_reference(tiny_random_converted / m.layers[layer].file)
         for e in (0, m.num_experts - 1):
-            buf = _buffers(s, layer)
+            buf = expert_buffers(s, layer)
             s.read_bundle(layer, e, buf)
             for n, v in buf.items():
                 assert np.array_equal(v, ref[n][e]), (e, n)
@@ -183,7 +180,7 @@ def test_a_bundle_cut_short_names_file_and_expert(tiny_random_converted, model_c
     with ExpertStore(m) as s:
         os.truncate(root / m.layers[layer].file, off + 100)
         with pytest.raises(ExpertReadError) as err:
-            s.read_bundle(layer, last, _buffers(s, layer))
+            s.read_bundle(layer, last, expert_buffers(s, layer))
     msg = str(err.value)
     assert "\n" not in msg and m.layers[layer].file in msg and f"expert {last}" in msg
 
@@ -209,7 +206,7 @@ def test_a_read_target_is_checked_once_and_reads_the_same_bytes(tiny_random_conv
     layer = m.moe_layers[0]
     ref = stacked_reference(tiny_random_converted / m.layers[layer].file)
     with ExpertStore(m) as s:
-        target = read_plan.ReadTarget(_buffers(s, layer))
+        target = read_plan.ReadTarget(expert_buffers(s, layer))
         assert target.checked is None
         for e in (0, 5, m.num_experts - 1):
             s.read_bundle(layer, e, target)
@@ -255,7 +252,7 @@ def test_a_warm_small_bundle_is_copied_holding_the_gil(tiny_random_converted, mo
     ref = stacked_reference(tiny_random_converted / m.layers[layer].file)
     with ExpertStore(m) as s:
         s.residency_method = "mincore"  # classed before reading: no RWF_NOWAIT try
-        target = read_plan.ReadTarget(_buffers(s, layer))
+        target = read_plan.ReadTarget(expert_buffers(s, layer))
         s.drop_until_cold(layer, settle_s=0.01)
         if s.page_cache_bytes(layer) != 0:
             pytest.skip("the page cache kept the file's pages")
@@ -265,7 +262,7 @@ def test_a_warm_small_bundle_is_copied_holding_the_gil(tiny_random_converted, mo
         assert s.read_bundle(layer, 7, target)["cold"] is False
         assert len(calls) == 1  # warm: libc's preadv, the GIL kept
         assert all(np.array_equal(v, ref[n][7]) for n, v in target.items())
-        plain = _buffers(s, layer)
+        plain = expert_buffers(s, layer)
         s.read_bundle(layer, 7, plain)
         assert len(calls) == 2  # no iovec array to hand libc: os.preadv
         assert all(np.array_equal(v, ref[n][7]) for n, v in plain.items())
@@ -295,7 +292,7 @@ def test_an_rwf_nowait_copy_of_a_small_bundle_keeps_the_gil(tiny_random_converte
         if s._nowait is None:
             pytest.skip("no RWF_NOWAIT on this platform")
         s.residency_method = "rwf_nowait"  # forced: this kernel's probe may refuse it
-        target = read_plan.ReadTarget(_buffers(s, layer))
+        target = read_plan.ReadTarget(expert_buffers(s, layer))
         s.drop_until_cold(layer, settle_s=0.01)
         if s.page_cache_bytes(layer) != 0:
             pytest.skip("the page cache kept the file's pages")

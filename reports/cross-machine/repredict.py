@@ -7,7 +7,6 @@ Usage: uv run python reports/cross-machine/repredict.py [RUN]  (default: b-valid
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import sys
@@ -20,6 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from reports.load_script import load_script  # noqa: E402
 from sim.compare import compare  # noqa: E402
 from traces.reader import read_trace  # noqa: E402
 
@@ -27,11 +27,7 @@ FIGURES = ("decode_tok_s", "blocked_ms_per_step", "build_ms_per_step", "eval_ms_
 
 
 def _scenario_file(profiles: Path, tmp: Path) -> str:
-    spec = importlib.util.spec_from_file_location(
-        "token_lead_run", ROOT / "reports" / "io" / "token-lead" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.scenario_file(profiles, tmp)
+    return load_script("io/token-lead/run.py").scenario_file(profiles, tmp)
 
 
 def simulated_figures(trace_dir: Path, scenario: str, out: Path) -> dict:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from sim.routing_fit import _entropy, _pairs, fit_trace, novelty  # noqa: E402
+from sim.routing_fit import adjacent_overlaps, fit_trace, load_entropy, novelty  # noqa: E402
 from sim.routing_synth import SynthRouting, generate_sets, routing_sets  # noqa: E402
 from traces.reader import read_trace  # noqa: E402
 
@@ -78,8 +78,8 @@ def lru_miss(router: np.ndarray, capacity: int) -> float:
 def figures(router: np.ndarray, experts: int, caps: tuple[int, ...]) -> dict:
     first = np.zeros(len(router), dtype=bool)
     first[0] = True
-    return {"overlap": float(_pairs(router, first).mean()),
-            "entropy": _entropy(router, experts),
+    return {"overlap": float(adjacent_overlaps(router, first).mean()),
+            "entropy": load_entropy(router, experts),
             "novelty": novelty(router),
             "lru_miss": [lru_miss(router, c) for c in caps]}
 
@@ -140,9 +140,9 @@ def chain_sets(fit, k: int, steps: int, layers: int, experts: int, seed: int) ->
 
 
 def trace_set(name: str, paths: dict[int, str]) -> dict:
-    routers = {k: routing_sets(read_trace(ROOT / p)).router.astype(np.int64)
-               for k, p in paths.items()}
-    fits = {k: fit_trace(read_trace(ROOT / p)) for k, p in paths.items()}
+    traces = {k: read_trace(ROOT / p) for k, p in paths.items()}
+    routers = {k: routing_sets(t).router.astype(np.int64) for k, t in traces.items()}
+    fits = {k: fit_trace(t) for k, t in traces.items()}
     steps, layers, _ = routers[4].shape
     experts = fits[4].experts
     caps = tuple(max(1, round(s * experts)) for s in CACHE_SHARES)

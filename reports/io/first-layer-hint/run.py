@@ -20,35 +20,25 @@ marked with NAME); traces in runs/first-layer-hint/[NAME/]."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
+from reports.load_script import load_script  # noqa: E402
 from traces.reader import read_trace  # noqa: E402
 
 ARMS = {"no hint": (), "hint": ("--first-layer-hint",)}
 RUNS = ROOT / "runs" / "first-layer-hint"
 
 
-def _token_lead():
-    """reports/io/token-lead/run.py (capture, figures, replay): the same captures, one flag
-    apart."""
-    spec = importlib.util.spec_from_file_location("token_lead_run",
-                                                  HERE.parent / "token-lead" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-lead = _token_lead()
+# token-lead's capture, figures and replay: the same captures, one flag apart
+lead = load_script("io/token-lead/run.py")
 
 
 def read_times(trace_dir: Path) -> dict:
@@ -139,12 +129,7 @@ def main() -> None:
                       f"tok/s, simulated {simulated['decode_tok_s']:.1f}", flush=True)
     first = RUNS / args.tag / f"{combos[0][0]}.{combos[0][1].replace(' ', '-')}.r0"
     results = {
-        "command": "uv run python reports/io/first-layer-hint/run.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": lead.commit(),
-        "profiles": str(args.profiles) if args.profiles else "scenarios/this-machine-tiny-trained",
-        "model_profile": str(args.model_profile) if args.model_profile else None,
-        "model": str(args.model),
-        "manifest_sha256": read_trace(first).run["model"]["manifest_sha256"],
+        **lead.replay_header("first-layer-hint", args, first),
         "hint": json.loads((args.model / "prerouter" / "prerouter.json").read_text())
         .get("report", {}).get("first_layer_hint"),
         "regimes": {r: {"rounds": rows[r],

@@ -18,17 +18,16 @@ with NAME); traces in runs/native-reads/[NAME/]."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
+from reports.load_script import load_script  # noqa: E402
 from traces.reader import read_trace  # noqa: E402
 from traces.summary import summarize  # noqa: E402
 
@@ -36,16 +35,9 @@ ARMS = {"python": ("--no-native-reads",), "native": ("--native-reads",)}
 RUNS = ROOT / "runs" / "native-reads"
 
 
-def _script(name: str):
-    """A sibling report's run.py (its capture settings, figures and replay)."""
-    spec = importlib.util.spec_from_file_location(f"{name}_run", HERE.parent / name / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-lead = _script("token-lead")
-hint = _script("first-layer-hint")
+# the sibling reports' capture settings, figures and replay
+lead = load_script("io/token-lead/run.py")
+hint = load_script("io/first-layer-hint/run.py")
 
 
 def path_args(path: str, model: Path) -> list[str]:
@@ -134,12 +126,7 @@ def main() -> None:
                       f"{simulated['decode_tok_s']:.1f}", flush=True)
     first = RUNS / args.tag / f"{CASES[0][0].replace(' ', '-')}.{CASES[0][1]}.python.r0"
     results = {
-        "command": "uv run python reports/io/native-reads/run.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": lead.commit(),
-        "profiles": str(args.profiles) if args.profiles else "scenarios/this-machine-tiny-trained",
-        "model_profile": str(args.model_profile) if args.model_profile else None,
-        "model": str(args.model),
-        "manifest_sha256": read_trace(first).run["model"]["manifest_sha256"],
+        **lead.replay_header("native-reads", args, first),
         "cases": {f"{p} / {r}": {
             "rounds": rows[(p, r)],
             "median": {a: {k: lead.median_figures(v) for k, v in rows[(p, r)][a].items()}

@@ -181,6 +181,18 @@ def replay_arguments(doc: str, name: str) -> argparse.Namespace:
     return args
 
 
+def replay_header(script: str, args: argparse.Namespace, first_trace: Path) -> dict:
+    """What the JSON of a report run with `replay_arguments` says of its run: the command,
+    date, commit, profiles, model, and the model's manifest sha as its first trace records it."""
+    return {
+        "command": f"uv run python reports/io/{script}/run.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(),
+        "profiles": str(args.profiles) if args.profiles else "scenarios/this-machine-tiny-trained",
+        "model_profile": str(args.model_profile) if args.model_profile else None,
+        "model": str(args.model),
+        "manifest_sha256": read_trace(first_trace).run["model"]["manifest_sha256"]}
+
+
 def check_rounds_and_profiles(rounds: int, profiles: Path | None) -> None:
     """--rounds and --profiles checked, in one line each."""
     if rounds < 1:
