@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from contract.errors import BadInput  # noqa: E402
 from sim.routing_fit import adjacent_overlaps, fit_trace, load_entropy, novelty  # noqa: E402
 from sim.routing_synth import SynthRouting, generate_sets, routing_sets  # noqa: E402
 from traces.reader import read_trace  # noqa: E402
@@ -238,7 +239,10 @@ def print_tables(sets: list[dict], paper: dict) -> None:
 
 
 def main() -> None:
-    sets = [trace_set(name, paths) for name, paths in TRACE_SETS.items()]
+    try:
+        sets = [trace_set(name, paths) for name, paths in TRACE_SETS.items()]
+    except BadInput as err:  # a trace missing or unreadable: one line, naming it
+        raise SystemExit(f"run.py: {err}") from None
     paper = paper_scale()
     print_tables(sets, paper)
     result = {"command": "uv run python reports/routing-k/run.py",
