@@ -3,7 +3,7 @@ median-round trace replayed by `sim compare` on the run's own committed profiles
 against the rounds' measured medians (results/*.json). For a change to the simulator, on a
 machine that is not this one: run it on two checkouts and compare.
 
-Usage: uv run python reports/cross-machine/repredict.py [RUN]  (default: b-validation-6)."""
+Usage: uv run python reports/cross-machine/repredict.py [RUN]  (default: b-validation-7)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def errors(pairs: list[tuple[dict, dict]]) -> dict:
 
 
 def main() -> None:
-    run = HERE / (sys.argv[1] if len(sys.argv) > 1 else "b-validation-6")
+    run = HERE / (sys.argv[1] if len(sys.argv) > 1 else "b-validation-7")
     if not (run / "profiles" / "scenario.toml").is_file() or not (run / "results").is_dir():
         raise SystemExit(f"repredict.py: {run}: not a committed validate run with profiles/")
     pairs, rows = [], []
