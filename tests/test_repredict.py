@@ -39,7 +39,7 @@ def test_a_committed_run_repredicts(tmp_path):
 
     rp = _script()
     d = json.loads((RUN / "results" / "on-demand-pc25-15mbps.json").read_text())
-    scenario = rp._scenario_file((RUN / "profiles").resolve(), tmp_path)
+    scenario = rp.scenario_file((RUN / "profiles").resolve(), tmp_path)
     sim = rp.simulated_figures(ROOT / d["trace"], scenario, tmp_path / "sim")
     assert sim["decode_tok_s"] == pytest.approx(d["measured"]["decode_tok_s"], rel=0.1)
     assert sim["build_ms_per_step"] > 0 and sim["eval_ms_per_step"] > 0

@@ -40,7 +40,7 @@ def rows(captures: Path, rounds: int, profiles: Path) -> list[dict]:
     repredict = load_script("cross-machine/repredict.py")
     out = []
     with tempfile.TemporaryDirectory() as tmp:
-        scenario = repredict._scenario_file(profiles.resolve(), Path(tmp))
+        scenario = repredict.scenario_file(profiles.resolve(), Path(tmp))
         for r in range(rounds):
             for arm in ARMS:
                 trace = captures / f"{arm}.r{r}"

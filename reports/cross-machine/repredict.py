@@ -26,7 +26,8 @@ from traces.reader import read_trace  # noqa: E402
 FIGURES = ("decode_tok_s", "blocked_ms_per_step", "build_ms_per_step", "eval_ms_per_step")
 
 
-def _scenario_file(profiles: Path, tmp: Path) -> str:
+def scenario_file(profiles: Path, tmp: Path) -> str:
+    """The scenario TOML of a committed run's profiles/ (token-lead's helper), written under tmp."""
     return load_script("io/token-lead/run.py").scenario_file(profiles, tmp)
 
 
@@ -55,7 +56,7 @@ def main() -> None:
         raise SystemExit(f"repredict.py: {run}: not a committed validate run with profiles/")
     pairs, rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        scenario = _scenario_file((run / "profiles").resolve(), Path(tmp))
+        scenario = scenario_file((run / "profiles").resolve(), Path(tmp))
         for f in sorted((run / "results").glob("*.json")):
             d = json.loads(f.read_text())
             if d["config"]["role"] != "held-out":
