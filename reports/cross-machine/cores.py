@@ -17,6 +17,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from reports.load_script import load_script  # noqa: E402
+from sim.compare import measured_split  # noqa: E402
 from traces.reader import read_trace  # noqa: E402
 from traces.summary import summarize  # noqa: E402
 
@@ -30,10 +31,10 @@ def time_figure(text: str, label: str) -> float:
 
 
 def measured_figures(trace_dir: Path) -> dict:
-    """The trace's summary, with evaluation per decode step (as repredict's simulated side)."""
+    """The trace's summary, with build and evaluation per decode step (as repredict reads
+    them off the simulated trace)."""
     trace = read_trace(trace_dir)
-    steps = trace.steps.filter(trace.steps["phase"] == "decode")
-    return dict(summarize(trace), eval_ms_per_step=steps["eval_ns"].mean() / 1e6)
+    return dict(summarize(trace), **measured_split(trace))
 
 
 def rows(captures: Path, rounds: int, profiles: Path) -> list[dict]:

@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--trips", type=int, default=2000)
     ap.add_argument("--arm", help=argparse.SUPPRESS)  # "CORES:GAP", run in a child process
     args = ap.parse_args()
+    if args.trips < 1:
+        ap.error(f"--trips must be >= 1, got {args.trips}")
     if args.arm:
         cores, gap = args.arm.split(":")
         print(json.dumps(arm([int(c) for c in cores.split(",")], int(gap), args.trips)))
@@ -77,10 +79,13 @@ def main() -> None:
     rows = []
     for gap in GAPS_US:
         for cores in ([available[0]], available[:2]):
-            out = subprocess.run([sys.executable, __file__, "--trips", str(args.trips), "--arm",
+            run = subprocess.run([sys.executable, __file__, "--trips", str(args.trips), "--arm",
                                   f"{','.join(map(str, cores))}:{gap}"], capture_output=True,
-                                 text=True, check=True).stdout
-            rows.append(json.loads(out))
+                                 text=True)
+            if run.returncode:
+                last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+                raise SystemExit(f"wake_cost.py: the arm on cores {cores}, {gap} us: {last}")
+            rows.append(json.loads(run.stdout))
     print("| work between hand-overs us | cores | wall us a round trip | CPU us | IPIs |")
     print("|---|---|---|---|---|")
     for r in rows:
