@@ -43,7 +43,8 @@ simulator's compute and graph-building figures for this machine come from measur
 The decode configurations are loaded side by side and take turns, one step each (round robin),
 so they see the same machine load. Every timing is the 10th percentile of its repeats
 (calibration.profile_values.cost), except the hand-off: its median (a wake-up on a loaded machine
-is part of what the main thread pays). Numbers go to calibration.profile_values (no MLX), which
+is part of what the main thread pays), and bundle reads: their mean (`expected`: a run pays the
+sum of its reads). Numbers go to calibration.profile_values (no MLX), which
 fits and writes the profiles.
 """
 
@@ -62,7 +63,7 @@ import numpy as np
 
 from calibration import handover_probe
 from calibration.bundle_views import one_row_views
-from calibration.profile_values import ComputeResult, cost
+from calibration.profile_values import ComputeResult, cost, expected
 from calibration.zero_fill_probe import zero_fill_curve
 from contract.errors import IOFault
 from engine.paths.exact import ExactPath
@@ -325,7 +326,7 @@ def direct_bundle_ms(converted: Path, n: int = 48) -> float:
             row = store.read_bundle(layer, int(rng.integers(manifest.num_experts)), views[layer],
                                     emit=False)
             times.append((row["finished_ns"] - row["started_ns"]) / 1e6)
-    return cost(times)
+    return expected(times)
 
 
 def refused_warm_ms(converted: Path, n: int = 48) -> float:
@@ -609,7 +610,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     per_path = {"exact": exact, **{p: times[p] for p in presets}}
 
     def read_ms(rows: list[dict], want_cold: bool) -> float:
-        return cost([(r["finished_ns"] - r["started_ns"]) / 1e6 for r in rows
+        return expected([(r["finished_ns"] - r["started_ns"]) / 1e6 for r in rows
                         if bool(r["cold"]) == want_cold and r["expert"] >= 0])
 
     m = cost

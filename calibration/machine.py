@@ -129,3 +129,42 @@ def facts(os_reserve_gib: float | None = None) -> dict[str, tuple[Any, str]]:
     return {"ram_gib": ram_gib(),
             "os_reserve_gib": (reserve, reserve_how), **host_cpu(),
             "page_cache_policy": page_cache_policy()}
+
+
+CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def last_level_cache_bytes(caches: Path = CPU_CACHES, system: str | None = None) -> int | None:
+    """The largest CPU cache the calibrating core sees, in bytes (None: not reported). Linux:
+    sysfs's cache/index*/size of the highest level; macOS: sysctl's L3 size, else the
+    performance cores' L2 (Apple's system-level cache is not reported)."""
+    system = system or platform.system()
+    if system == "Darwin":
+        return _darwin_cache_bytes()
+    best: tuple[int, int] | None = None
+    for index in sorted(caches.glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+            kind = (index / "type").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        match = re.fullmatch(r"(\d+)\s*([KMG]?)", size)
+        if match is None or kind == "Instruction":
+            continue
+        found = (level, int(match.group(1)) * _UNITS[match.group(2)])
+        best = found if best is None or found > best else best
+    return best[1] if best else None
+
+
+def _darwin_cache_bytes() -> int | None:
+    for key in ("hw.l3cachesize", "hw.perflevel0.l2cachesize", "hw.l2cachesize"):
+        try:
+            out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True,
+                                 timeout=10, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.isdigit() and int(out) > 0:
+            return int(out)
+    return None

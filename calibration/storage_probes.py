@@ -5,7 +5,7 @@ batch; on macOS, which cannot drop one file's pages, the scratch file is written
 through uncached descriptors (F_NOCACHE), so its reads come from the device. Device latency,
 bandwidth and queue depth use the uncached descriptor on both (O_DIRECT, F_NOCACHE). What each
 measures, and how calibration.profile_values fits it, is in that module's docstring. Every
-timing is `cost`, the 10th percentile of its repeats."""
+timing is `expected`, the mean of its repeats."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.profile_values import DEFAULT_SIZES, DROP_PAGES, MIB, StorageResult, cost
+from calibration.machine import last_level_cache_bytes
+from calibration.profile_values import DEFAULT_SIZES, DROP_PAGES, MIB, StorageResult, expected
 from contract.thresholds import ALIGN
 from engine import platform
 
@@ -77,7 +78,19 @@ def _offsets(rng: np.random.Generator, file_bytes: int, size: int, n: int) -> li
     return [int(p) * slot for p in pick]
 
 
-CACHE_FLUSH_BYTES = 64 << 20  # more than any CPU's last-level cache
+MIN_CACHE_FLUSH_BYTES = 64 << 20  # where the machine reports no cache size
+
+
+def cache_flush_bytes(llc_bytes: int | None, ram_bytes: int) -> int:
+    """Bytes to write so that what was read before is no longer in the CPU's caches: twice
+    the last-level cache (calibration.machine.last_level_cache_bytes; server CPUs have hundreds
+    of MiB), at least MIN_CACHE_FLUSH_BYTES and at most an eighth of the RAM."""
+    ceiling = max(ram_bytes // 8, MIN_CACHE_FLUSH_BYTES)
+    return int(min(max(2 * (llc_bytes or 0), MIN_CACHE_FLUSH_BYTES), ceiling))
+
+
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def flush_cpu_caches(scratch: np.ndarray) -> None:
@@ -89,7 +102,7 @@ def flush_cpu_caches(scratch: np.ndarray) -> None:
 
 def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: int,
                    seed: int = 0) -> tuple[list[float], list[float]]:
-    """Median cold and warm pread time (ms) per size, on the engine's buffered descriptor
+    """Mean cold and warm pread time (ms) per size, on the engine's buffered descriptor
     (engine.platform open_buffered). Cold: its pages dropped first, or, where the platform
     cannot drop them, through an uncached descriptor; warm: the same offsets again, buffered
     (first read once untimed where the cold reads did not fill the page cache), after the
@@ -103,7 +116,8 @@ def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: in
         cold: dict[int, list[float]] = {s: [] for s in sizes}
         warm: dict[int, list[float]] = {s: [] for s in sizes}
         buf = mmap.mmap(-1, -(-max(sizes) // ALIGN) * ALIGN)  # aligned, for uncached reads
-        flush = np.zeros(CACHE_FLUSH_BYTES, dtype=np.uint8)
+        flush = np.zeros(cache_flush_bytes(last_level_cache_bytes(), _ram_bytes()),
+                         dtype=np.uint8)
         for _ in range(rounds):
             for size in sizes:
                 view = memoryview(buf)[:size]
@@ -126,8 +140,8 @@ def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: in
         if p.can_drop_pages:
             _drop(fd)
         buf.close()
-        return ([cost(cold[s]) for s in sizes],
-                [cost(warm[s]) for s in sizes])
+        return ([expected(cold[s]) for s in sizes],
+                [expected(warm[s]) for s in sizes])
     finally:
         os.close(fd)
         if cold_fd != fd:
@@ -177,7 +191,7 @@ def _direct_fd(path: Path) -> int | None:
 
 
 def direct_latency_ms(path: Path, n: int = 64, seed: int = 1) -> float | None:
-    """Median O_DIRECT 4 KiB random read, QD1 (None when O_DIRECT is refused)."""
+    """Mean O_DIRECT 4 KiB random read, QD1 (None when O_DIRECT is refused)."""
     fd = _direct_fd(path)
     if fd is None:
         return None
@@ -191,7 +205,7 @@ def direct_latency_ms(path: Path, n: int = 64, seed: int = 1) -> float | None:
             _pread_all(fd, view, off)
             times.append((time.perf_counter() - t0) * 1e3)
         view.release()
-        return cost(times)
+        return expected(times)
     except OSError:
         return None
     finally:

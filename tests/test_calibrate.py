@@ -268,3 +268,77 @@ def test_the_scenario_starts_the_exact_path_from_its_decode_step(tmp_path):
     assert data["in_decode"]["build_ms_per_layer.hot"] == 0.2
     assert data["model_overrides"]["build_ms_per_layer"] == 0.42
     assert data["notes"]["build_ms_per_layer.exact_alone"] == "0.1600"
+
+
+def _cache_index(root, name: str, level: int, size: str, kind: str) -> None:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "level").write_text(f"{level}\n")
+    (d / "size").write_text(f"{size}\n")
+    (d / "type").write_text(f"{kind}\n")
+
+
+def test_the_last_level_cache_is_read_off_sysfs(tmp_path):
+    """The highest data or unified level's size, by hand: 48K L1d, 32K L1i, 2048K L2, 480M L3
+    -> 480 MiB; an instruction cache never counts; nothing reported -> None. On this machine,
+    against glibc's own reading (sysconf, from cpuid) where it reports an L3."""
+    from calibration.machine import last_level_cache_bytes
+
+    caches = tmp_path / "cache"
+    _cache_index(caches, "index0", 1, "48K", "Data")
+    _cache_index(caches, "index1", 1, "32K", "Instruction")
+    _cache_index(caches, "index2", 2, "2048K", "Unified")
+    assert last_level_cache_bytes(caches, "Linux") == 2048 << 10
+    _cache_index(caches, "index3", 3, "480M", "Unified")
+    assert last_level_cache_bytes(caches, "Linux") == 480 << 20
+    _cache_index(caches, "index4", 4, "64M", "Instruction")
+    assert last_level_cache_bytes(caches, "Linux") == 480 << 20
+    assert last_level_cache_bytes(tmp_path / "none", "Linux") is None
+    try:
+        glibc_l3 = os.sysconf("SC_LEVEL3_CACHE_SIZE")
+    except (ValueError, OSError):
+        glibc_l3 = 0
+    if glibc_l3 > 0:
+        assert last_level_cache_bytes() == glibc_l3
+
+
+def test_the_cache_flush_is_twice_the_last_level_cache():
+    """Twice the LLC (a 480 MiB L3 -> 960 MiB), never below 64 MiB (nothing reported), never
+    above an eighth of the RAM."""
+    from calibration.storage_probes import MIN_CACHE_FLUSH_BYTES, cache_flush_bytes
+
+    assert cache_flush_bytes(480 << 20, 24 << 30) == 960 << 20
+    assert cache_flush_bytes(None, 24 << 30) == MIN_CACHE_FLUSH_BYTES == 64 << 20
+    assert cache_flush_bytes(8 << 20, 24 << 30) == 64 << 20
+    assert cache_flush_bytes(4 << 30, 16 << 30) == 2 << 30
+
+
+class _ScriptedClock:
+    """perf_counter for storage_probes: each timed read (a pair of calls) lasts the next of
+    `ms`, in order."""
+
+    def __init__(self, ms: list[float]) -> None:
+        self.ms, self.t, self.calls = list(ms), 0.0, 0
+
+    def perf_counter(self) -> float:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            self.t += self.ms.pop(0) / 1e3
+        return self.t
+
+
+def test_buffered_reads_charge_the_mean_after_flushing_the_cpu_caches(tmp_path, monkeypatch):
+    """A read's cost is the mean of its repeats (one slow read of four lifts it: 1, 1, 1, 9 ms
+    -> 3 ms, where the 10th percentile says 1), and the warm reads come after writing twice
+    the last-level cache (a machine reporting 40 MiB -> 80 MiB written)."""
+    import calibration.storage_probes as probes
+
+    path = tmp_path / "scratch.bin"
+    probes.write_scratch(path, 8 << 20)
+    flushed: list[int] = []
+    monkeypatch.setattr(probes, "last_level_cache_bytes", lambda: 40 << 20)
+    monkeypatch.setattr(probes, "flush_cpu_caches", lambda scratch: flushed.append(scratch.nbytes))
+    monkeypatch.setattr(probes, "time", _ScriptedClock([1, 1, 1, 9, 2, 2, 2, 6]))
+    cold, warm = probes.buffered_reads(path, (64 << 10,), per_size=4, rounds=1)
+    assert cold == [pytest.approx(3.0)] and warm == [pytest.approx(3.0)]
+    assert flushed == [80 << 20]
