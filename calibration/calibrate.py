@@ -47,7 +47,7 @@ class Calibration:
 # --quick: few repetitions (seconds, for tests; noisy)
 QUICK_COMPUTE: dict[str, Any] = {"steps": 4, "warmup": 2, "ks": (1, 4), "glu_reps": 4,
                                  "prefill_tokens": 16, "handoff_reps": 200, "presets": (),
-                                 "handover_rounds": 1, "handover_steps": 40}
+                                 "handover_rounds": 1, "handover_steps": 40, "cold_reads": 64}
 
 
 @contextmanager

@@ -13,8 +13,9 @@ simulator's compute and graph-building figures for this machine come from measur
                    thread's CPU per layer besides reads and router syncs (np.unique, stack
                    allocation, graph building), the router syncs, and the bundle reads; its
                    extra work over graph building is also timed alone (`exact_extra_ms`)
-  cold bundles     the exact path right after dropping the expert files' pages: cold read cost
-                   through the engine's store
+  cold bundles     the exact path decoding with sampled tokens (DECODE_TEMP) after each drop of
+                   the expert files' pages, until COLD_READS cold loads: cold read cost inside
+                   decode (their mean)
   cold read CPU    cold bundle reads through the store on one thread, the page cache dropped:
                    the thread's CPU time per read (time.thread_time: the kernel's work for the
                    requests, the pages and the copy), `cold_read_cpu_ms` (median)
@@ -70,6 +71,7 @@ from engine.paths.exact import ExactPath
 from engine.paths.kernel import ExpertPath, alloc_stack, switch_glu
 from engine.store import ExpertStore
 from sim.model_profile import resident_figures
+from traces.regime import DECODE_SEED, DECODE_TEMP
 
 DEFAULT_MODEL = Path("models") / "tiny-trained-stream"
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
@@ -386,6 +388,11 @@ def cold_read_times(converted: Path, n: int = 96) -> tuple[list[float], list[flo
     return cpu, wall
 
 
+COLD_STEPS = 8  # decode steps after each drop of the expert files' pages: the cold-read sample
+COLD_READS = 300  # cold bundle reads to average at least (their mean: a few slow ones weigh)
+MAX_COLD_DROPS = 40
+
+
 PAGE_SPAN = 16  # the long read of cold_page_cpu: this many bundles' pages back to back
 
 
@@ -457,6 +464,7 @@ class Runner:
         self.store.on_load = self.rows.append
         self.times = StepTimes()
         self.make_cache = make_prompt_cache
+        self.temperature = 0.0  # 0: greedy; > 0: the next token sampled at this temperature
         self.restart()
 
     def restart(self, drop: bool = False) -> None:
@@ -479,7 +487,9 @@ class Runner:
         t0 = time.perf_counter_ns()
         logits = self.model(self.token.reshape(1, 1), cache=self.cache)
         t1 = time.perf_counter_ns()
-        self.token = mx.argmax(logits[:, -1, :], axis=-1)
+        last = logits[:, -1, :]
+        self.token = (mx.random.categorical(last / self.temperature) if self.temperature
+                      else mx.argmax(last, axis=-1))
         mx.eval(self.token)
         t2 = time.perf_counter_ns()
         if not record:
@@ -535,7 +545,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
                     prefill_tokens: int = 128, handoff_reps: int = 2000,
                     presets: tuple[str, ...] = ("hot", "staged"),
                     cold_copy: Path | None = None, handover_rounds: int = 3,
-                    handover_steps: int = handover_probe.STEPS
+                    handover_steps: int = handover_probe.STEPS, cold_reads: int = COLD_READS
                     ) -> tuple[ComputeResult, dict[str, Any]]:
     """ComputeResult for the simulator, plus the engine-side figures (dict) for the profile
     comments and the model profile (main-thread CPU per layer of each decode path, cold/warm
@@ -582,10 +592,14 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
                 runners["exact"].close()
                 cold_runner = runners["exact_uncached"] = Runner(
                     cold_copy, path_factory=lambda s, i: TimedExact(s, i), o_direct=True)
-            for _ in range(2):  # cold reads: page cache dropped after a fresh prompt
-                cold_runner.restart(drop=drop)
-                cold_runner.step()
-                cold_runner.step()
+            cold_runner.temperature = DECODE_TEMP  # sampled, as decode's routing is: greedy
+            mx.random.seed(DECODE_SEED)  # steps repeat their experts and read few cold
+            for _ in range(MAX_COLD_DROPS):
+                if sum(1 for r in cold_runner.times.loads if r["cold"]) >= cold_reads:
+                    break
+                cold_runner.restart(drop=drop)  # page cache dropped after a fresh prompt
+                for _ in range(COLD_STEPS):
+                    cold_runner.step()
             cold_loads = cold_runner.times.loads
     finally:
         for r in runners.values():

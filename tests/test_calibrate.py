@@ -68,6 +68,11 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     assert c.path_build_ms_per_layer["exact"] > 0
     assert c.path_build_ms_per_layer["exact_alone"] == c.engine_build_ms_per_layer
     assert c.warm_bundle_ms > 0 and c.cold_bundle_ms > 0 and c.cold_bundles > 0
+    # the cold reads' mean is over a sample of at least the size asked for (sampled steps,
+    # the pages dropped again as often as it takes)
+    from calibration.calibrate import QUICK_COMPUTE
+
+    assert c.cold_bundles >= QUICK_COMPUTE["cold_reads"]
     assert c.handoff_reps == 200 and 0 < c.handoff_p10_ms <= c.handoff_ms
     assert cal.hardware["handoff_ms"][0] == pytest.approx(c.handoff_ms, abs=1e-4)
     assert 0 < c.reader_wake_p10_ms <= c.reader_wake_ms  # the round trip's first part
