@@ -82,6 +82,7 @@ class StorageResult:
     notes: list[str] = field(default_factory=list)
     page_drop_us: tuple[float, float] | None = None  # storage_probes.page_drop_times (None:
     # not measured, a platform that cannot drop pages)
+    flush_bytes: int = 0  # written before each batch of warm reads (0: not recorded)
 
 
 # ---------------------------------------------------------------------------------- fits
@@ -231,7 +232,9 @@ def storage_values(st: StorageResult, c: ComputeResult | None = None,
         "load_overhead_ms": (round(load, 4), load_how),
         "cold_overhead_ms": (round(cold, 4), cold_how),
         "memcpy_gbps": (round(memcpy, 3), f"1 / slope of warm pread time vs size (warm ms: "
-                        f"{warm_txt})"),
+                        f"{warm_txt}" + (f"; each batch after writing {st.flush_bytes / MIB:.0f} "
+                                         "MiB, twice the last-level cache, so the source is "
+                                         "in memory" if st.flush_bytes else "") + ")"),
     }
     if st.page_drop_us is not None:
         (few, many), (p_few, p_many) = st.page_drop_us, DROP_PAGES

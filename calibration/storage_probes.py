@@ -315,4 +315,5 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
                      "buffered cold reads only")
     return StorageResult(list(sizes), cold, warm, lat if lat is not None else -1.0,
                          seq if seq is not None else -1.0, queue, str(directory), scratch_bytes,
-                         time.perf_counter() - t0, notes, drops)
+                         time.perf_counter() - t0, notes, drops,
+                         cache_flush_bytes(last_level_cache_bytes(), _ram_bytes()))

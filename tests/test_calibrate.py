@@ -61,6 +61,8 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
         "bundle_bytes"]
     c, st = cal.compute, cal.storage
     assert all(t > 0 for t in st.cold_ms + st.warm_ms)
+    assert st.flush_bytes >= 64 << 20 and "MiB, twice the last-level cache" in \
+        cal.hardware["memcpy_gbps"][1]
     assert st.cold_ms[-1] > st.warm_ms[-1]  # a cold 8 MiB read is slower than a warm one
     assert all(t > 0 for t in c.glu_ms.values()) and set(c.glu_ms) == {1, 4}
     assert c.build_ms_per_layer > 0 and c.non_moe_ms > 0 and c.step_ms > 0
@@ -347,3 +349,26 @@ def test_buffered_reads_charge_the_mean_after_flushing_the_cpu_caches(tmp_path, 
     cold, warm = probes.buffered_reads(path, (64 << 10,), per_size=4, rounds=1)
     assert cold == [pytest.approx(3.0)] and warm == [pytest.approx(3.0)]
     assert flushed == [80 << 20]
+
+
+def test_macos_reports_its_cache_through_sysctl(monkeypatch):
+    """macOS: the L3 where sysctl has one (Intel Macs), else the performance cores' L2 (Apple
+    silicon reports no system-level cache), else the plain L2; None when sysctl has none."""
+    import subprocess
+
+    from calibration.machine import last_level_cache_bytes
+
+    answers = {"hw.perflevel0.l2cachesize": "16777216", "hw.l2cachesize": "4194304"}
+
+    def sysctl(cmd, **_):
+        key = cmd[-1]
+        if key not in answers:
+            raise subprocess.CalledProcessError(1, cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout=answers[key] + "\n")
+
+    monkeypatch.setattr(subprocess, "run", sysctl)
+    assert last_level_cache_bytes(system="Darwin") == 16 << 20
+    answers["hw.l3cachesize"] = "12582912"
+    assert last_level_cache_bytes(system="Darwin") == 12 << 20
+    answers.clear()
+    assert last_level_cache_bytes(system="Darwin") is None
