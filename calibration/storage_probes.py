@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.machine import last_level_cache_bytes
+from calibration.machine import GIB, last_level_cache_bytes, ram_gib
 from calibration.profile_values import DEFAULT_SIZES, DROP_PAGES, MIB, StorageResult, expected
 from contract.thresholds import ALIGN
 from engine import platform
@@ -89,8 +89,9 @@ def cache_flush_bytes(llc_bytes: int | None, ram_bytes: int) -> int:
     return int(min(max(2 * (llc_bytes or 0), MIN_CACHE_FLUSH_BYTES), ceiling))
 
 
-def _ram_bytes() -> int:
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+def warm_flush_bytes() -> int:
+    """cache_flush_bytes for this machine (calibration.machine's cache size and RAM)."""
+    return cache_flush_bytes(last_level_cache_bytes(), int(ram_gib()[0] * GIB))
 
 
 def flush_cpu_caches(scratch: np.ndarray) -> None:
@@ -101,12 +102,14 @@ def flush_cpu_caches(scratch: np.ndarray) -> None:
 
 
 def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: int,
-                   seed: int = 0) -> tuple[list[float], list[float]]:
+                   seed: int = 0, flush_bytes: int | None = None
+                   ) -> tuple[list[float], list[float]]:
     """Mean cold and warm pread time (ms) per size, on the engine's buffered descriptor
     (engine.platform open_buffered). Cold: its pages dropped first, or, where the platform
     cannot drop them, through an uncached descriptor; warm: the same offsets again, buffered
     (first read once untimed where the cold reads did not fill the page cache), after the
-    CPU's caches were flushed (`flush_cpu_caches`)."""
+    CPU's caches were flushed (`flush_cpu_caches`, writing `flush_bytes`: by default
+    `warm_flush_bytes()`)."""
     p = platform.current()
     rng = np.random.default_rng(seed)
     fd = p.open_buffered(str(path))
@@ -116,7 +119,7 @@ def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: in
         cold: dict[int, list[float]] = {s: [] for s in sizes}
         warm: dict[int, list[float]] = {s: [] for s in sizes}
         buf = mmap.mmap(-1, -(-max(sizes) // ALIGN) * ALIGN)  # aligned, for uncached reads
-        flush = np.zeros(cache_flush_bytes(last_level_cache_bytes(), _ram_bytes()),
+        flush = np.zeros(warm_flush_bytes() if flush_bytes is None else flush_bytes,
                          dtype=np.uint8)
         for _ in range(rounds):
             for size in sizes:
@@ -297,7 +300,8 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
     path = directory / f".ssdmoe-calibrate-{os.getpid()}.bin"
     try:
         write_scratch(path, scratch_bytes)
-        cold, warm = buffered_reads(path, sizes, per_size, rounds)
+        flush = warm_flush_bytes()
+        cold, warm = buffered_reads(path, sizes, per_size, rounds, flush_bytes=flush)
         lat = direct_latency_ms(path)
         seq = direct_sequential_gbps(path)
         queue = queue_throughput(path, threads)
@@ -315,5 +319,4 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
                      "buffered cold reads only")
     return StorageResult(list(sizes), cold, warm, lat if lat is not None else -1.0,
                          seq if seq is not None else -1.0, queue, str(directory), scratch_bytes,
-                         time.perf_counter() - t0, notes, drops,
-                         cache_flush_bytes(last_level_cache_bytes(), _ram_bytes()))
+                         time.perf_counter() - t0, notes, drops, flush)

@@ -50,7 +50,12 @@ def measured_loads(run: Path) -> dict:
 
 
 def main() -> None:
+    if len(sys.argv) < 3:
+        raise SystemExit("usage: estimator_ab.py OUT TRANSFER_RUN...")
     out, runs = Path(sys.argv[1]), [Path(r) for r in sys.argv[2:]]
+    for need in [out / "cal-new-1" / "hardware.toml", *(r / "traces" / WIDE for r in runs)]:
+        if not need.exists():
+            raise SystemExit(f"estimator_ab.py: {need}: missing (run estimator_ab.sh first)")
     measured = {r.name: measured_loads(r) for r in runs}
     nbytes = next(iter(measured.values()))["bundle_bytes"]
     rows = []

@@ -12,6 +12,12 @@
 # (reports/cross-machine/estimator_ab.py).
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: estimator_ab.sh BASE VALIDATE_RUN TRANSFER_RUN..." >&2; exit 2; }
+for run in "${@:2}"; do  # each a validate output directory, before anything is measured
+  [ -f "$run/run-settings.json" ] && [ -d "$run/traces" ] || {
+    echo "estimator_ab.sh: $run: not a validate run (no run-settings.json and traces/)" >&2; exit 2; }
+done
+git rev-parse --verify -q "$1^{commit}" > /dev/null || {
+  echo "estimator_ab.sh: $1: not a commit of this repository" >&2; exit 2; }
 base=$1; matrix=$(realpath "$2"); shift 2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd); cd "$ROOT"
 OUT=${OUT:-/tmp/estimator-ab}; PAIRS=${PAIRS:-2}
