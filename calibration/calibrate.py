@@ -113,6 +113,17 @@ def calibrate(model_dir: Path | None = None, scratch_dir: Path | None = None,
             "routers): MLX prepares and dispatches the operations on the calling thread; "
             "`ssdmoe validate` fits the part compute waits on inside decode, per path (notes "
             "fill_ms_per_layer.hot, fill_ms_per_layer.staged)"))
+        model["dispatch_cpu_ms_per_layer"] = (round(compute.dispatch_ms, 4), (
+            f"measured {when}: the same CPU time (MLX's dispatch on the calling thread), all "
+            "of it: the main thread's core time per layer handed over, in either decode loop, "
+            "beside the compute thread (sim.main_thread)"))
+    if compute.compute_wait_ms_per_layer == compute.compute_wait_ms_per_layer:  # not nan
+        model["compute_wait_ms_per_layer"] = (round(max(compute.compute_wait_ms_per_layer, 0.0),
+                                                    4), (
+            f"measured {when}: the evaluation of a resident decode step less the compute "
+            "thread's CPU time in it (the process's less the main thread's), median over the "
+            "steps, per layer: MLX's compute thread waiting for operations the main thread has "
+            "not dispatched yet (sim.compute_stream)"))
     if compute.primitives_per_step:
         model["primitives_per_layer"] = (round(compute.primitives_per_step / compute.layers, 1), (
             f"measured {when}: the MLX primitives of a resident decode step's graph "

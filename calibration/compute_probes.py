@@ -153,6 +153,9 @@ class StepTimes:
     eval_ms: list[float] = field(default_factory=list)
     sync_ms: list[float] = field(default_factory=list)
     read_ms: list[float] = field(default_factory=list)  # per step, sum of load wait
+    # per step, over the final eval: the compute thread's CPU time (the process's less the main
+    # thread's) per ms of its wall time
+    compute_share: list[float] = field(default_factory=list)
     loads: list[dict] = field(default_factory=list)
 
 
@@ -490,8 +493,10 @@ class Runner:
         last = logits[:, -1, :]
         self.token = (mx.random.categorical(last / self.temperature) if self.temperature
                       else mx.argmax(last, axis=-1))
+        c1, p1 = time.thread_time_ns(), time.process_time_ns()
         mx.eval(self.token)
         t2 = time.perf_counter_ns()
+        c2, p2 = time.thread_time_ns(), time.process_time_ns()
         if not record:
             return
         wait_ns = sum(r["wait_ns"] for r in self.rows if r["waited"])
@@ -501,6 +506,8 @@ class Runner:
         t.eval_ms.append((t2 - t1) / 1e6)
         t.sync_ms.append(sync_ns / 1e6)
         t.read_ms.append(wait_ns / 1e6)
+        if t2 > t1:
+            t.compute_share.append(((p2 - p1) - (c2 - c1)) / (t2 - t1))
         t.loads.extend(dict(r) for r in self.rows)
 
     def primitives(self) -> int:
@@ -682,6 +689,9 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         cross_core_op_main_us=cross.main_cpu_us if cross else float("nan"),
         cross_core_primitives=cross.primitives if cross else 0,
         cross_core_rounds=cross.rounds if cross else 0,
+        compute_wait_ms_per_layer=float(np.median(
+            [e * (1 - s) for e, s in zip(resident.eval_ms, resident.compute_share, strict=True)]
+        )) / layers if resident.compute_share else float("nan"),
     )
     engine = {name: {"build_ms": m(t.build_ms), "sync_ms": m(t.sync_ms), "read_ms": m(t.read_ms),
                      "eval_ms": m(t.eval_ms), "loads_per_step": len(t.loads) / max(steps, 1)}

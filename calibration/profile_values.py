@@ -158,6 +158,9 @@ class ComputeResult:
     # takes more with the threads on every core than pinned to one (nan: not measured)
     cross_core_op_us: float = float("nan")
     cross_core_op_main_us: float = float("nan")
+    # median over resident decode steps' final eval of its wall less the compute thread's CPU
+    # (the process's less the main thread's), per layer
+    compute_wait_ms_per_layer: float = float("nan")
     cross_core_primitives: int = 0  # the probe's primitives a step
     cross_core_rounds: int = 0  # its rounds (each arm once a round)
     bundle_reads: int = BUNDLE_RANGES  # the measured model's preads per bundle (one per tensor

@@ -95,6 +95,11 @@ MUTANTS = [
     ("an async item past the bound is split there", "sim/compute_stream.py",
      "        if seconds > q:  # the point q before the end lies in this item: split it there",
      "        if False:"),
+    ("the main thread dispatches while it waits on compute", "sim/main_thread.py",
+     "        self.dispatch_owed += self.dispatch_cpu_s", "        pass"),
+    ("the compute thread waits for the dispatch first", "sim/compute_stream.py",
+     "        wait = min(wait, seconds) if self.cores is not None else 0.0",
+     "        wait = 0.0"),
 ]
 
 

@@ -15,6 +15,11 @@ order, one item at a time.
                               the host runs only a few operations ahead (on Metal a task is a
                               command buffer of many: unbounded, `queue_ahead_s` None)
 
+  dispatch wait           on a CPU backend the first `wait` seconds of an item (`submit`'s
+                              `wait`) are the compute thread waiting for operations the main
+                              thread is still dispatching, no core's time: small operations are
+                              dispatched slower than they run (sim.main_thread charges the
+                              dispatch's CPU to the main thread while it waits on compute)
   wake-up after a stall the compute thread, idle while the main thread was blocked on a cold
                               load, starts the next work it is handed late (`wake_after`:
                               the scenario's cold_fill_compute_ms, fitted inside decode);
@@ -48,7 +53,7 @@ class ComputeStream:
         self.lazy = lazy
         self.sync_s = sync_s
         self.queue_ahead_s = queue_ahead_s  # None: the host never waits to hand work over
-        self.held: list[float] = []  # lazy work not handed over yet
+        self.held: list[tuple[float, float]] = []  # lazy (seconds, wait) not handed over yet
         self.last: simpy.Event | None = None  # completion of the newest item handed over
         self.busy_s = 0.0
         # process: [seconds, done] handed over and not finished, oldest first; the first is
@@ -73,32 +78,34 @@ class ComputeStream:
             return self.free_at > self.env.now
         return bool(self.inflight)
 
-    def submit(self, seconds: float, lazy: bool | None = None) -> None:
-        """Queue `seconds` of compute; with lazy evaluation it waits for the next sync."""
+    def submit(self, seconds: float, lazy: bool | None = None, wait: float = 0.0) -> None:
+        """Queue `seconds` of compute, the first `wait` of them waiting for the main thread's
+        dispatch; with lazy evaluation it waits for the next sync."""
         if self.lazy if lazy is None else lazy:
-            self.held.append(seconds)
+            self.held.append((seconds, wait))
         else:
-            self.last = self._hand_over(seconds)
+            self.last = self._hand_over(seconds, wait)
 
-    def submit_async(self, seconds: float) -> simpy.Event | None:
-        """Queue `seconds` now (never lazy), as async_eval does: the event the host waits on
-        until at most `queue_ahead_s` of everything queued is left, or None (no wait)."""
+    def submit_async(self, seconds: float, wait: float = 0.0) -> simpy.Event | None:
+        """Queue `seconds` now (never lazy; the first `wait` of them waiting for dispatch), as
+        async_eval does: the event the host waits on until at most `queue_ahead_s` of
+        everything queued is left, or None (no wait)."""
         q = self.queue_ahead_s
         if q is None:
-            self.last = self._hand_over(seconds)
+            self.last = self._hand_over(seconds, wait)
             return None
         if self.timeline:
             self._hand_over(seconds)
-            wait = self.free_at - q - self.env.now
-            return self.env.timeout(wait) if wait > 0 else None
+            left = self.free_at - q - self.env.now
+            return self.env.timeout(left) if left > 0 else None
         if q <= 0:  # a sync in all but name
-            self.last = self._hand_over(seconds)
+            self.last = self._hand_over(seconds, wait)
             return self.last
         if seconds > q:  # the point q before the end lies in this item: split it there
-            head = self._hand_over(seconds - q)
-            self.last = self._hand_over(q)
+            head = self._hand_over(seconds - q, min(wait, seconds - q))
+            self.last = self._hand_over(q, max(wait - (seconds - q), 0.0))
             return head
-        self.last = self._hand_over(seconds)
+        self.last = self._hand_over(seconds, wait)
         return self._done_when_left(q - seconds)
 
     def _done_when_left(self, left: float) -> simpy.Event | None:
@@ -128,8 +135,8 @@ class ComputeStream:
         event to wait on, or None when everything has already run."""
         if self.held or (self.sync_s and self._busy()):
             held, self.held = self.held, []
-            for seconds in held:
-                self.last = self._hand_over(seconds)
+            for seconds, wait in held:
+                self.last = self._hand_over(seconds, wait)
             if self.sync_s:
                 self.last = self._hand_over(self.sync_s)
         if self.timeline:  # one timeout, to when the accelerator is done; None: it is done
@@ -140,7 +147,9 @@ class ComputeStream:
             return None
         return self.last
 
-    def _hand_over(self, seconds: float) -> simpy.Event | None:
+    def _hand_over(self, seconds: float, wait: float = 0.0) -> simpy.Event | None:
+        """Queue an item; `wait` (<= seconds) of it first, as a wait for dispatch (a CPU
+        backend's: an accelerator's timeline takes the item whole)."""
         wake, self.wake_s = self.wake_s, 0.0
         if self.timeline:  # no event per item: sync reads the timeline
             if self.free_at > self.env.now:
@@ -154,7 +163,10 @@ class ComputeStream:
         done = self.env.event()
         if wake and not self.inflight:  # idle: the thread waits for a core first
             self.inflight.append([wake, self.env.event(), True])
-        self.inflight.append([seconds, done])
+        wait = min(wait, seconds) if self.cores is not None else 0.0
+        if wait > 0:  # runnable once the main thread has dispatched: no core's time
+            self.inflight.append([wait, self.env.event(), True])
+        self.inflight.append([seconds - wait, done])
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
         return done
@@ -174,7 +186,8 @@ class ComputeStream:
                 yield self.env.timeout(seconds)
                 self.busy_s += seconds
             else:
-                yield self.cores.work(seconds, COMPUTE_THREAD)
+                if seconds > 0:  # (an empty item is not a job that waits its turn for a core)
+                    yield self.cores.work(seconds, COMPUTE_THREAD)
                 self.busy_s += seconds
             self.inflight.popleft()
             self.running = False

@@ -36,6 +36,12 @@ t's fill points. Per decode step t (a window of wall time, as the engine's trace
   the queue that nearly empty, so compute waits on it. The synchronous loop has no such
   charge: its router syncs dispatch inside the sync, and calibrate's synced compute, which
   its eval is made of, was timed the same way.
+  In both loops the dispatch's CPU (model dispatch_cpu_ms_per_layer, of which that serial part
+  is a piece) is owed for each layer handed over and paid on this thread, without the GIL,
+  while it next waits on compute: a core's time beside the compute thread, which starts each
+  layer's attention waiting for it (model compute_wait_ms_per_layer, sim.compute_stream). On
+  enough cores neither changes a step's time; on one core, or under a CPU quota, they are what
+  the two threads take from each other.
   The window is [end of the previous window, token t on the host]; build = step t+1's graph
   building in it, eval = the rest net of blocked (fill host work included).
 
@@ -114,6 +120,11 @@ class MainThread:
             * hw.cpu_factor / 1e3
         self.head_build_s = m.head_build_ms * hw.cpu_factor / 1e3
         self.dispatch_s = m.fill_ms_per_layer * hw.cpu_factor / 1e3
+        # MLX's dispatch of a layer's operations on this thread, paid while it waits on compute
+        self.dispatch_cpu_s = m.dispatch_cpu_ms_per_layer * hw.cpu_factor / 1e3
+        self.dispatch_owed = 0.0
+        # ... which each layer's attention waits for first, on a CPU backend (sim.compute_stream)
+        self.compute_wait_s = m.compute_wait_ms_per_layer * hw.cpu_factor / 1e3
         bw = hw.mem_bandwidth_gbps * 1e9 / hw.compute_factor
         self.attn_s = (m.resident_bytes - m.unembed_bytes
                        + (m.lora_bytes if lora else 0)) / m.layers / bw
@@ -172,6 +183,7 @@ class MainThread:
             self.attn_s, self.expert_s = (max(0.0, s - saving * s / layer_s)
                                           for s in (self.attn_s, self.expert_s))
         self.dispatch_s = max(0.0, self.dispatch_s - primitives * main_s)
+        self.dispatch_cpu_s = max(0.0, self.dispatch_cpu_s - primitives * main_s)
 
     def fill_cpu(self, seconds: float) -> Generator:
         """Main-thread host work of a fill point (lookahead loop): not graph building."""
@@ -189,6 +201,7 @@ class MainThread:
             yield self.cores.work(seconds, MAIN_THREAD)
             yield from self.gil.take_back()
             self.eval += self.env.now - start
+            self.dispatch_owed = max(0.0, self.dispatch_owed - seconds)  # part of the dispatch
 
     def gpu_sync(self) -> Generator:
         """Wait until the compute stream has run everything queued (the host needs a value)."""
@@ -197,12 +210,28 @@ class MainThread:
     def _wait_for_compute(self) -> Generator[Any, Any, float]:
         """Wait until the compute stream has run everything queued; the seconds waited."""
         done = self.compute.sync()
-        if done is None:  # everything queued has run
+        if done is None and not self.dispatch_owed:  # everything queued has run
             return 0.0
         start = self.env.now
-        yield done
+        yield from self._dispatching(done)
         yield from self.gil.take_back()  # eval let go of it (sim.gil)
         return self.env.now - start
+
+    def _owe_dispatch(self) -> None:
+        """A layer's operations were handed over: the main thread dispatches them (MLX, on the
+        calling thread) the next time it waits on compute."""
+        self.dispatch_owed += self.dispatch_cpu_s
+
+    def _dispatching(self, done: simpy.Event | None) -> Generator:
+        """Wait for `done` (None: nothing to wait for) while dispatching what is owed: the
+        dispatch's CPU (model dispatch_cpu_ms_per_layer) runs on this thread beside the compute
+        thread's work, holding a core but not the GIL (MLX releases it in eval)."""
+        owed, self.dispatch_owed = self.dispatch_owed, 0.0
+        if owed > 0:
+            work = self.cores.work(owed, MAIN_THREAD)
+            yield work if done is None else simpy.AllOf(self.env, [done, work])
+        elif done is not None:
+            yield done
 
     def new_load(self, step: int, layer: int, expert: int, key: int, nbytes: int, pieces: int,
                  source: str, hold: bool = False) -> Generator:
@@ -476,7 +505,7 @@ class MainThread:
         if not built:  # the first decode step of a request: build it, then queue it
             for layer in range(self.layers):
                 yield from self.cpu(self._layer_build_s(layer))
-            yield from self.queue_async(self._attention_s(0))
+            yield from self.queue_attention_async(0)
         if not built:  # begin(step) (engine.fill_points): its staged layers' reads start
             yield from self.hint(step, row)
             yield from self.stage_boundary(step, row)
@@ -500,7 +529,7 @@ class MainThread:
             yield from self.dispatch(self.dispatch_s)
             yield from self.queue_async(self.expert_s)
             if layer + 1 < self.layers:
-                yield from self.queue_async(self._attention_s(layer + 1))
+                yield from self.queue_attention_async(layer + 1)
             elif self.unembed_s:
                 yield from self.queue_async(self.unembed_s)
         yield from self.gpu_sync()  # token `step` on the host
@@ -516,7 +545,7 @@ class MainThread:
             # token; the stream runs in order, so the token never waits on it).
             yield from self.hint(step + 1, next_row)  # the first layer's, before the rest
             yield from self.stage_boundary(step + 1, next_row)
-            yield from self.queue_async(self._attention_s(0))
+            yield from self.queue_attention_async(0)
         self.record_step(step, request, "decode", 1, start)
 
     def _execute_layer(self, step: int, row: int, layer: int,
@@ -551,16 +580,22 @@ class MainThread:
         return seconds
 
     def _queue_attention(self, layer: int) -> None:
-        self.compute.submit(self._attention_s(layer))
+        self._owe_dispatch()
+        self.compute.submit(self._attention_s(layer), wait=self.compute_wait_s)
 
-    def queue_async(self, seconds: float) -> Generator:
+    def queue_attention_async(self, layer: int) -> Generator:
+        """Hand `layer`'s attention (and with it its operations' dispatch) over, async_eval."""
+        self._owe_dispatch()
+        yield from self.queue_async(self._attention_s(layer), wait=self.compute_wait_s)
+
+    def queue_async(self, seconds: float, wait: float = 0.0) -> Generator:
         """Hand `seconds` to the compute stream as async_eval does (the lookahead loop): where
         the stream's queue is bounded the host waits until little is left queued, which is
         waiting on compute (eval time)."""
-        done = self.compute.submit_async(seconds)
+        done = self.compute.submit_async(seconds, wait)
         start = self.env.now
-        if done is not None:
-            yield done
+        if done is not None:  # the host waits: what it owes of the dispatch runs meanwhile
+            yield from self._dispatching(done)
         yield from self.gil.take_back()  # async_eval let go of it (sim.gil)
         self.eval += self.env.now - start
 

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1] / "scenarios"
 OPTIONAL = {"description", "whole_layer_reads", "bundle_reads", "unembed_bytes",
             "device_bundle_bytes", "shared_page_reads", "page_group",
             "lora_bytes", "lora_build_ms", "fill_ms_per_layer", "primitives_per_layer",
+            "dispatch_cpu_ms_per_layer", "compute_wait_ms_per_layer",
             *ROUTING_KEYS, *(f"prerouted_{k}" for k in ROUTING_KEYS),
             *HARDWARE_OPTIONAL}
 
@@ -114,6 +115,8 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "lora_build_ms": (_nonneg, "must be >= 0"),
     "fill_ms_per_layer": (_nonneg, "must be >= 0"),
     "primitives_per_layer": (_nonneg, "must be >= 0"),
+    "dispatch_cpu_ms_per_layer": (_nonneg, "must be >= 0"),
+    "compute_wait_ms_per_layer": (_nonneg, "must be >= 0"),
     "whole_layer_reads": (_positive, "must be >= 1"),
     "bundle_reads": (_positive, "must be >= 1"),
     "unembed_bytes": (_nonneg, "must be >= 0"),

@@ -380,6 +380,25 @@ class ModelProfile:
               "cross_core_op_us is charged on"),
         obtain=("counted by `ssdmoe calibrate` (the primitives of a resident decode step's "
                 "graph, mx.export_to_dot, over its layers)"))
+    compute_wait_ms_per_layer: float = key(0.0,
+        help=("of a decoder layer's compute as the compute figures measured it (a wall time, the "
+              "main and compute threads on separate cores), the time MLX's compute thread "
+              "waits for operations the main thread has not dispatched yet (small operations "
+              "are dispatched slower than they run), on a CPU backend: each layer's attention "
+              "starts with this much of a wait that takes no core (sim.compute_stream), the "
+              "main thread's dispatch (dispatch_cpu_ms_per_layer) running meanwhile; 0 = none"),
+        obtain=("measured by `ssdmoe calibrate` (the wall time of resident decode steps' "
+                "evaluation less the compute thread's CPU time in it, the process's less the "
+                "main thread's, over the layers)"))
+    dispatch_cpu_ms_per_layer: float = key(0.0,
+        help=("the main thread's CPU per decoder layer inside mx.eval and mx.async_eval: on a "
+              "CPU backend MLX prepares and dispatches each operation on the calling thread "
+              "while its compute thread runs the ones before. Charged while the main thread "
+              "waits on compute (in either decode loop; fill_ms_per_layer, the part compute "
+              "waits on, is part of it), so it takes a core beside the compute thread "
+              "(sim.main_thread); 0 = not charged"),
+        obtain=("measured by `ssdmoe calibrate` (the main thread's CPU time inside "
+                "mx.async_eval of the walk to each router of a resident decode step)"))
     fill_ms_per_layer: float = key(0.0,
         help=("the lookahead decode loop's main-thread work at each layer's fill point that "
               "compute waits on: handing the gather and the walk to the next router over "

@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -123,6 +126,9 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
         assert cal.hardware["cross_core_op_main_us"][0] >= 0
     else:
         assert "cross_core_op_us" not in cal.hardware
+    # the compute thread's share of a compute wall, and the main thread's dispatch beside it
+    assert 0 <= cal.model["compute_wait_ms_per_layer"][0] < c.step_ms / c.layers
+    assert cal.model["dispatch_cpu_ms_per_layer"][0] == cal.model["fill_ms_per_layer"][0] > 0
     for key in ("ssd_bandwidth_gbps", "memcpy_gbps", "mem_bandwidth_gbps", "expert_gbps",
                 "compute_tflops", "zero_fill_gbps", "page_drop_us_per_page"):
         assert cal.hardware[key][0] > 0, key
@@ -372,3 +378,46 @@ def test_macos_reports_its_cache_through_sysctl(monkeypatch):
     assert last_level_cache_bytes(system="Darwin") == 12 << 20
     answers.clear()
     assert last_level_cache_bytes(system="Darwin") is None
+
+
+def _other_threads_cpu_s() -> float:
+    """CPU seconds of every thread of this process but the main one, from /proc (ticks)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for task in Path("/proc/self/task").iterdir():
+        if int(task.name) == threading.main_thread().native_id:
+            continue
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+def test_the_compute_threads_share_is_its_cpu_over_the_wall(tiny_random_converted):
+    """Runner.step's share (the process's CPU less the main thread's, over the final eval's
+    wall) against the kernel's own per-thread accounting (/proc/self/task/*/stat) of every
+    other thread over the same steps: the resident path evaluates lazily, so the compute
+    thread runs inside those evals only."""
+    from calibration.compute_probes import ResidentPath, Runner
+
+    stacks: dict = {}
+    runner = Runner(tiny_random_converted,
+                    path_factory=lambda s, i: ResidentPath(s, i, False, stacks))
+    try:
+        for _ in range(10):
+            runner.step(record=False)
+        walls: list[float] = []
+        before = _other_threads_cpu_s()
+        start = time.perf_counter()
+        while time.perf_counter() - start < 3.0:  # long against the kernel's 10 ms ticks
+            t0 = time.perf_counter()
+            runner.step()
+            walls.append(time.perf_counter() - t0)
+        other = _other_threads_cpu_s() - before
+        shares = runner.times.compute_share
+        evals = [ms / 1e3 for ms in runner.times.eval_ms]
+    finally:
+        runner.close()
+    from_share = sum(s * e for s, e in zip(shares, evals, strict=True))
+    assert 0 < max(shares) <= 1.2
+    assert from_share == pytest.approx(other, rel=0.15, abs=0.03)
