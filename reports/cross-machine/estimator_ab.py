@@ -1,7 +1,8 @@
 """The table of estimator_ab.sh: for each calibration (this checkout's, "new", and BASE's,
 "old", taken in turns), what its profile charges for a load of the wide model's bundle, the
 same-machine matrix's held-out error after the in-decode fits, and each transfer run's
-errors; beside them what those loads cost inside decode in each transfer run (its wide model's
+errors (decode tok/s, its components, and the CPU of the main thread and of the others per
+step); beside them what those loads cost inside decode in each transfer run (its wide model's
 on-demand points: every load there is on the main thread, so its time is what decode paid).
 
 Usage: uv run python reports/cross-machine/estimator_ab.py OUT TRANSFER_RUN...  (estimator_ab.sh
@@ -10,6 +11,7 @@ calls it); writes OUT/estimator-ab.json."""
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import tomllib
 from pathlib import Path
@@ -49,6 +51,22 @@ def measured_loads(run: Path) -> dict:
             "warm_ms": float(loads.filter(~pl.col("cold"))["ms"].mean())}
 
 
+def cpu_split_errors(results: list[dict]) -> dict:
+    """Median absolute % error, over a transfer run's points, of the main thread's CPU per
+    decode step and of the other threads' (the compute thread and the readers)."""
+    def pair(r: dict) -> tuple[tuple[float, float], tuple[float, float]]:
+        cpu, main = r["cpu_ms_per_step"], r["main_cpu_ms_per_step"]
+        return ((main["measured"], main["simulated"]),
+                (cpu["measured"] - main["measured"], cpu["simulated"] - main["simulated"]))
+
+    def median_ape(pairs: list[tuple[float, float]]) -> float:
+        return statistics.median(abs(s / m - 1) * 100 for m, s in pairs if m > 0)
+
+    pairs = [pair(r) for r in results]
+    return {"main_cpu_abs_error_median_pct": median_ape([p[0] for p in pairs]),
+            "other_cpu_abs_error_median_pct": median_ape([p[1] for p in pairs])}
+
+
 def main() -> None:
     if len(sys.argv) < 3:
         raise SystemExit("usage: estimator_ab.py OUT TRANSFER_RUN...")
@@ -69,10 +87,11 @@ def main() -> None:
                "matrix_median_pct": matrix["decode_tok_s"]["median_ape_pct"],
                "matrix_p90_pct": matrix["decode_tok_s"]["p90_ape_pct"], "transfer": {}}
         for r in runs:
-            s = json.loads((cal / f"transfer-{r.name}" / "transfer.json").read_text())["summary"]
+            doc = json.loads((cal / f"transfer-{r.name}" / "transfer.json").read_text())
+            s = doc["summary"]
             row["transfer"][r.name] = {k: s[k] for k in (
                 "decode_abs_error_median_pct", "decode_abs_error_p90_pct",
-                "component_abs_error_median_pct")}
+                "component_abs_error_median_pct")} | cpu_split_errors(doc["results"])
         rows.append(row)
     doc = {"bundle_bytes": nbytes, "measured_in_decode": measured, "calibrations": rows}
     (out / "estimator-ab.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -81,7 +100,8 @@ def main() -> None:
     for name, m in measured.items():
         print(f"  {name}: cold {m['cold_ms']:.2f} ms, warm {m['warm_ms']:.3f} ms")
     head = "| calibration | when | charged cold / warm ms | matrix median / p90 % |"
-    head += "".join(f" {r.name}: median / p90 / components % |" for r in runs)
+    head += "".join(f" {r.name}: median / p90 / components / main CPU / other CPU % |"
+                    for r in runs)
     print(head)
     print("|" + "---|" * (4 + len(runs)))
     for row in rows:
