@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1] / "scenarios"
 OPTIONAL = {"description", "whole_layer_reads", "bundle_reads", "unembed_bytes",
             "device_bundle_bytes", "shared_page_reads", "page_group",
             "lora_bytes", "lora_build_ms", "fill_ms_per_layer", "primitives_per_layer",
-            "dispatch_cpu_ms_per_layer", "compute_wait_ms_per_layer",
+            "dispatch_cpu_ms_per_layer", "compute_wait_ms_per_layer", "graph_of",
             *ROUTING_KEYS, *(f"prerouted_{k}" for k in ROUTING_KEYS),
             *HARDWARE_OPTIONAL}
 
@@ -296,17 +296,39 @@ def hardware_from_values(name: str, values: dict[str, tuple[Any, str]]) -> Hardw
     return hw
 
 
+# a model profile's figures that belong to its decoder graph, not its experts (graph_of); not
+# fill_ms_per_layer, whose figure is fitted inside decode on the calibration model's traces
+GRAPH_KEYS = ("build_ms_per_layer", "primitives_per_layer", "dispatch_cpu_ms_per_layer",
+              "compute_wait_ms_per_layer", "lora_build_ms")
+
+
 def load_model(name_or_path: str, overrides: dict[str, Any] | None = None,
                where: str | None = None) -> ModelProfile:
     path = _resolve(name_or_path, "models")
     data = read_toml(path)
     data.setdefault("name", path.stem)
+    if data.get("graph_of"):
+        data = _with_graph_of(path, data)
     values = _fields(str(path), data, ModelProfile, MODEL_KEYS, required=True)
     if overrides:
         values.update(_fields(where or str(path), overrides, ModelProfile, MODEL_KEYS, False))
     model = ModelProfile(**values)
     check_model(where or str(path), model)
     return model
+
+
+def _with_graph_of(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with the graph's figures it does not set taken from its graph_of profile (a
+    profile in the same folder, or a path), which must not itself name one."""
+    other = str(data["graph_of"])
+    source = Path(other) if other.endswith(".toml") else path.with_name(f"{other}.toml")
+    if not source.is_file():
+        raise BadInput(f"{path}: graph_of: {other!r}: no such model profile ({source})")
+    graph = read_toml(source)
+    if graph.get("graph_of"):
+        raise BadInput(f"{path}: graph_of: {other!r} names a graph_of profile itself "
+                       f"({graph['graph_of']!r}): name the model that holds the figures")
+    return {**{k: graph[k] for k in GRAPH_KEYS if k in graph}, **data}
 
 
 def check_model(where: str, m: ModelProfile) -> None:

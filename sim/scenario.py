@@ -390,6 +390,14 @@ class ModelProfile:
         obtain=("measured by `ssdmoe calibrate` (the wall time of resident decode steps' "
                 "evaluation less the compute thread's CPU time in it, the process's less the "
                 "main thread's, over the layers)"))
+    graph_of: str = key("",
+        help=("the model profile whose decoder graph this model shares (the same layers, "
+              "attention and operations; experts of another width): the graph's figures "
+              "(GRAPH_KEYS: graph building, dispatch, the compute thread's wait, primitives) "
+              "are that profile's wherever this one does not set them, so a calibration of "
+              "that model gives them to this one (sim.profiles.load_model); \"\" = none"),
+        obtain=("the profile of the model this one was derived from (ssdmoe fixture "
+                "tiny-trained-wide widens tiny-trained's experts: graph_of = \"tiny-trained\")"))
     dispatch_cpu_ms_per_layer: float = key(0.0,
         help=("the main thread's CPU per decoder layer inside mx.eval and mx.async_eval: on a "
               "CPU backend MLX prepares and dispatches each operation on the calling thread "

@@ -223,6 +223,10 @@ def profile_model(
     build_ms: Annotated[float | None, typer.Option(
         "--build-ms", help="Graph building per layer, ms (measured by ssdmoe calibrate; "
         "default: machine-notes' tiny-model figure).")] = None,
+    graph_of: Annotated[str | None, typer.Option(
+        "--graph-of", help="The model profile (a name beside --out) whose decoder graph this "
+        "model shares, its experts of another width: graph building, dispatch and primitives "
+        "are then that profile's (its calibration's), not written here.")] = None,
     traces: Annotated[list[Path] | None, typer.Option(
         "--trace", help="Also fit routing statistics to this trace (repeatable: traces routed "
         "at several K fit how reuse and skew scale with K; a trace run with --prerouter fits "
@@ -242,6 +246,9 @@ def profile_model(
         raise BadInput(f"--out {out}: expected a .toml path (scenarios/models/NAME.toml)")
     if build_ms is not None and build_ms < 0:
         raise BadInput(f"--build-ms: must be >= 0, got {build_ms}")
+    if graph_of is not None and not (out.parent / f"{graph_of}.toml").is_file():
+        raise BadInput(f"--graph-of {graph_of}: no model profile {out.parent / graph_of}.toml "
+                       "(the model whose graph this one shares, beside --out)")
     fitted = [read_trace(t) for t in traces or []]
     model_dir = source
     if (source / "run.json").is_file():  # a trace: fit it, and find its model
@@ -256,6 +263,11 @@ def profile_model(
             model_dir = model_dir.relative_to(Path.cwd())  # the profile names it portably
     how = None if build_ms is None else "given with --build-ms"
     values = profile_from_manifest(model_dir, build_ms, how)
+    if graph_of is not None:
+        if build_ms is None:  # the graph's own figure comes from graph_of's profile
+            del values["build_ms_per_layer"]
+        values["graph_of"] = (graph_of, f"the same decoder graph as {graph_of} (given with "
+                              "--graph-of): its graph figures are that profile's")
     fits = [fit_trace(t) for t in fitted]
     for f in fits:
         if (f.layers, f.experts) != (values["layers"][0], values["experts"][0]):
@@ -271,6 +283,7 @@ def profile_model(
         if mine:
             values.update(profile_values(mine, prefix))
     cmd = " ".join(["ssdmoe sim profile-model", str(source), "--out", str(out),
+                    *([f"--graph-of {graph_of}"] if graph_of else []),
                     *(f"--trace {t}" for t in traces or [])])
     header = [f"{out.stem}: derived from {model_dir}/manifest.json by `{cmd}`."]
     write_model(out, model_toml(values, out.stem, header))

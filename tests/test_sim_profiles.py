@@ -213,3 +213,42 @@ def test_an_os_floor_is_checked(ssdmoe):
     assert small.returncode != 0
     assert "cannot hold the OS floor under pressure (5.80 GiB) and the resident weights" \
         in small.stderr
+
+
+def _model_toml(**over) -> str:
+    values = dict(layers=2, experts=16, k=2, bundle_bytes=1024, resident_bytes=0,
+                  active_params=1e6, kv_bytes_per_token=0, consumer_first=-1, consumer_last=-1,
+                  heads=0, head_bytes=0, head_build_ms=0.0)
+    values.update(over)
+    return "".join(f"{k} = {json.dumps(v)}  # test\n" for k, v in values.items())
+
+
+def test_a_model_takes_its_graphs_figures_from_graph_of(tmp_path):
+    """The graph's figures come from the graph_of profile where the model does not set them
+    (build 0.2, dispatch 0.4, the wait 0.1 from the narrow model; its own primitives win);
+    its expert figures stay its own."""
+    (tmp_path / "narrow.toml").write_text(_model_toml(
+        build_ms_per_layer=0.2, dispatch_cpu_ms_per_layer=0.4, compute_wait_ms_per_layer=0.1,
+        primitives_per_layer=100.0))
+    (tmp_path / "wide.toml").write_text(_model_toml(
+        bundle_bytes=4096, graph_of="narrow", primitives_per_layer=120.0))
+    wide = load_model(str(tmp_path / "wide.toml"))
+    assert (wide.build_ms_per_layer, wide.dispatch_cpu_ms_per_layer,
+            wide.compute_wait_ms_per_layer) == (0.2, 0.4, 0.1)
+    assert (wide.primitives_per_layer, wide.bundle_bytes, wide.graph_of) == (120.0, 4096,
+                                                                              "narrow")
+
+
+@pytest.mark.parametrize(("narrow", "wide", "says"), [
+    (None, _model_toml(graph_of="nothing"), "graph_of: 'nothing': no such model profile"),
+    (_model_toml(build_ms_per_layer=0.2, graph_of="wide"), _model_toml(graph_of="narrow"),
+     "graph_of: 'narrow' names a graph_of profile itself ('wide')"),
+])
+def test_a_bad_graph_of_is_one_line(tmp_path, narrow, wide, says):
+    if narrow is not None:
+        (tmp_path / "narrow.toml").write_text(narrow)
+    (tmp_path / "wide.toml").write_text(wide)
+    with pytest.raises(BadInput) as err:
+        load_model(str(tmp_path / "wide.toml"))
+    assert says in str(err.value) and "wide.toml" in str(err.value)
+    assert "\n" not in str(err.value)

@@ -198,3 +198,28 @@ def test_prerouted_traces_fit_their_own_table_and_the_token_lead_uses_it(
         run = ssdmoe("sim", "run", str(sc), "--set", f"lead={lead}", *heads, "--json")
         assert run.returncode == 0, run.stderr
         assert json.loads(run.stdout)["adjacent_overlap"] == pytest.approx(reuse, abs=0.05), lead
+
+
+def test_profile_model_takes_the_graph_from_graph_of(ssdmoe, tmp_path, tiny_random_converted):
+    """--graph-of: the profile names the model whose graph it shares and leaves the graph's
+    figures to it (a calibration of that model gives them); an unknown one is one line."""
+    models = tmp_path / "models"
+    models.mkdir()
+    base = models / "narrow.toml"
+    r = ssdmoe("sim", "profile-model", str(tiny_random_converted), "--out", str(base),
+               "--build-ms", "0.25")
+    assert r.returncode == 0, r.stderr
+    with base.open("a") as f:
+        f.write("dispatch_cpu_ms_per_layer = 0.4  # test\n")
+    out = models / "wide.toml"
+    r = ssdmoe("sim", "profile-model", str(tiny_random_converted), "--out", str(out),
+               "--graph-of", "narrow")
+    assert r.returncode == 0, r.stderr
+    assert "build_ms_per_layer" not in out.read_text()
+    m = load_model(str(out))
+    assert (m.graph_of, m.build_ms_per_layer, m.dispatch_cpu_ms_per_layer) == ("narrow", 0.25,
+                                                                               0.4)
+    bad = ssdmoe("sim", "profile-model", str(tiny_random_converted), "--out", str(out),
+                 "--graph-of", "nothing")
+    assert bad.returncode != 0 and "--graph-of nothing: no model profile" in bad.stderr
+    assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
