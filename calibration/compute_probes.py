@@ -154,8 +154,8 @@ class StepTimes:
     sync_ms: list[float] = field(default_factory=list)
     read_ms: list[float] = field(default_factory=list)  # per step, sum of load wait
     # per step, over the final eval: the compute thread's CPU time (the process's less the main
-    # thread's) per ms of its wall time
-    compute_share: list[float] = field(default_factory=list)
+    # thread's), ms
+    compute_cpu_ms: list[float] = field(default_factory=list)
     loads: list[dict] = field(default_factory=list)
 
 
@@ -506,8 +506,7 @@ class Runner:
         t.eval_ms.append((t2 - t1) / 1e6)
         t.sync_ms.append(sync_ns / 1e6)
         t.read_ms.append(wait_ns / 1e6)
-        if t2 > t1:
-            t.compute_share.append(((p2 - p1) - (c2 - c1)) / (t2 - t1))
+        t.compute_cpu_ms.append(((p2 - p1) - (c2 - c1)) / 1e6)
         t.loads.extend(dict(r) for r in self.rows)
 
     def primitives(self) -> int:
@@ -690,8 +689,8 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         cross_core_primitives=cross.primitives if cross else 0,
         cross_core_rounds=cross.rounds if cross else 0,
         compute_wait_ms_per_layer=float(np.median(
-            [e * (1 - s) for e, s in zip(resident.eval_ms, resident.compute_share, strict=True)]
-        )) / layers if resident.compute_share else float("nan"),
+            [e - c for e, c in zip(resident.eval_ms, resident.compute_cpu_ms, strict=True)]
+        )) / layers if resident.compute_cpu_ms else float("nan"),
     )
     engine = {name: {"build_ms": m(t.build_ms), "sync_ms": m(t.sync_ms), "read_ms": m(t.read_ms),
                      "eval_ms": m(t.eval_ms), "loads_per_step": len(t.loads) / max(steps, 1)}
