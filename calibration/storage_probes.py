@@ -19,6 +19,7 @@ import numpy as np
 
 from calibration.machine import GIB, last_level_cache_bytes, ram_gib
 from calibration.profile_values import DEFAULT_SIZES, DROP_PAGES, MIB, StorageResult, expected
+from calibration.reclaim_probe import reclaim_times
 from contract.thresholds import ALIGN
 from engine import platform
 
@@ -306,6 +307,7 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
         seq = direct_sequential_gbps(path)
         queue = queue_throughput(path, threads)
         drops = page_drop_times(path)
+        reclaim = reclaim_times(path)
     finally:
         path.unlink(missing_ok=True)
     notes = []
@@ -314,9 +316,15 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
         notes.append(f"{platform.current().name}: no page drops, so the scratch file was "
                      f"written and its cold reads made through {uncached} descriptors (device "
                      "reads without the page cache's fill)")
+    if isinstance(reclaim, str):
+        notes.append(f"no direct-reclaim figure (reclaim_us_per_page): {reclaim}")
+        reclaim = None
+    else:
+        reclaim = (reclaim.pages[-1], reclaim.extra_ms[-1],
+                   reclaim.reclaimed_pages / max(reclaim.read_pages, 1))
     if lat is None or seq is None:
         notes.append(f"{uncached} refused by this filesystem: latency and bandwidth from "
                      "buffered cold reads only")
     return StorageResult(list(sizes), cold, warm, lat if lat is not None else -1.0,
                          seq if seq is not None else -1.0, queue, str(directory), scratch_bytes,
-                         time.perf_counter() - t0, notes, drops, flush)
+                         time.perf_counter() - t0, notes, drops, flush, reclaim)

@@ -168,6 +168,13 @@ class ProcessGroups:
             except OSError:
                 pass  # a child still in it: the kernel keeps the group until it is empty
 
+    def group_dir(self, controller: str) -> Path:
+        """The group this process is in for `controller` (its files: memory.stat, ...)."""
+        for version, where, group, _home in self.entered:
+            if hierarchy(controller, self.root) == (version, where):
+                return group
+        raise KeyError(f"no group entered for {controller}")
+
     def mechanism(self, controller: str) -> str:
         """'cgroup v1 memory', 'cgroup v2 memory', ... for run.json."""
         version = self.versions.get(controller, "")

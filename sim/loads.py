@@ -22,8 +22,8 @@ With the engine's emulated page-cache budget, each bundle a fill pushes out cost
 thread `budget_evict_ms` of CPU after the read (the store drops its pages), before the load is
 done: a thread waiting on it waits through the drops, as on a ticket in engine.readers. Under a
 memory control group at its limit (`direct_reclaim`) the kernel frees the pages in the reading
-thread inside the read itself: each bundle pushed out costs its pages x page_drop_us_per_page
-of the read's time.
+thread inside the read itself: each bundle pushed out costs its pages x reclaim_us_per_page
+of the read's time (measured at a group's limit; page_drop_us_per_page where a profile lacks it).
 The per-read work is Python and holds the GIL (sim.gil) when the scenario models it; copy and
 fault work happen inside the read (a warm load's preads return before a waiting thread is awake,
 so with the GIL modelled its copies run inside its hold of the lock). In the bundled layout the
@@ -107,9 +107,11 @@ class Fetcher:
         self.cold_read_cpu = hw.cold_read_cpu_ms / 1e3
         self.cold_page_cpu = hw.cold_read_cpu_us_per_page / 1e6
         self.evict_s = evict_ms / 1e3  # Scenario.budget_evict_ms
-        # Scenario.direct_reclaim: an evicted bundle's pages freed by the reading thread
+        # Scenario.direct_reclaim: an evicted bundle's pages freed by the reading thread (the
+        # measured reclaim figure; profiles from before it have the drop figure)
         pages = -(-(device_bundle_bytes or bundle_bytes) // PAGE)
-        self.reclaim_s = pages * hw.page_drop_us_per_page / 1e6 if direct_reclaim else 0.0
+        per_page = hw.reclaim_us_per_page or hw.page_drop_us_per_page
+        self.reclaim_s = pages * per_page / 1e6 if direct_reclaim else 0.0
         self.hold_s = hold_ms / 1e3  # Scenario.read_hold_ms
         self.hold_busy = hold_busy  # Scenario.read_hold_busy
         self.gil = gil if gil is not None else Gil(env, False)

@@ -92,6 +92,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
                                "must list distinct MiB > 0 in ascending order"),
     "zero_fill_rotation_gbps": (lambda v: all(x > 0 for x in v), "must be > 0"),
     "page_drop_us_per_page": (_nonneg, "must be >= 0 (0 = not charged)"),
+    "reclaim_us_per_page": (_nonneg, "must be >= 0 (0 = page_drop_us_per_page stands in)"),
     "thread_cores": (_nonneg, "must be >= 0 (0 = cpu_cores)"),
     "cross_core_op_us": (_nonneg, "must be >= 0 (0 = not charged)"),
     "cross_core_op_main_us": (_nonneg, "must be >= 0 (0 = not charged)"),

@@ -228,6 +228,16 @@ class Hardware:
               "cold read (sim compare adds pages x this to budget_evict_ms); 0 = not charged"),
         obtain=("measured by `ssdmoe calibrate` (the slope of DONTNEED's time over the pages of "
                 "cached ranges of a scratch file; Linux)"))
+    reclaim_us_per_page: float = key(0.0,
+        help=("time a cold read takes longer per page it brings in once the page cache is at a "
+              "memory limit, us: the reading thread frees as many pages as it adds (direct "
+              "reclaim: scanning the LRU lists for victims, unmapping and freeing them), which "
+              "costs more than dropping a known range; where a trace ran under a memory limit "
+              "(direct_reclaim) a load pays its pages x this inside the read; 0 = "
+              "page_drop_us_per_page stands in (profiles measured before this figure)"),
+        obtain=("measured by `ssdmoe calibrate` (calibration.reclaim_probe: cold reads of a "
+                "scratch file inside a memory control group filled to its limit against the "
+                "same reads outside one; Linux, root)"))
     zero_fill_gbps: float = key(0.0,
         help=("rate at which MLX fills a fresh array with zeros on its stream (GB/s), its buffer "
               "still in the CPU's caches: the exact path allocates a zeroed stack for each "
@@ -511,7 +521,7 @@ class Scenario:
     direct_reclaim: bool = key(False,
         help=("once the page cache is full, the reading thread frees as many pages as its cold "
               "read adds, inside the read (a memory control group at its limit reclaims in the "
-              "allocating thread: no kswapd), at the hardware's page_drop_us_per_page"),
+              "allocating thread: no kswapd), at the hardware's reclaim_us_per_page"),
         obtain="sim compare: true where the trace ran under a memory limit (--mem-limit)")
     read_hold_ms: float = key(0.0,
         help="a wait inside every expert read, no CPU and the GIL let go (a what-if)",
@@ -636,6 +646,7 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "compute_on_cpu",
                      "background_cores", "page_cache_floor_gib", "os_floor_gib", "queue_ahead_ms",
                      "refused_warm_ms", "zero_fill_gbps", "zero_fill_rotation_mib",
-                     "zero_fill_rotation_gbps", "page_drop_us_per_page", "thread_cores",
+                     "zero_fill_rotation_gbps", "page_drop_us_per_page", "reclaim_us_per_page",
+                     "thread_cores",
                      "cross_core_op_us", "cross_core_op_main_us")
 MODEL_KEYS = tuple(f.name for f in fields(ModelProfile) if f.name not in ("name", "description"))

@@ -1,0 +1,139 @@
+"""Direct reclaim: what a cold read costs once its memory is at its limit.
+
+A memory control group at its limit (an emulated machine's `--mem-limit`), like a machine whose
+RAM is full, frees as many pages as a cold read brings in, and it does so in the reading thread,
+inside the read, before the new pages can be filled (a group's limit wakes no kswapd). That work
+is not the same as dropping a known range (POSIX_FADV_DONTNEED, `page_drop_us_per_page`): the
+kernel scans its LRU lists for victims, unmaps and frees them in batches. So it is measured where
+it happens: cold reads of the scratch file by this process inside a fresh memory group that
+earlier reads have filled to its limit, against the same reads, equally cold, outside any limit,
+at two read sizes (a per-read and a per-page part). The kernel's own count of the pages it took
+back from the group (memory.stat) says that the reads inside did reclaim.
+
+Linux, root, a memory controller (cgroup v1 or v2); elsewhere `reclaim_times` says why not."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calibration.profile_values import MIB
+from engine import platform
+from engine.cgroups import CgroupUnavailable, ProcessGroups, hierarchy
+
+PAGES = (15, 640)  # read sizes in 4 KiB pages: tiny-trained's and the wide model's bundles
+# the group's limit: it is charged only for what the process reads and allocates once in it
+# (engine.machine_limits), here the reads' pages and a buffer
+ROOM = 16 * MIB
+# memory.stat counters of pages the kernel took back from the group: v1 counts uncharges
+# (pgpgout: a freed page cache page), v2 pages reclaimed (pgsteal)
+RECLAIMED = {"v1": "pgpgout", "v2": "pgsteal"}
+
+
+@dataclass
+class ReclaimResult:
+    pages: tuple[int, ...]  # read sizes, 4 KiB pages
+    outside_ms: list[float]  # wall time of a cold read of each size, no limit (median)
+    extra_ms: list[float]  # what the same read takes longer at the group's limit (median of
+    # the rounds' differences of medians)
+    reads: list[int]  # reads timed per size, each side of each round
+    reclaimed_pages: int  # the kernel's count over the timed reads at the limit
+    read_pages: int  # pages those reads brought in
+    version: str  # "v1" or "v2"
+
+
+def _stat(group: Path, name: str) -> int:
+    for line in (group / "memory.stat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return int(value)
+    raise CgroupUnavailable(f"{group / 'memory.stat'}: no {name} counter")
+
+
+def _cold_reads(fd: int, offsets: list[int], size: int) -> list[float]:
+    """Wall ms of each read of `size` bytes at `offsets` (each range cold: never read since the
+    file's pages were dropped)."""
+    buf = mmap.mmap(-1, size)
+    view = memoryview(buf)
+    out = []
+    try:
+        for off in offsets:
+            t0 = time.perf_counter_ns()
+            done = 0
+            while done < size:
+                n = os.preadv(fd, [view[done:]], off + done)
+                if n <= 0:
+                    raise OSError(f"short read at {off + done}")
+                done += n
+            out.append((time.perf_counter_ns() - t0) / 1e6)
+    finally:
+        view.release()
+        buf.close()
+    return out
+
+
+def reclaim_times(path: Path, pages: tuple[int, ...] = PAGES, rounds: int = 3, seed: int = 5
+                  ) -> ReclaimResult | str:
+    """Cold reads of `path` (a synced scratch file of at least 96 MiB) outside and then inside
+    a memory group at its limit, in `rounds` pairs (each pair's two sides close in time: this
+    machine's speed drifts); the one-line reason where that cannot be done.
+
+    The group is filled as an engine fills it: its limit's worth of pages read twice, so that
+    they are active (a second access), as a model's popular experts are; a cold read then makes
+    the kernel deactivate and free them, not only take single-use pages off the inactive list."""
+    p = platform.current()
+    if not p.can_drop_pages:
+        return f"{p.name}: no memory control groups (cold reads cannot be made at a limit)"
+    try:
+        version, _ = hierarchy("memory")
+    except CgroupUnavailable as err:
+        return str(err)
+    file_bytes = path.stat().st_size
+    timed_bytes = file_bytes - ROOM
+    if timed_bytes < 64 * MIB:
+        return f"{path}: {file_bytes} bytes is too small a scratch file for the reclaim probe"
+    rng = np.random.default_rng(seed)
+    plan = []
+    for n_pages in pages:
+        size = n_pages * 4096
+        slots = timed_bytes // len(pages) // size  # each size its own part of the file
+        base = len(plan) * (timed_bytes // len(pages))
+        picks = rng.choice(slots, size=int(min(slots, 60)), replace=False)
+        plan.append((size, [base + int(s) * size for s in picks]))
+    fill = list(range(timed_bytes, file_bytes - MIB + 1, MIB))
+    name = "memory.limit_in_bytes" if version == "v1" else "memory.max"
+    outside: list[list[float]] = [[] for _ in plan]
+    limited: list[list[float]] = [[] for _ in plan]
+    reclaimed = 0
+    fd = p.open_buffered(str(path))
+    try:
+        p.flush(fd)
+        for _ in range(rounds):
+            p.drop_pages(fd)
+            for i, (size, offs) in enumerate(plan):
+                outside[i].append(statistics.median(_cold_reads(fd, offs, size)))
+            p.drop_pages(fd)
+            with ProcessGroups({"memory": [(name, str(ROOM))]}, what="reclaim probe") as groups:
+                group = groups.group_dir("memory")
+                for _ in range(2):
+                    _cold_reads(fd, fill, MIB)
+                before = _stat(group, RECLAIMED[version])
+                for i, (size, offs) in enumerate(plan):
+                    limited[i].append(statistics.median(_cold_reads(fd, offs, size)))
+                reclaimed += _stat(group, RECLAIMED[version]) - before
+        p.drop_pages(fd)
+    except CgroupUnavailable as err:
+        return str(err)
+    finally:
+        os.close(fd)
+    extra = [statistics.median(b - a for a, b in zip(o, w, strict=True))
+             for o, w in zip(outside, limited, strict=True)]
+    read_pages = rounds * sum(size // 4096 * len(offs) for size, offs in plan)
+    return ReclaimResult(tuple(pages), [statistics.median(o) for o in outside], extra,
+                         [len(o) for _, o in plan], reclaimed, read_pages, version)
