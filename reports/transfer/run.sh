@@ -11,12 +11,14 @@
 #   hot      tiny-trained-wide, the hot path under a 1000 MiB limit, its LRU from 32 to 384 MiB:
 #            the app cache takes from the page cache
 # Needs root, models/tiny-trained-stream and models/tiny-trained-wide-stream with prerouter
-# heads (reports/io/run.sh prepares both). Usage: [CURVES="memory cores hot"] bash
-# reports/transfer/run.sh [ROUNDS]
+# heads (reports/io/run.sh prepares both). Usage: [CURVES="memory cores hot"] [OUT=DIR] bash
+# reports/transfer/run.sh [ROUNDS]   (OUT: where traces/ and the summary go; default
+# reports/transfer, the committed run; another machine's run goes in a folder of its own)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-2}
-out=reports/transfer/traces
+where=${OUT:-reports/transfer}
+out=$where/traces
 prompts=$(mktemp --suffix=.jsonl)
 # two short prompts (their first 64 characters): decode is what is measured, and a long
 # prompt's prefill on the wide model takes longer than its decode
@@ -56,4 +58,4 @@ for ((r = 0; r < rounds; r++)); do
             --max-tokens 32 --no-verify $flags || echo "  capture failed: $dir"
     done
 done
-uv run python reports/transfer/summarize.py
+uv run python reports/transfer/summarize.py "$where"

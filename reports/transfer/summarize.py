@@ -6,6 +6,7 @@ Usage: python reports/transfer/summarize.py"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import statistics
@@ -133,7 +134,13 @@ def plot_hot(pts: dict[str, dict], path: Path) -> None:
 
 
 def main() -> None:
-    traces = HERE / "traces"
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", nargs="?", type=Path, default=HERE,
+                    help="the run's folder: traces/<curve>/<point>.r<round> in it")
+    where = ap.parse_args().folder.resolve()
+    traces = where / "traces"
+    if not traces.is_dir():
+        raise SystemExit(f"{traces}: no such folder (reports/transfer/run.sh captures it)")
     memory = points(traces / "memory")
     cores = points(traces / "cores")
     hot = points(traces / "hot")
@@ -147,12 +154,12 @@ def main() -> None:
     summary = {"points": len(held),
                "decode_abs_error_median_pct": statistics.median(held) if held else None,
                "decode_abs_error_max_pct": max(held) if held else None}
-    (HERE / "transfer.json").write_text(json.dumps(
+    (where / "transfer.json").write_text(json.dumps(
         {"memory": memory, "cores": cores, "hot": hot, "summary": summary}, indent=1) + "\n")
     if memory:
-        plot_memory(memory, mem_tags, HERE / "memory.png")
+        plot_memory(memory, mem_tags, where / "memory.png")
     if hot:
-        plot_hot(hot, HERE / "hot.png")
+        plot_hot(hot, where / "hot.png")
     body = ["### Memory limit (tiny-trained-wide, no page-cache budget)", "", *table(memory),
             "", "The prerouter's gain against the memory limit:", "",
             *gains(memory, mem_tags), "", "### Cores and CPU time (tiny-trained, page-cache "
@@ -163,7 +170,7 @@ def main() -> None:
             f"Decode tok/s over {summary['points']} points: median absolute error "
             f"{summary['decode_abs_error_median_pct']:.1f}%, largest "
             f"{summary['decode_abs_error_max_pct']:.1f}%." if held else "No points yet."]
-    readme = HERE / "README.md"
+    readme = where / "README.md"
     text = readme.read_text() if readme.is_file() else f"{BEGIN}\n{END}\n"
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
