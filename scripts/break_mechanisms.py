@@ -63,6 +63,8 @@ MUTANTS = [
     ("direct reclaim under a memory limit", "sim/loads.py",
      "            yield self.cores.work(evicted * self.reclaim_s, thread)",
      "            pass"),
+    ("the device's bandwidth shared by the reads in flight", "sim/storage.py",
+     "        return 1.0 / n if n > 1 else 1.0", "        return 1.0"),
     ("direct reclaim at its measured cost per page", "sim/loads.py",
      "        per_page = hw.reclaim_us_per_page or hw.page_drop_us_per_page",
      "        per_page = hw.page_drop_us_per_page"),

@@ -277,8 +277,7 @@ class Fetcher:
         """The device read of `nbytes` in `requests`; with `beside`, that much CPU on
         `thread`'s behalf runs on the cores meanwhile, and the read is done when both are."""
         env = self.env
-        _, io_end = self.device.read(env.now, nbytes, requests)
-        device = env.timeout(io_end - env.now)
+        device = env.process(self.device.transfer(env, nbytes, requests))
         if beside <= 0:
             yield device
             return

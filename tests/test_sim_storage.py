@@ -117,7 +117,7 @@ def test_a_demand_read_waits_behind_queued_prefetches_as_in_the_engine():
     assert demand[0].finished == pytest.approx(0.008)
 
 
-def test_two_readers_overlap_latency_in_queue_order():
+def test_two_readers_overlap_latency_and_share_the_bandwidth():
     env = simpy.Environment()
     readers = _readers(env, 2)
     loads = [_load(env, e) for e in range(4)]
@@ -129,13 +129,35 @@ def test_two_readers_overlap_latency_in_queue_order():
 
     env.process(main())
     env.run()
-    # both readers start at t=0 (prefetch 0 and 1): latency overlaps, the second transfer
-    # waits for the pipe (busy until 2 ms); the first reader, free at 2 ms, takes prefetch 2,
-    # the second, free at 3 ms, prefetch 3
-    assert (loads[0].started, loads[0].finished) == (0.0, pytest.approx(0.002))
-    assert (loads[1].started, loads[1].finished) == (0.0, pytest.approx(0.003))
+    # both readers start at t=0 (prefetch 0 and 1): the latencies overlap (1 ms), then both
+    # transfer at once, each at half the bandwidth: 1 MB each at 0.5 GB/s, done at 3 ms; the
+    # readers, free at 3 ms, take prefetch 2 and 3 in queue order, done at 6 ms
+    assert [(ld.started, ld.finished) for ld in loads[:2]] == [
+        (0.0, pytest.approx(0.003)), (0.0, pytest.approx(0.003))]
     assert loads[0].thread != loads[1].thread
-    assert (loads[2].started, loads[2].finished) == (pytest.approx(0.002), pytest.approx(0.004))
+    assert [(ld.started, ld.finished) for ld in loads[2:]] == [
+        (pytest.approx(0.003), pytest.approx(0.006))] * 2
     assert loads[2].thread == loads[0].thread
-    assert (loads[3].started, loads[3].finished) == (pytest.approx(0.003), pytest.approx(0.005))
-    assert loads[3].thread == loads[1].thread
+
+
+def test_a_read_past_the_queue_depth_waits_for_a_slot_then_shares():
+    """Queue depth 2, three reads of 1 MB at t=0 (1 ms latency, 1 GB/s): two in service share
+    the pipe from 1 ms and finish at 3 ms; the third enters then and, alone, finishes at
+    3 + 1 + 1 = 5 ms. A FIFO pipe (Device.read) finishes them at 2, 3 and 4 ms."""
+    env = simpy.Environment()
+    device = Device(0.001, 1e9, queue_depth=2)
+    done: list[float] = []
+
+    def read():
+        yield from device.transfer(env, 1_000_000)
+        done.append(env.now)
+
+    for _ in range(3):
+        env.process(read())
+    env.run()
+    assert done == [pytest.approx(0.003), pytest.approx(0.003), pytest.approx(0.005)]
+    assert device.requests == 3 and device.bytes_read == 3_000_000
+    assert device.busy_s == pytest.approx(0.003)
+    fifo = Device(0.001, 1e9, queue_depth=2)
+    assert [fifo.read(0.0, 1_000_000)[1] for _ in range(3)] == pytest.approx(
+        [0.002, 0.003, 0.004])
