@@ -7,10 +7,10 @@ transferring at the same time (processor sharing, sim.sharing): a device with se
 flight serves them interleaved, not one after another. The kernel submits a large buffered read
 as several requests at once (the block layer splits it at the queue's segment limit: a 2.6 MB
 bundle is three on the Intel VM), so two readers' large reads progress together and finish
-together, later than the first of them would behind a first-in-first-out pipe: measured on the
-wide model with two readers and the main thread reading at once, 4.3-5.0 ms a cold bundle where
-a FIFO pipe gave 3.1-3.7 (reports/transfer/b-curves). Alone, a read takes latency + bytes /
-bandwidth either way, so nothing calibrated on one read at a time changes.
+together, later than the first of them would behind a first-in-first-out pipe (on the wide
+model, two readers and the main thread reading at once: reports/transfer/b-curves). Alone, a
+read takes latency + bytes / bandwidth either way, so nothing calibrated on one read at a time
+changes.
 
 `read` computes the same device first in first out, arithmetically at submit time (no events):
 
