@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from calibration.profile_values import MIB
+from calibration.storage_probes import _offsets, _pread_all
+from contract.thresholds import PAGE
 from engine import platform
 from engine.cgroups import CgroupUnavailable, ProcessGroups, hierarchy
 
@@ -65,12 +67,7 @@ def _cold_reads(fd: int, offsets: list[int], size: int) -> list[float]:
     try:
         for off in offsets:
             t0 = time.perf_counter_ns()
-            done = 0
-            while done < size:
-                n = os.preadv(fd, [view[done:]], off + done)
-                if n <= 0:
-                    raise OSError(f"short read at {off + done}")
-                done += n
+            _pread_all(fd, view, off)
             out.append((time.perf_counter_ns() - t0) / 1e6)
     finally:
         view.release()
@@ -99,13 +96,9 @@ def reclaim_times(path: Path, pages: tuple[int, ...] = PAGES, rounds: int = 3, s
     if timed_bytes < 64 * MIB:
         return f"{path}: {file_bytes} bytes is too small a scratch file for the reclaim probe"
     rng = np.random.default_rng(seed)
-    plan = []
-    for n_pages in pages:
-        size = n_pages * 4096
-        slots = timed_bytes // len(pages) // size  # each size its own part of the file
-        base = len(plan) * (timed_bytes // len(pages))
-        picks = rng.choice(slots, size=int(min(slots, 60)), replace=False)
-        plan.append((size, [base + int(s) * size for s in picks]))
+    part = timed_bytes // len(pages)  # each size reads its own part of the file
+    plan = [(n * PAGE, [i * part + off for off in _offsets(rng, part, n * PAGE, 60)])
+            for i, n in enumerate(pages)]
     fill = list(range(timed_bytes, file_bytes - MIB + 1, MIB))
     name = "memory.limit_in_bytes" if version == "v1" else "memory.max"
     outside: list[list[float]] = [[] for _ in plan]
@@ -134,6 +127,6 @@ def reclaim_times(path: Path, pages: tuple[int, ...] = PAGES, rounds: int = 3, s
         os.close(fd)
     extra = [statistics.median(b - a for a, b in zip(o, w, strict=True))
              for o, w in zip(outside, limited, strict=True)]
-    read_pages = rounds * sum(size // 4096 * len(offs) for size, offs in plan)
+    read_pages = rounds * sum(size // PAGE * len(offs) for size, offs in plan)
     return ReclaimResult(tuple(pages), [statistics.median(o) for o in outside], extra,
                          [len(o) for _, o in plan], reclaimed, read_pages, version)

@@ -19,7 +19,6 @@ import numpy as np
 
 from calibration.machine import GIB, last_level_cache_bytes, ram_gib
 from calibration.profile_values import DEFAULT_SIZES, DROP_PAGES, MIB, StorageResult, expected
-from calibration.reclaim_probe import reclaim_times
 from contract.thresholds import ALIGN
 from engine import platform
 
@@ -307,6 +306,8 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
         seq = direct_sequential_gbps(path)
         queue = queue_throughput(path, threads)
         drops = page_drop_times(path)
+        from calibration.reclaim_probe import reclaim_times  # it reads with this module's helpers
+
         reclaim = reclaim_times(path)
     finally:
         path.unlink(missing_ok=True)

@@ -18,8 +18,11 @@ changes.
     transfer start x = max(s + latency, pipe free)
     finish         f = x + bytes / bandwidth
 
-kept for the swap's page-ins (sim.swap, costed inside the main thread's compute) and the
-device's closed-form checks (with queue_depth 1 an M/D/1 queue under Poisson arrivals).
+kept for the swap's page-ins (sim.swap, costed when the main thread hands work over, so they
+cannot wait on events) and the device's closed-form checks (with queue_depth 1 an M/D/1 queue
+under Poisson arrivals). The two keep separate state: a page-in and a load's read do not queue
+behind one another (they did while both were first in first out); only a scenario whose engine
+pages (sim.memory_budget) has page-ins at all.
 
 A read throttle (sim.token_bucket: the kernel's blk-throttle or a token bucket, bytes and/or
 requests) may stand in front of the queue: a request enters service no earlier than the

@@ -5,10 +5,12 @@ The page cache gives way first, down to the floor the kernel keeps for file page
 (`page_cache_floor_gib`). Past that the kernel pages out the engine's own (anonymous) memory, a
 fraction `swapped` of it, and the engine faults those pages back in as it touches them: every
 layer's compute touches its share of the resident weights and KV cache, every app-cache hit
-touches a bundle. A fault reads the page back from the device (sim.storage: it queues with
-the expert reads) and pays the fault work (cold_overhead_ms). Which touches fault is decided
-by an accumulator, not a random draw: each touch adds `swapped` to a debt and faults when the
-debt reaches one page's worth, so the faulted bytes are exactly `swapped` of the touched bytes.
+touches a bundle. A fault reads the page back from the device (sim.storage's first-in-first-out
+`read`, costed when the work is handed over; it queues behind the other page-ins, not behind the
+expert reads, whose shared transfers it does not see) and pays the fault work (cold_overhead_ms).
+Which touches fault is decided by an accumulator, not a random draw: each touch adds `swapped`
+to a debt and faults when the debt reaches one page's worth, so the faulted bytes are exactly
+`swapped` of the touched bytes.
 
 With nothing oversubscribed `swapped` is 0 and every cost here is 0 (no device requests).
 """
