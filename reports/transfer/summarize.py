@@ -33,7 +33,33 @@ def compare(trace: Path) -> dict:
             out[key] = (d["metrics"][key]["measured"], d["metrics"][key]["simulated"])
         else:  # the build/eval split lives in the sim section
             out[key] = (d["sim"][f"measured_{key}"], d["sim"][key])
+    # a cold read's time (mean, every thread; None without one), and the main thread's loads
+    out["cold_read_ms"] = (d["sim"]["measured_cold_read_ms"], d["sim"]["cold_read_ms"])
+    out.update(main_loads(trace))
     return out
+
+
+def main_loads(trace: Path) -> dict[str, tuple[float | None, None]]:
+    """The measured median ms of the decode steps' expert loads on the main thread, cold and
+    warm (the trace's load rows, finished - started); not simulated per thread."""
+    import polars as pl
+
+    from traces.reader import read_trace
+
+    t = read_trace(trace)
+    decode = t.steps.filter(pl.col("phase") == "decode")["step"]
+    loads = t.loads.filter(pl.col("step").is_in(decode) & (pl.col("expert") >= 0)
+                           & (pl.col("thread") == "main"))
+    ms = ((loads["finished_ns"] - loads["started_ns"]) / 1e6).to_list()
+    cold = loads["cold"].to_list()
+    return {f"main_{kind}_load_ms": (_median([v for v, c in zip(ms, cold, strict=True)
+                                              if c == want]), None)
+            for kind, want in (("cold", True), ("warm", False))}
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
 def points(curve_dir: Path) -> dict[str, dict]:
@@ -46,9 +72,9 @@ def points(curve_dir: Path) -> dict[str, dict]:
         runs.setdefault(re.sub(r"\.r\d+$", "", trace.name), []).append(compare(trace))
     out = {}
     for name, rows in runs.items():
-        out[name] = {k: {"measured": statistics.median(r[k][0] for r in rows),
-                         "simulated": statistics.median(r[k][1] for r in rows)}
-                     for k in COMPONENTS}
+        out[name] = {k: {"measured": _median(r[k][0] for r in rows),
+                         "simulated": _median(r[k][1] for r in rows)}
+                     for k in rows[0]}
         out[name]["rounds"] = len(rows)
     return out
 
@@ -64,14 +90,23 @@ def pair(p: dict, k: str, fmt: str = ".1f") -> str:
 
 def table(pts: dict[str, dict]) -> list[str]:
     lines = ["| point | rounds | decode tok/s measured | simulated | error | blocked ms/step "
-             "measured / simulated | build ms/step | eval ms/step | cold fraction |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "measured / simulated | build ms/step | eval ms/step | cold fraction | cold read ms "
+             "| main-thread load ms, cold / warm (measured) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, p in pts.items():
+        main = " / ".join(_ms(p.get(f"main_{kind}_load_ms", {}).get("measured"))
+                          for kind in ("cold", "warm"))
         lines.append(f"| {name} | {p['rounds']} | {p['decode_tok_s']['measured']:.2f} | "
                      f"{p['decode_tok_s']['simulated']:.2f} | {err(p):+.0f}% | "
                      f"{pair(p, 'blocked_ms_per_step')} | {pair(p, 'build_ms_per_step')} | "
-                     f"{pair(p, 'eval_ms_per_step')} | {pair(p, 'cold_fraction', '.2f')} |")
+                     f"{pair(p, 'eval_ms_per_step')} | {pair(p, 'cold_fraction', '.2f')} | "
+                     f"{_ms(p['cold_read_ms']['measured'])} / {_ms(p['cold_read_ms']['simulated'])}"
+                     f" | {main} |")
     return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def gains(pts: dict[str, dict], tags: list[str]) -> list[str]:
