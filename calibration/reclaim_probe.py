@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from calibration.profile_values import MIB
-from calibration.storage_probes import _offsets, _pread_all
+from calibration.scratch_reads import pread_all, random_offsets
 from contract.thresholds import PAGE
 from engine import platform
 from engine.cgroups import CgroupUnavailable, ProcessGroups, hierarchy
@@ -67,7 +67,7 @@ def _cold_reads(fd: int, offsets: list[int], size: int) -> list[float]:
     try:
         for off in offsets:
             t0 = time.perf_counter_ns()
-            _pread_all(fd, view, off)
+            pread_all(fd, view, off)
             out.append((time.perf_counter_ns() - t0) / 1e6)
     finally:
         view.release()
@@ -97,7 +97,7 @@ def reclaim_times(path: Path, pages: tuple[int, ...] = PAGES, rounds: int = 3, s
         return f"{path}: {file_bytes} bytes is too small a scratch file for the reclaim probe"
     rng = np.random.default_rng(seed)
     part = timed_bytes // len(pages)  # each size reads its own part of the file
-    plan = [(n * PAGE, [i * part + off for off in _offsets(rng, part, n * PAGE, 60)])
+    plan = [(n * PAGE, [i * part + off for off in random_offsets(rng, part, n * PAGE, 60)])
             for i, n in enumerate(pages)]
     fill = list(range(timed_bytes, file_bytes - MIB + 1, MIB))
     name = "memory.limit_in_bytes" if version == "v1" else "memory.max"

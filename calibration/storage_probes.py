@@ -19,6 +19,8 @@ import numpy as np
 
 from calibration.machine import GIB, last_level_cache_bytes, ram_gib
 from calibration.profile_values import DEFAULT_SIZES, DROP_PAGES, MIB, StorageResult, expected
+from calibration.reclaim_probe import reclaim_times
+from calibration.scratch_reads import pread_all, random_offsets
 from contract.thresholds import ALIGN
 from engine import platform
 
@@ -59,23 +61,6 @@ def write_all(fd: int, view: memoryview) -> None:
     done = 0
     while done < len(view):
         done += os.write(fd, view[done:])
-
-
-def _pread_all(fd: int, buf: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(buf):
-        n = os.preadv(fd, [buf[done:]], offset + done)
-        if n <= 0:
-            raise OSError(f"short read at {offset + done}")
-        done += n
-
-
-def _offsets(rng: np.random.Generator, file_bytes: int, size: int, n: int) -> list[int]:
-    """n distinct non-overlapping aligned offsets for reads of `size` bytes."""
-    slot = -(-size // ALIGN) * ALIGN
-    slots = file_bytes // slot
-    pick = rng.choice(slots, size=min(n, slots), replace=False)
-    return [int(p) * slot for p in pick]
 
 
 MIN_CACHE_FLUSH_BYTES = 64 << 20  # where the machine reports no cache size
@@ -124,20 +109,20 @@ def buffered_reads(path: Path, sizes: tuple[int, ...], per_size: int, rounds: in
         for _ in range(rounds):
             for size in sizes:
                 view = memoryview(buf)[:size]
-                offsets = _offsets(rng, file_bytes, size, per_size)
+                offsets = random_offsets(rng, file_bytes, size, per_size)
                 if p.can_drop_pages:
                     _drop(fd)
                 for off in offsets:
                     t0 = time.perf_counter()
-                    _pread_all(cold_fd, view, off)
+                    pread_all(cold_fd, view, off)
                     cold[size].append((time.perf_counter() - t0) * 1e3)
                 if cold_fd != fd:
                     for off in offsets:
-                        _pread_all(fd, view, off)
+                        pread_all(fd, view, off)
                 flush_cpu_caches(flush)
                 for off in offsets:
                     t0 = time.perf_counter()
-                    _pread_all(fd, view, off)
+                    pread_all(fd, view, off)
                     warm[size].append((time.perf_counter() - t0) * 1e3)
                 view.release()
         if p.can_drop_pages:
@@ -172,8 +157,8 @@ def page_drop_times(path: Path, n: int = 24, seed: int = 3) -> tuple[float, floa
             size = pages * ALIGN
             view = memoryview(buf)[:size]
             times = []
-            for off in _offsets(rng, file_bytes, size, n):
-                _pread_all(fd, view, off)
+            for off in random_offsets(rng, file_bytes, size, n):
+                pread_all(fd, view, off)
                 t0 = time.perf_counter_ns()
                 p.drop_pages(fd, off, size)
                 times.append((time.perf_counter_ns() - t0) / 1e3)
@@ -203,9 +188,9 @@ def direct_latency_ms(path: Path, n: int = 64, seed: int = 1) -> float | None:
         view = memoryview(buf)
         rng = np.random.default_rng(seed)
         times = []
-        for off in _offsets(rng, os.fstat(fd).st_size, ALIGN, n):
+        for off in random_offsets(rng, os.fstat(fd).st_size, ALIGN, n):
             t0 = time.perf_counter()
-            _pread_all(fd, view, off)
+            pread_all(fd, view, off)
             times.append((time.perf_counter() - t0) * 1e3)
         view.release()
         return expected(times)
@@ -225,7 +210,7 @@ def direct_sequential_gbps(path: Path, chunk: int = 4 * MIB) -> float | None:
         size = os.fstat(fd).st_size // chunk * chunk
         t0 = time.perf_counter()
         for off in range(0, size, chunk):
-            _pread_all(fd, view, off)
+            pread_all(fd, view, off)
         seconds = time.perf_counter() - t0
         view.release()
         return size / seconds / 1e9
@@ -245,7 +230,7 @@ def queue_throughput(path: Path, threads: tuple[int, ...] = (1, 2, 4, 8), size: 
     rng = np.random.default_rng(seed)
     file_bytes = path.stat().st_size
     for n in threads:
-        offsets = _offsets(rng, file_bytes, size, n * per_thread)
+        offsets = random_offsets(rng, file_bytes, size, n * per_thread)
         if len(offsets) < n * per_thread:
             per = len(offsets) // n
         else:
@@ -275,7 +260,7 @@ def _direct_worker(path: Path, size: int, offsets: list[int], barrier: threading
     try:
         barrier.wait()
         for off in offsets:
-            _pread_all(fd, view, off)
+            pread_all(fd, view, off)
     except BaseException as err:  # noqa: BLE001 - reported by the caller
         errors.append(err)
     finally:
@@ -306,8 +291,6 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
         seq = direct_sequential_gbps(path)
         queue = queue_throughput(path, threads)
         drops = page_drop_times(path)
-        from calibration.reclaim_probe import reclaim_times  # it reads with this module's helpers
-
         reclaim = reclaim_times(path)
     finally:
         path.unlink(missing_ok=True)
