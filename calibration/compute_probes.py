@@ -396,17 +396,21 @@ COLD_READS = 300  # cold bundle reads to average at least (their mean: a few slo
 MAX_COLD_DROPS = 40
 
 
-PAGE_SPAN = 16  # the long read of cold_page_cpu: this many bundles' pages back to back
+# the reads of cold_page_cpu, in bundles' pages back to back: up to 43 of tiny-trained's
+# (2.6 MB, the wide model's and the paper's bundle scale), so the slope is measured across the
+# sizes a profile is used for rather than extrapolated from 240 pages
+PAGE_SPANS = (1, 4, 16, 43)
 
 
-def cold_page_cpu(converted: Path, n: int = 48) -> tuple[float, float, int, int]:
-    """(thread CPU ms of a cold buffered read of one bundle's pages, of PAGE_SPAN bundles'
-    pages, their page counts): the kernel's CPU for a cold read grows with its pages (page
-    allocation, page-cache insertion, the copy), which one bundle size cannot tell apart from
-    the per-request part. Plain preads of the model's own layer files, at random page-aligned
-    offsets, each file's pages dropped first (macOS: uncached reads, F_NOCACHE, of
-    calibration.uncached_copy's copy: they skip the page cache's fill); medians of `n` reads
-    per size. (nan, nan, 0, 0) when no page could be dropped."""
+def cold_page_cpu(converted: Path, n: int = 48) -> list[tuple[int, float]]:
+    """[(pages, thread CPU ms of a cold buffered read of that many pages)] for one bundle's
+    pages and PAGE_SPANS bundles' pages: the kernel's CPU for a cold read grows with its pages
+    (page allocation, page-cache insertion, the copy), which one bundle size cannot tell apart
+    from the per-request part. Plain preads of the model's own layer files, at random
+    page-aligned offsets, each file's pages dropped first (macOS: uncached reads, F_NOCACHE, of
+    calibration.uncached_copy's copy: they skip the page cache's fill); the sizes take turns
+    (every size once a round, the order reversed every other round: this machine's speed
+    drifts), medians of `n` reads per size. [] when no page could be dropped."""
     import mmap
 
     from engine import platform
@@ -417,31 +421,34 @@ def cold_page_cpu(converted: Path, n: int = 48) -> tuple[float, float, int, int]
     small = max(-(-manifest.bundle_bytes // 4096) * 4096, 4096)
     rng = np.random.default_rng(11)
     p = platform.current()
-    out: list[float] = []
-    for size in (small, small * PAGE_SPAN):
-        cpu: list[float] = []
-        buf = mmap.mmap(-1, size)  # page-aligned, as uncached reads may need
+    bufs = {span: mmap.mmap(-1, small * span) for span in PAGE_SPANS}  # page-aligned
+    cpu: dict[int, list[float]] = {span: [] for span in PAGE_SPANS}
+    try:
         for i in range(n):
-            f = files[i % len(files)]
-            try:
-                fd = p.open_buffered(str(f)) if p.can_drop_pages else p.open_uncached(str(f))
-            except OSError:
-                break  # uncached reads refused by this filesystem
-            try:
-                if p.can_drop_pages:
-                    p.drop_pages(fd)
-                span = os.fstat(fd).st_size - size
-                if span < 0:
-                    continue
-                offset = int(rng.integers(span // 4096 + 1)) * 4096
-                c0 = time.thread_time_ns()
-                os.preadv(fd, [buf], offset)
-                cpu.append((time.thread_time_ns() - c0) / 1e6)
-            finally:
-                os.close(fd)
-        buf.close()
-        out.append(float(np.median(cpu)) if cpu else float("nan"))
-    return out[0], out[1], small // 4096, small * PAGE_SPAN // 4096
+            for j, span in enumerate(PAGE_SPANS if i % 2 == 0 else PAGE_SPANS[::-1]):
+                f = files[(i * len(PAGE_SPANS) + j) % len(files)]
+                try:
+                    fd = p.open_buffered(str(f)) if p.can_drop_pages else \
+                        p.open_uncached(str(f))
+                except OSError:
+                    return []  # uncached reads refused by this filesystem
+                try:
+                    if p.can_drop_pages:
+                        p.drop_pages(fd)
+                    room = os.fstat(fd).st_size - small * span
+                    if room < 0:
+                        continue  # a layer file smaller than this read
+                    offset = int(rng.integers(room // 4096 + 1)) * 4096
+                    c0 = time.thread_time_ns()
+                    os.preadv(fd, [bufs[span]], offset)
+                    cpu[span].append((time.thread_time_ns() - c0) / 1e6)
+                finally:
+                    os.close(fd)
+    finally:
+        for buf in bufs.values():
+            buf.close()
+    return [(small * span // 4096, float(np.median(cpu[span])))
+            for span in PAGE_SPANS if cpu[span]]
 
 
 class Runner:
@@ -615,7 +622,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     cold_from = converted if drop else cold_copy
     refused_ms = refused_warm_ms(cold_from) if cold_from else float("nan")
     read_cpu, read_wall = cold_read_times(cold_from) if cold_from else ([], [])
-    page_cpu = cold_page_cpu(cold_from) if cold_from else (float("nan"), float("nan"), 0, 0)
+    page_cpu = cold_page_cpu(cold_from) if cold_from else []
     exact_extra = exact_extra_ms(converted)
     wake, handoff = handoff_times(handoff_reps)
     cross = handover_probe.measure(rounds=handover_rounds, steps=handover_steps) \

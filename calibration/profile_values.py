@@ -143,9 +143,9 @@ class ComputeResult:
     # measured)
     cold_read_wall_ms: float = float("nan")  # the same reads' median wall time
     cold_read_reps: int = 0
-    # calibration.compute_probes.cold_page_cpu: (CPU ms of one bundle's pages read cold, of
-    # PAGE_SPAN bundles' pages, their page counts)
-    cold_page_cpu: tuple[float, float, int, int] = (float("nan"), float("nan"), 0, 0)
+    # calibration.compute_probes.cold_page_cpu: (pages, CPU ms of a cold read of that many),
+    # one bundle's pages first (empty: not measured)
+    cold_page_cpu: list[tuple[int, float]] = field(default_factory=list)
     queue_ahead_ms: float = float("nan")  # median compute left when mx.async_eval of the
     # walk to a router returned (nan: not measured)
     async_blocked_ms: float = float("nan")  # median time that async_eval blocked
@@ -173,13 +173,14 @@ class ComputeResult:
 
 
 def cold_cpu_per_page_us(c: ComputeResult) -> float:
-    """The per-page slope (microseconds) of calibration.compute_probes.cold_page_cpu; nan when
-    it was not measured or came out negative (noise)."""
-    a, b, pa, pb = c.cold_page_cpu
-    if not (a == a and b == b) or pb <= pa:
+    """The per-page slope (microseconds) of calibration.compute_probes.cold_page_cpu: the least
+    squares line through its (pages, CPU) medians; nan when fewer than two sizes were measured
+    or it came out negative (noise)."""
+    points = [(pages, ms) for pages, ms in c.cold_page_cpu if ms == ms]
+    if len({pages for pages, _ in points}) < 2:
         return float("nan")
-    slope = (b - a) / (pb - pa) * 1e3
-    return slope if slope > 0 else float("nan")
+    slope = float(np.polyfit([pages for pages, _ in points], [ms for _, ms in points], 1)[0])
+    return slope * 1e3 if slope > 0 else float("nan")
 
 
 def storage_values(st: StorageResult, c: ComputeResult | None = None,
@@ -328,14 +329,14 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             "a release; it takes the lock if still free (sim.gil)"))
     per_page_us = cold_cpu_per_page_us(c)
     if per_page_us == per_page_us and c.cold_read_cpu_ms == c.cold_read_cpu_ms:
-        a, b, pa, pb = c.cold_page_cpu
-        pages = pa  # the probe's short read is one bundle's pages
+        pages = c.cold_page_cpu[0][0]  # the probe's shortest read is one bundle's pages
+        sizes = ", ".join(f"{n} pages {ms:.4f} ms" for n, ms in c.cold_page_cpu)
         out["cold_read_cpu_us_per_page"] = (round(per_page_us, 4), (
-            f"slope of a cold buffered pread's thread CPU time over its pages "
-            f"(calibration.compute_probes.cold_page_cpu, the model's own layer files: {pa} "
-            f"pages {a:.4f} ms, {pb} pages {b:.4f} ms, medians): page allocation, page-cache "
-            "insertion and the copy, per 4 KiB page. A cold read's CPU is cold_read_cpu_ms + "
-            "pages x this (sim.loads)"))
+            f"least-squares slope of a cold buffered pread's thread CPU time over its pages "
+            f"(calibration.compute_probes.cold_page_cpu, the model's own layer files, the "
+            f"sizes in turns: {sizes}, medians): page allocation, page-cache insertion and the "
+            "copy, per 4 KiB page. A cold read's CPU is cold_read_cpu_ms + pages x this "
+            "(sim.loads)"))
         out["cold_read_cpu_ms"] = (round(max(c.cold_read_cpu_ms - pages * per_page_us / 1e3,
                                              0.0), 4), (
             f"the per-request part of a cold read's CPU: the median thread CPU time of "

@@ -122,19 +122,25 @@ def test_unmeasured_handoff_is_left_out_of_the_profile():
 def test_cold_read_cpu_splits_into_per_request_and_per_page():
     """cold_page_cpu read 15 pages in 0.05 ms and 240 in 0.275 ms: 1 us a page by hand. The
     store's cold bundle read (0.42 ms, 15 pages) less its pages at that rate is the per-request
-    part: 0.405 ms. A negative slope (noise) leaves the per-bundle figure as it was."""
-    values = hardware_values(storage(), compute(cold_read_cpu_ms=0.42, cold_read_wall_ms=0.84,
-                                                cold_read_reps=80,
-                                                cold_page_cpu=(0.05, 0.275, 15, 240)),
-                             MACHINE, active_params=2e6)
-    assert values["cold_read_cpu_us_per_page"][0] == pytest.approx(1.0)
-    assert values["cold_read_cpu_ms"][0] == pytest.approx(0.405)
-    values = hardware_values(storage(), compute(cold_read_cpu_ms=0.42, cold_read_wall_ms=0.84,
-                                                cold_read_reps=80,
-                                                cold_page_cpu=(0.3, 0.2, 15, 240)),
-                             MACHINE, active_params=2e6)
-    assert "cold_read_cpu_us_per_page" not in values
-    assert values["cold_read_cpu_ms"][0] == pytest.approx(0.42)
+    part: 0.405 ms. Three sizes off a line take the least-squares slope: (10, 0.02), (20, 0.05),
+    (40, 0.08) have mean pages 23.33, mean 0.05 ms, sum of products 0.9 over squares 466.67:
+    1.9286 us a page (the end points alone say 2), and 0.42 - 10 x 0.0019286 = 0.40071 ms per
+    request. A negative slope (noise) or one size leaves the per-bundle figure as it was."""
+    def values(points):
+        return hardware_values(storage(), compute(cold_read_cpu_ms=0.42, cold_read_wall_ms=0.84,
+                                                  cold_read_reps=80, cold_page_cpu=points),
+                               MACHINE, active_params=2e6)
+
+    two = values([(15, 0.05), (240, 0.275)])
+    assert two["cold_read_cpu_us_per_page"][0] == pytest.approx(1.0)
+    assert two["cold_read_cpu_ms"][0] == pytest.approx(0.405)
+    three = values([(10, 0.02), (20, 0.05), (40, 0.08)])
+    assert three["cold_read_cpu_us_per_page"][0] == pytest.approx(1.9286, abs=1e-4)
+    assert three["cold_read_cpu_ms"][0] == pytest.approx(0.40071, abs=1e-4)
+    for noise in ([(15, 0.3), (240, 0.2)], [(15, 0.05)], []):
+        flat = values(noise)
+        assert "cold_read_cpu_us_per_page" not in flat
+        assert flat["cold_read_cpu_ms"][0] == pytest.approx(0.42)
 
 
 def test_a_profile_without_the_new_keys_still_loads(tmp_path):
