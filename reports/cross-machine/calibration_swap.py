@@ -1,0 +1,119 @@
+"""What one calibration decides: the same captures predicted from two calibrations of B.
+
+Two fresh runs on B, 3 h apart, each a calibration and captures right after it:
+  b-validation-12 (calibrate 20:19 UTC, with the reclaim figure measured at 20:56: b-curves'
+  profiles) -> b-transfer-9, reports/transfer/b-curves
+  b-validation-13 (calibrate 23:11 UTC) -> b-transfer-10, reports/transfer/b-curves-2
+Each capture set is predicted here from both calibrations (nothing refitted, the same code), and
+b-curves from the later calibration with single figures of the earlier one put in, one at a
+time: which figure moves the prediction. Transfer sets: `ssdmoe validate --transfer ...
+--no-calibrate --out` on a copy without transfer.json; curves: reports/transfer/summarize.py on a
+copy of traces/. The calibration's profiles go in scenarios/ for each prediction, and scenarios/
+is restored at the end.
+
+Usage: uv run python reports/cross-machine/calibration_swap.py   (~2 min; writes
+calibration-swap.json beside this file and prints the table)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+# b-validation-12's calibrate plus the reclaim figure measured 37 min after it (that
+# calibrate predates the probe; b-validation-13's has it): the profiles of b-curves
+PROFILES = {"b-validation-12": ROOT / "reports" / "transfer" / "b-curves" / "profiles",
+            "b-validation-13": HERE / "b-validation-13" / "profiles"}
+CAPTURES = {"b-transfer-9": ("transfer", HERE / "b-transfer-9"),
+            "b-transfer-10": ("transfer", HERE / "b-transfer-10"),
+            "b-curves": ("curves", ROOT / "reports" / "transfer" / "b-curves"),
+            "b-curves-2": ("curves", ROOT / "reports" / "transfer" / "b-curves-2")}
+# (capture set, calibration, hardware keys taken from the other calibration)
+PLAN = [(c, p, ()) for c in CAPTURES for p in PROFILES] + [
+    ("b-curves", "b-validation-13", (key,)) for key in
+    ("expert_gbps", "memcpy_gbps", "ssd_bandwidth_gbps", "cold_read_cpu_us_per_page")] + [
+    ("b-curves", "b-validation-13",
+     ("expert_gbps", "memcpy_gbps", "ssd_bandwidth_gbps", "zero_fill_gbps"))]
+SCENARIOS = {"hardware.toml": ROOT / "scenarios/hardware/this-machine.toml",
+             "model.toml": ROOT / "scenarios/models/tiny-trained.toml",
+             "scenario.toml": ROOT / "scenarios/this-machine-tiny-trained.toml"}
+
+
+def hardware_value(path: Path, key: str) -> str:
+    m = re.search(rf"^{key} = ([^ #\n]+)", path.read_text(), re.M)
+    if not m:
+        raise SystemExit(f"{path}: no {key}")
+    return m.group(1)
+
+
+def use_profiles(profiles: Path, keys: tuple[str, ...], other: Path) -> None:
+    for name, dest in SCENARIOS.items():
+        shutil.copy(profiles / name, dest)
+    hw = SCENARIOS["hardware.toml"]
+    text = hw.read_text()
+    for key in keys:
+        value = hardware_value(other / "hardware.toml", key)
+        text = re.sub(rf"^{key} = [^ #\n]+", f"{key} = {value}", text, flags=re.M)
+    hw.write_text(text)
+
+
+def predict(kind: str, source: Path, scratch: Path) -> dict:
+    out = scratch / "run"
+    shutil.rmtree(out, ignore_errors=True)
+    cli = [sys.executable, "-m", "ssdmoe_cli"]
+    if kind == "transfer":
+        shutil.copytree(source, out, ignore=shutil.ignore_patterns("transfer.json", "README.md"))
+        cmd = cli + ["validate", "models/tiny-trained-stream", "--transfer",
+                     "scenarios/transfer/machines.toml", "--no-calibrate", "--rounds", "2",
+                     "--out", str(out)]
+    else:
+        shutil.copytree(source / "traces", out / "traces")
+        cmd = [sys.executable, "reports/transfer/summarize.py", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        raise SystemExit(f"{source}: prediction failed: {p.stderr.strip()[-300:]}")
+    s = json.loads((out / "transfer.json").read_text())["summary"]
+    return {"median_pct": s["decode_abs_error_median_pct"],
+            "p90_pct": s.get("decode_abs_error_p90_pct"),
+            "max_pct": s.get("decode_abs_error_max_pct"),
+            "components_median_pct": s.get("component_abs_error_median_pct")}
+
+
+def main() -> None:
+    saved = {name: dest.read_bytes() for name, dest in SCENARIOS.items()}
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for capture, calibration, keys in PLAN:
+                other = next(v for k, v in PROFILES.items() if k != calibration)
+                use_profiles(PROFILES[calibration], keys, other)
+                kind, source = CAPTURES[capture]
+                rows.append({"captures": capture, "calibration": calibration,
+                             "keys_from_the_other": list(keys),
+                             **predict(kind, source, Path(tmp))})
+                print(rows[-1], flush=True)
+    finally:
+        for name, dest in SCENARIOS.items():
+            dest.write_bytes(saved[name])
+    (HERE / "calibration-swap.json").write_text(json.dumps(
+        {"command": "uv run python reports/cross-machine/calibration_swap.py", "rows": rows},
+        indent=1) + "\n")
+    print("\n| captures | calibration | figures from the other | decode median | p90 | largest "
+          "| components median |\n|---|---|---|---|---|---|---|")
+    for r in rows:
+        def pct(key: str, row: dict = r) -> str:
+            return "-" if row[key] is None else f"{row[key]:.1f}%"
+        print(f"| {r['captures']} | {r['calibration']} | "
+              f"{', '.join(r['keys_from_the_other']) or '-'} | {pct('median_pct')} | "
+              f"{pct('p90_pct')} | {pct('max_pct')} | {pct('components_median_pct')} |")
+
+
+if __name__ == "__main__":
+    main()
