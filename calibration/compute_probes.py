@@ -64,7 +64,7 @@ import numpy as np
 
 from calibration import handover_probe
 from calibration.bundle_views import one_row_views
-from calibration.profile_values import ComputeResult, cost, expected
+from calibration.profile_values import ComputeResult, cost, expected, expert_rate_gbps
 from calibration.zero_fill_probe import zero_fill_curve
 from contract.errors import IOFault
 from engine.paths.exact import ExactPath
@@ -187,6 +187,18 @@ def glu_times(converted: Path, ks: tuple[int, ...], reps: int, chain: int = 8) -
                 times[k].append((time.perf_counter() - t0) * 1e3 / chain)
     out = {k: cost(v) for k, v in times.items()}
     return out
+
+
+GLU_KS = (1, 2, 4, 8)  # the SwiGLU's K values: its time against K gives expert_gbps
+
+
+def expert_kernel_gbps(converted: Path, reps: int = 10) -> float:
+    """expert_gbps measured now, as calibrate measures it (glu_times over GLU_KS): a second of
+    work on a small model, to see how far this machine has drifted from its profile."""
+    from engine.loader import open_manifest
+
+    manifest = open_manifest(converted, verify=False)
+    return expert_rate_gbps(glu_times(converted, GLU_KS, reps), manifest.bundle_bytes)
 
 
 def exact_extra_ms(converted: Path, reps: int = 200) -> float:
@@ -554,7 +566,7 @@ def _prefill_ms(model, tokenizer, tokens: int, reps: int) -> float:
 
 
 def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
-                    ks: tuple[int, ...] = (1, 2, 4, 8), glu_reps: int = 30,
+                    ks: tuple[int, ...] = GLU_KS, glu_reps: int = 30,
                     prefill_tokens: int = 128, handoff_reps: int = 2000,
                     presets: tuple[str, ...] = ("hot", "staged"),
                     cold_copy: Path | None = None, handover_rounds: int = 3,

@@ -277,6 +277,19 @@ def _rounded(values: list[float]) -> list[float]:
     return [round(x, 4) for x in values]
 
 
+def glu_fit(glu_ms: dict[int, float]) -> tuple[float, float]:
+    """(per-call ms, per-expert ms) of the quantized SwiGLU's time against K (the slope at
+    least 1e-6 ms)."""
+    ks = sorted(glu_ms)
+    e0, e1 = linear_fit([float(k) for k in ks], [glu_ms[k] for k in ks], relative=False)
+    return e0, max(e1, 1e-6)
+
+
+def expert_rate_gbps(glu_ms: dict[int, float], bundle_bytes: int) -> float:
+    """expert_gbps: a bundle's bytes over the SwiGLU's per-expert ms (GB/s)."""
+    return bundle_bytes / (glu_fit(glu_ms)[1] / 1e3) / 1e9
+
+
 def compute_values(c: ComputeResult, active_params: float | None = None
                    ) -> dict[str, tuple[Any, str]]:
     """Hardware keys (compute part) -> (value, how). The sim's decode compute per layer is
@@ -285,9 +298,8 @@ def compute_values(c: ComputeResult, active_params: float | None = None
     main thread's syncs (synchronous decode loop and prefill; the lookahead loop queues it at
     once), a sync that finds work queued costing sync_overhead_ms more."""
     ks = sorted(c.glu_ms)
-    e0, e1 = linear_fit([float(k) for k in ks], [c.glu_ms[k] for k in ks], relative=False)
-    e1 = max(e1, 1e-6)
-    expert_bw = c.bundle_bytes / (e1 / 1e3) / 1e9
+    e0, e1 = glu_fit(c.glu_ms)
+    expert_bw = expert_rate_gbps(c.glu_ms, c.bundle_bytes)
     mem_bw = c.resident_bytes / (c.non_moe_ms / 1e3) / 1e9 if c.non_moe_ms > 0 else 1.0
     glu_txt = ", ".join(f"K={k}: {c.glu_ms[k]:.3f}" for k in ks)
     out = {

@@ -181,8 +181,11 @@ def _transfer(machines: Path, model: Path, out: Path, fresh: bool, calibrate: bo
     """validate --transfer: calibrate on this machine with `model` (unless --no-calibrate or
     already done in `out`), capture every point of the machines file on its emulated machine,
     predict each from the committed profiles, write transfer.json and README.md in `out`."""
+    from calibration.compute_probes import expert_kernel_gbps
     from engine.machine_limits import MachineLimits, check_available
     from engine.throttle import ThrottleSpec
+    from sim.compare import DEFAULT_HARDWARE
+    from sim.profiles import load_hardware
     from validation import transfer as tr
     from validation.matrix_run import Plan, prompts_file
 
@@ -204,25 +207,33 @@ def _transfer(machines: Path, model: Path, out: Path, fresh: bool, calibrate: bo
         _calibration(model, out, calibrate)
     plan.out, plan.rounds, plan.max_tokens, plan.prompts = out, rounds, max_tokens, prompts
     prompt_file = prompts_file(Plan(model=model, out=out, prompts=prompts))
+    # the machine's drift from its profile around the captures (none to make: not measured)
+    measurable = (model / "manifest.json").is_file() and not all(
+        tr.captured(plan.trace_dir(p, r)) for p in plan.points for r in range(rounds))
+    before = expert_kernel_gbps(model) if measurable else float("nan")
     t0 = time.perf_counter()
     results = tr.run(plan, prompt_file,
                      lambda msg: _say(f"{msg}  [{time.perf_counter() - t0:.0f} s]"))
+    machine = tr.drift(load_hardware(DEFAULT_HARDWARE).expert_gbps, before,
+                       expert_kernel_gbps(model)) if measurable else None
     s = tr.summary(results)
     command = " ".join(["ssdmoe", *sys.argv[1:]])
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     (out / "transfer.json").write_text(json.dumps(
         {"machines_file": str(machines),
          "machines": {k: vars(v) for k, v in plan.machines.items()},
-         "own_bytes": plan.own, "results": results, "summary": s, "command": command,
-         "date": date}, indent=1) + "\n")
+         "own_bytes": plan.own, "results": results, "summary": s, "drift": machine,
+         "command": command, "date": date}, indent=1) + "\n")
     table = tr.markdown(results, s)
     (out / "README.md").write_text(
         "# Transfer: calibrated here, predicted on emulated machines and a held-out model\n\n"
         f"`{command}` ({date}; machines: `{machines}`). Each point: measured (m) on its "
         "emulated machine, simulated (s) by `sim compare` from the committed profiles and the "
         "trace's own record of its machine, no refit. Medians over rounds.\n\n"
-        + table + "\n")
+        + table + "\n" + (f"\n{tr.drift_text(machine)}\n" if machine else ""))
     typer.echo(table)
+    if machine:
+        typer.echo(tr.drift_text(machine))
     typer.echo(f"wrote {out / 'transfer.json'} and {out / 'README.md'}")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from calibration import handover_probe
-from calibration.compute_probes import PAGE_SPANS
+from calibration.compute_probes import PAGE_SPANS, expert_kernel_gbps
 from calibration.profile_values import (
     hardware_toml,
     write_hardware,
@@ -69,6 +69,10 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
         cal.hardware["memcpy_gbps"][1]
     assert st.cold_ms[-1] > st.warm_ms[-1]  # a cold 8 MiB read is slower than a warm one
     assert all(t > 0 for t in c.glu_ms.values()) and set(c.glu_ms) == {1, 4}
+    # the kernel's rate measured again (validate --transfer's drift check): the same figure,
+    # within this machine's noise
+    rate = expert_kernel_gbps(model, reps=3)
+    assert cal.hardware["expert_gbps"][0] / 3 < rate < cal.hardware["expert_gbps"][0] * 3
     assert c.build_ms_per_layer > 0 and c.non_moe_ms > 0 and c.step_ms > 0
     # the exact path per decode step (the scenario's starting figure), and timed alone (a note)
     assert c.path_build_ms_per_layer["exact"] > 0

@@ -10,6 +10,9 @@ from profile_helpers import MACHINE, compute, storage
 from sim_helpers import hardware, model, routing_input, scenario, uniform_routing
 
 from calibration.profile_values import (
+    compute_values,
+    expert_rate_gbps,
+    glu_fit,
     hardware_toml,
     hardware_values,
     linear_fit,
@@ -194,3 +197,13 @@ def test_an_older_profile_with_retired_corrections_still_loads(tmp_path):
     with pytest.raises(BadInput, match="core_waits_ms: unknown key"):
         load_hardware(str(path))
 
+
+
+def test_expert_rate_from_the_swiglu_against_k():
+    """0.05 ms a call + 0.1 ms an expert, at K = 1, 2, 4, 8: the fit gives both back, and a
+    61,440-byte bundle over 0.1 ms is 0.6144 GB/s; compute_values writes the same figure."""
+    glu = {1: 0.15, 2: 0.25, 4: 0.45, 8: 0.85}
+    assert glu_fit(glu) == pytest.approx((0.05, 0.1))
+    assert expert_rate_gbps(glu, 61440) == pytest.approx(0.6144)
+    values = compute_values(compute(glu_ms=glu, bundle_bytes=61440))
+    assert values["expert_gbps"][0] == pytest.approx(0.6144)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from contract.errors import BadInput
-from validation.transfer import Machine, load_machines, summary
+from validation.transfer import Machine, drift, drift_text, load_machines, summary
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "scenarios" / "transfer" / "machines.toml"
@@ -90,6 +90,17 @@ def test_summary_by_hand():
     # a component below 0.5 ms/step is not a percentage anyone can use
     assert summary([_result(10, 10, (0.1, 0.3))])["component_abs_error_median_pct"] != \
         summary([_result(10, 10, (0.1, 0.3))])["component_abs_error_median_pct"]  # nan
+
+
+def test_drift_by_hand():
+    """A profile's 1.0 GB/s kernel measured at 0.95 before the captures and 1.1 after: -5% and
+    +10%, and the README's line says all three and both differences."""
+    d = drift(1.0, 0.95, 1.1)
+    assert d["before_pct"] == pytest.approx(-5.0) and d["after_pct"] == pytest.approx(10.0)
+    text = drift_text(d)
+    for part in ("1.000 GB/s", "0.950", "(-5.0%)", "1.100", "(+10.0%)"):
+        assert part in text
+    assert drift(0.0, 0.95, 1.1)["before_pct"] != drift(0.0, 0.95, 1.1)["before_pct"]  # nan
 
 
 def test_cli_refuses_flags_beside_the_machines_file(ssdmoe, tmp_path):

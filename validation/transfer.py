@@ -306,6 +306,27 @@ def summary(results: list[dict]) -> dict[str, Any]:
                         and comp <= TARGET_COMPONENT_MEDIAN_PCT)}
 
 
+def drift(profile_gbps: float, before: float, after: float) -> dict[str, float]:
+    """The machine against its profile: the quantized expert kernel's rate (expert_gbps, the
+    figure a wide model's decode step scales with) in the profile the points are predicted
+    from, measured right before the captures and right after, and how far each lies from the
+    profile (percent)."""
+    def pct(x: float) -> float:
+        return 100 * (x / profile_gbps - 1) if profile_gbps > 0 else float("nan")
+    return {"profile_expert_gbps": profile_gbps, "before_expert_gbps": before,
+            "after_expert_gbps": after, "before_pct": pct(before), "after_pct": pct(after)}
+
+
+def drift_text(d: dict[str, float]) -> str:
+    return (f"The machine against its profile: the expert kernel's rate (`expert_gbps`, "
+            f"calibration.compute_probes.expert_kernel_gbps) was {d['profile_expert_gbps']:.3f} "
+            f"GB/s in the profile, {d['before_expert_gbps']:.3f} right before the captures "
+            f"({d['before_pct']:+.1f}%) and {d['after_expert_gbps']:.3f} right after "
+            f"({d['after_pct']:+.1f}%). A decode step of the wide model is mostly this kernel: "
+            "errors of about that size can be the machine's drift, not the simulator's "
+            "(reports/cross-machine, \"What one calibration decides\").")
+
+
 def markdown(results: list[dict], s: dict[str, Any]) -> str:
     lines = ["| point | rounds | decode tok/s measured | simulated | error | blocked ms/step "
              "m / s | build ms/step m / s | eval ms/step m / s | cold fraction m / s | CPU "
