@@ -192,13 +192,16 @@ def glu_times(converted: Path, ks: tuple[int, ...], reps: int, chain: int = 8) -
 GLU_KS = (1, 2, 4, 8)  # the SwiGLU's K values: its time against K gives expert_gbps
 
 
-def expert_kernel_gbps(converted: Path, reps: int = 10) -> float:
-    """expert_gbps measured now, as calibrate measures it (glu_times over GLU_KS): a second of
-    work on a small model, to see how far this machine has drifted from its profile."""
+def expert_kernel_gbps(converted: Path, reps: int = 30, repeats: int = 3) -> float:
+    """expert_gbps measured now, as calibrate measures it (glu_times over GLU_KS), the median
+    of `repeats` measurements (a few seconds on a small model): how far this machine has
+    drifted from its profile. One short measurement right after a run of captures once came
+    out 35% low and 4 s later normal again."""
     from engine.loader import open_manifest
 
     manifest = open_manifest(converted, verify=False)
-    return expert_rate_gbps(glu_times(converted, GLU_KS, reps), manifest.bundle_bytes)
+    return float(np.median([expert_rate_gbps(glu_times(converted, GLU_KS, reps),
+                                             manifest.bundle_bytes) for _ in range(repeats)]))
 
 
 def exact_extra_ms(converted: Path, reps: int = 200) -> float:

@@ -3,7 +3,8 @@
 Two fresh runs on B, 3 h apart, each a calibration and captures right after it:
   b-validation-12 (calibrate 20:19 UTC, with the reclaim figure measured at 20:56: b-curves'
   profiles) -> b-transfer-9, reports/transfer/b-curves
-  b-validation-13 (calibrate 23:11 UTC) -> b-transfer-10, reports/transfer/b-curves-2
+  b-validation-13 (calibrate 23:11 UTC) -> b-transfer-10, reports/transfer/b-curves-2, and
+  1.5 h after it b-transfer-11
 Each capture set is predicted here from both calibrations (nothing refitted, the same code), and
 b-curves from the later calibration with single figures of the earlier one put in, one at a
 time: which figure moves the prediction. Transfer sets: `ssdmoe validate --transfer ...
@@ -33,6 +34,7 @@ PROFILES = {"b-validation-12": ROOT / "reports" / "transfer" / "b-curves" / "pro
             "b-validation-13": HERE / "b-validation-13" / "profiles"}
 CAPTURES = {"b-transfer-9": ("transfer", HERE / "b-transfer-9"),
             "b-transfer-10": ("transfer", HERE / "b-transfer-10"),
+            "b-transfer-11": ("transfer", HERE / "b-transfer-11"),
             "b-curves": ("curves", ROOT / "reports" / "transfer" / "b-curves"),
             "b-curves-2": ("curves", ROOT / "reports" / "transfer" / "b-curves-2")}
 # (capture set, calibration, hardware keys taken from the other calibration)
