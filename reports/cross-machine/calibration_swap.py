@@ -43,6 +43,7 @@ PLAN = [(c, p, ()) for c in CAPTURES for p in PROFILES] + [
     ("expert_gbps", "memcpy_gbps", "ssd_bandwidth_gbps", "cold_read_cpu_us_per_page")] + [
     ("b-curves", "b-validation-13",
      ("expert_gbps", "memcpy_gbps", "ssd_bandwidth_gbps", "zero_fill_gbps"))]
+POINT_KEYS = ("decode_tok_s", "blocked_ms_per_step", "build_ms_per_step", "eval_ms_per_step")
 SCENARIOS = {"hardware.toml": ROOT / "scenarios/hardware/this-machine.toml",
              "model.toml": ROOT / "scenarios/models/tiny-trained.toml",
              "scenario.toml": ROOT / "scenarios/this-machine-tiny-trained.toml"}
@@ -81,14 +82,24 @@ def predict(kind: str, source: Path, scratch: Path) -> dict:
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
         raise SystemExit(f"{source}: prediction failed: {p.stderr.strip()[-300:]}")
-    s = json.loads((out / "transfer.json").read_text())["summary"]
+    report = json.loads((out / "transfer.json").read_text())
+    s = report["summary"]
+    rows = report["results"] if kind == "transfer" else \
+        [{"point": f"{curve}/{name}", **p} for curve in ("memory", "cores", "hot")
+         for name, p in report.get(curve, {}).items()]
     return {"median_pct": s["decode_abs_error_median_pct"],
             "p90_pct": s.get("decode_abs_error_p90_pct"),
             "max_pct": s.get("decode_abs_error_max_pct"),
-            "components_median_pct": s.get("component_abs_error_median_pct")}
+            "components_median_pct": s.get("component_abs_error_median_pct"),
+            # each point's (measured, simulated): the components behind the errors
+            "points": {r["point"]: {k: [r[k]["measured"], r[k]["simulated"]] for k in POINT_KEYS}
+                       for r in rows if "failed" not in r}}
 
 
 def main() -> None:
+    for where in [*PROFILES.values(), *(source for _, source in CAPTURES.values())]:
+        if not where.is_dir():
+            raise SystemExit(f"calibration_swap.py: {where}: missing (a committed report folder)")
     saved = {name: dest.read_bytes() for name, dest in SCENARIOS.items()}
     rows = []
     try:
@@ -100,7 +111,7 @@ def main() -> None:
                 rows.append({"captures": capture, "calibration": calibration,
                              "keys_from_the_other": list(keys),
                              **predict(kind, source, Path(tmp))})
-                print(rows[-1], flush=True)
+                print({k: v for k, v in rows[-1].items() if k != "points"}, flush=True)
     finally:
         for name, dest in SCENARIOS.items():
             dest.write_bytes(saved[name])
