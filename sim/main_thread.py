@@ -36,8 +36,9 @@ t's fill points. Per decode step t (a window of wall time, as the engine's trace
   the queue that nearly empty, so compute waits on it. The synchronous loop has no such
   charge: its router syncs dispatch inside the sync, and calibrate's synced compute, which
   its eval is made of, was timed the same way.
-  In both loops the dispatch's CPU (model dispatch_cpu_ms_per_layer, of which that serial part
-  is a piece) is owed for each layer handed over and paid on this thread, without the GIL,
+  In both loops the dispatch's CPU (model dispatch_cpu_ms_per_layer; in the lookahead loop
+  less the serial part just paid for the same operations, so once a layer) is owed for each
+  layer handed over and paid on this thread, without the GIL,
   while it next waits on compute: a core's time beside the compute thread, which starts each
   layer's attention waiting for it (model compute_wait_ms_per_layer, sim.compute_stream). On
   enough cores neither changes a step's time; on one core, or under a CPU quota, they are what
@@ -195,13 +196,14 @@ class MainThread:
         """Handing a layer's work over at its fill point (lookahead loop; model
         fill_ms_per_layer): MLX prepares and dispatches each operation on the calling thread
         inside async_eval, which releases the GIL, so a core but not the lock; compute waits
-        on it, so eval time."""
+        on it, so eval time. It is the dispatch of the fill's gather and of the walk to the
+        next router (engine.fill_points.progress: two async_evals), so the attention handed
+        over after it owes only what this left out (`queue_attention_async`)."""
         if seconds > 0:
             start = self.env.now
             yield self.cores.work(seconds, MAIN_THREAD)
             yield from self.gil.take_back()
             self.eval += self.env.now - start
-            self.dispatch_owed = max(0.0, self.dispatch_owed - seconds)  # part of the dispatch
 
     def gpu_sync(self) -> Generator:
         """Wait until the compute stream has run everything queued (the host needs a value)."""
@@ -528,8 +530,8 @@ class MainThread:
             # each prepared and dispatched on this thread first
             yield from self.dispatch(self.dispatch_s)
             yield from self.queue_async(self.expert_s)
-            if layer + 1 < self.layers:
-                yield from self.queue_attention_async(layer + 1)
+            if layer + 1 < self.layers:  # its dispatch was the walk's, just paid
+                yield from self.queue_attention_async(layer + 1, dispatched=self.dispatch_s)
             elif self.unembed_s:
                 yield from self.queue_async(self.unembed_s)
         yield from self.gpu_sync()  # token `step` on the host
@@ -583,9 +585,11 @@ class MainThread:
         self._owe_dispatch()
         self.compute.submit(self._attention_s(layer), wait=self.compute_wait_s)
 
-    def queue_attention_async(self, layer: int) -> Generator:
-        """Hand `layer`'s attention (and with it its operations' dispatch) over, async_eval."""
-        self._owe_dispatch()
+    def queue_attention_async(self, layer: int, dispatched: float = 0.0) -> Generator:
+        """Hand `layer`'s attention over, async_eval, owing its operations' dispatch less
+        `dispatched`: what the serial `dispatch` before it already charged for them (the
+        lookahead loop's walk to the next router is dispatched once, by that async_eval)."""
+        self.dispatch_owed += max(0.0, self.dispatch_cpu_s - dispatched)
         yield from self.queue_async(self._attention_s(layer), wait=self.compute_wait_s)
 
     def queue_async(self, seconds: float, wait: float = 0.0) -> Generator:

@@ -55,16 +55,19 @@ def test_an_item_waits_for_dispatch_then_computes(cores, share, dispatch, done):
 
 
 def _steps(cores: float, wait_ms: float, dispatch_ms: float,
-           lookahead: bool = False) -> pl.DataFrame:
+           lookahead: bool = False, layers: int = 1, fill_ms: float = 0.0) -> pl.DataFrame:
     """The synchronous loop (or the lookahead loop, its queue bound 0: each hand-over waits for
-    the compute it queued), one layer of 1 ms compute (10^6 bytes of resident weights at
-    1 GB/s), build 0.5 ms, every expert in the hot pool after the first step: the last decode
-    steps' rows. (One layer: nothing else is queued when its attention is handed over.)"""
-    m = model(layers=1, experts=16, k=2, build_ms_per_layer=0.5, resident_bytes=1_000_000,
-              dispatch_cpu_ms_per_layer=dispatch_ms, compute_wait_ms_per_layer=wait_ms)
+    the compute it queued), `layers` layers of 1 ms compute in all (10^6 bytes of resident
+    weights at 1 GB/s), build 0.5 ms a layer, every expert in the hot pool after the first
+    step, `fill_ms` the lookahead loop's serial dispatch a layer (model fill_ms_per_layer): the
+    last decode steps' rows. (One layer: nothing else is queued when its attention is handed
+    over.)"""
+    m = model(layers=layers, experts=16, k=2, build_ms_per_layer=0.5, resident_bytes=1_000_000,
+              dispatch_cpu_ms_per_layer=dispatch_ms, compute_wait_ms_per_layer=wait_ms,
+              fill_ms_per_layer=fill_ms)
     hw = hardware(mem_bandwidth_gbps=1.0, expert_gbps=1e9, cpu_cores=cores,
                   compute_on_cpu=True, queue_ahead_ms=0.0 if lookahead else math.inf)
-    router = np.array([[[0, 1]]] * 8, dtype=np.int16)
+    router = np.array([[[0, 1]] * layers] * 8, dtype=np.int16)
     sc = scenario(hw=hw, m=m, path="hot", lru_bytes=16 * MB, decode_steps=8,
                   lookahead=lookahead)
     steps = run_scenario(sc, routing=routing_input(router)).trace.steps
@@ -103,3 +106,24 @@ def test_one_core_pays_the_dispatch_the_compute_thread_does_not_wait_for(wait, d
     base, paid = _steps(1, 0.0, 0.0), _steps(1, wait, dispatch)
     more = [p - b for p, b in zip(_ms(paid, "eval_ns"), _ms(base, "eval_ns"), strict=True)]
     assert more == pytest.approx([more_ms] * 3, abs=1e-6)
+
+
+@pytest.mark.parametrize(("fill", "dispatch", "more_ms"), [
+    (0.3, 0.3, 4 * 0.3),         # calibrate's profile (both figures one measurement): once each
+    (0.1, 0.3, 3 * 0.1 + 0.3 + 2 * 0.2),  # a smaller serial part: the rest is still owed
+    (0.0, 0.3, 3 * 0.3),         # no serial part: the owed dispatch alone, as before
+])
+def test_the_lookahead_loop_dispatches_each_layer_once(fill, dispatch, more_ms):
+    """Three layers whose routers the host waits for (the hot path's fill points), two cores.
+    Per step the main thread dispatches the walk to each of the 3 routers and the walk to the
+    logits once: the serial dispatch at each fill point (`fill`: the gather and the walk to the
+    next router) and the owed dispatch (`dispatch`) of what that left out, for layer 0's walk
+    (handed over at the step boundary) all of it. Hand-worked: 3 x fill + dispatch +
+    2 x (dispatch - fill); the request's last step hands no next step's layer 0 over, so it
+    has `dispatch` less. Charging the owed dispatch in full beside the serial one counted the
+    walks twice (1.8 ms for the first row, where the engine spends 1.2)."""
+    base = _steps(2, 0.0, 0.0, lookahead=True, layers=3)
+    paid = _steps(2, 0.0, dispatch, lookahead=True, layers=3, fill_ms=fill)
+    more = [p - b for p, b in zip(_ms(paid, "main_cpu_ns"), _ms(base, "main_cpu_ns"),
+                                  strict=True)]
+    assert more == pytest.approx([more_ms, more_ms, more_ms - dispatch], abs=1e-6)

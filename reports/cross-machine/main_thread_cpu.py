@@ -1,0 +1,228 @@
+"""Where the main thread's CPU goes in a decode step, by decode path, on every core and on one.
+
+Each arm runs in its own process (pinned to one core before MLX starts its compute thread, as
+calibration.handover_probe does), decodes the default prompts with sampled tokens (temperature
+1), and times every decode step: its wall time, the process's CPU, the main thread's CPU, and
+the main thread's CPU inside each part of the engine's loop, exclusive of the parts nested in it:
+
+  dispatch  mx.async_eval: MLX prepares and dispatches each operation on the calling thread
+  fills     FillPoints._at_step: the fill points' host work (the router's or the predicted ids
+            on the host, slot placement, read plans and starts, waiting for and collecting
+            loads), less its dispatch
+  begin     FillPoints.begin less the above: the predicted ids' one sync a step
+  build     StepLoop.build less the above: graph building (the model's Python)
+  other     the rest of the step: sampling, the token on the host, the loop, the row
+
+Arms: mlx-lm's own resident model (generate_step: total figures only, its dispatch inside
+async_eval), and the streaming engine's staged path without a lead (its slots filled on
+demand), with the prerouter's token lead, with the layer lead. The page cache holds every
+expert (warm) unless --page-cache gives the engine's budget as a fraction of the expert bytes.
+Rounds rotate the arms; figures are medians over rounds of per-step means over the prompts.
+
+Usage: uv run python reports/cross-machine/main_thread_cpu.py [--model models/tiny-trained-stream]
+[--tokens 64] [--rounds 2] [--page-cache F]; writes main-thread-cpu.json (or
+main-thread-cpu-pcF.json) beside this script and prints the table. Linux (sched_setaffinity)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.child_env import importing  # noqa: E402
+
+ARMS = ("resident", "staged", "staged-token", "staged-layer")
+PARTS = ("dispatch", "fills", "begin", "build", "other")
+FIGURES = ("wall_ms", "process_cpu_ms", "main_cpu_ms", *(f"{p}_ms" for p in PARTS[:-1]))
+
+
+class Exclusive:
+    """Thread CPU per named part, each exclusive of the parts running inside it."""
+
+    def __init__(self) -> None:
+        self.total: Counter[str] = Counter()
+        self.stack: list[list[int]] = []  # [start, CPU of the parts inside it]
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kwargs):
+            self.stack.append([time.thread_time_ns(), 0])
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                start, inner = self.stack.pop()
+                spent = time.thread_time_ns() - start
+                self.total[name] += spent - inner
+                if self.stack:
+                    self.stack[-1][1] += spent
+        return timed
+
+
+def _engine_run(arm: str, model: Path, prompts: list[str], tokens: int,
+                page_cache: float | None) -> list[dict]:
+    import mlx.core as mx
+
+    import engine.fill_points as fill_points
+    import engine.generate as generate_module
+    from contract.engine_config import EngineConfig
+    from engine.capture import expert_bytes
+    from engine.loader import load_streaming, open_manifest
+
+    parts = Exclusive()
+    mx.async_eval = parts.wrap("dispatch", mx.async_eval)
+    fill_points.FillPoints._at_step = parts.wrap("fills", fill_points.FillPoints._at_step)
+    fill_points.FillPoints.begin = parts.wrap("begin", fill_points.FillPoints.begin)
+    loop = generate_module.StepLoop
+    loop.build = parts.wrap("build", loop.build)
+    budget = (int(page_cache * expert_bytes(open_manifest(model, verify=False)))
+              if page_cache else None)
+    lead = {"staged-token": {"prerouter": model / "prerouter"},
+            "staged-layer": {"lead_kind": "layer"}}.get(arm, {})
+    engine = load_streaming(model, config=EngineConfig.from_preset(
+        "staged", page_cache_budget=budget, **lead))
+    rows = []
+    for i, prompt in enumerate(["Hello there", *prompts]):  # the first one warms up
+        start: list[int] = []
+
+        def decoding(_step: int, phase: str, _tokens: int, start=start) -> None:
+            if phase == "decode" and not start:  # decode from here (prefill left out)
+                parts.total.clear()
+                start.extend((time.thread_time_ns(), time.process_time_ns(),
+                              time.perf_counter_ns()))
+
+        r = generate_module.generate(engine.model, engine.tokenizer, prompt, tokens, temp=1.0,
+                                     seed=i, stop_at_eos=False, runtime=engine.runtime,
+                                     on_step_start=decoding)
+        if i == 0:
+            continue
+        steps = sum(1 for s in r.steps if s["phase"] == "decode")
+        c0, p0, w0 = start
+        row = {"wall_ms": (time.perf_counter_ns() - w0) / 1e6 / steps,
+               "process_cpu_ms": (time.process_time_ns() - p0) / 1e6 / steps,
+               "main_cpu_ms": (time.thread_time_ns() - c0) / 1e6 / steps}
+        row.update({f"{p}_ms": parts.total[p] / 1e6 / steps for p in PARTS[:-1]})
+        rows.append(row)
+    return rows
+
+
+def _resident_run(model: Path, prompts: list[str], tokens: int) -> list[dict]:
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+
+    from engine.loader import load_resident
+
+    parts = Exclusive()
+    mx.async_eval = parts.wrap("dispatch", mx.async_eval)
+    resident, tokenizer = load_resident(model)
+    rows = []
+    for i, prompt in enumerate(["Hello there", *prompts]):
+        mx.random.seed(i)
+        ids = mx.array(tokenizer.encode(prompt))
+        for n, _ in enumerate(generate_step(ids, resident, max_tokens=tokens + 1,
+                                            sampler=make_sampler(1.0))):
+            if n == 0:  # the prompt's own step done: decode from here
+                parts.total.clear()
+                c0, p0 = time.thread_time_ns(), time.process_time_ns()
+                w0 = time.perf_counter_ns()
+        if i == 0:
+            continue
+        rows.append({"wall_ms": (time.perf_counter_ns() - w0) / 1e6 / tokens,
+                     "process_cpu_ms": (time.process_time_ns() - p0) / 1e6 / tokens,
+                     "main_cpu_ms": (time.thread_time_ns() - c0) / 1e6 / tokens,
+                     "dispatch_ms": parts.total["dispatch"] / 1e6 / tokens})
+    return rows
+
+
+def arm_figures(arm: str, model: str, tokens: int, page_cache: float | None) -> dict:
+    """One arm in this process: the per-step figures, means over the default prompts."""
+    from engine.capture import read_prompts
+
+    prompts = read_prompts(ROOT / "traces" / "prompts" / "default.jsonl")[:4]
+    rows = (_resident_run(Path(model), prompts, tokens) if arm == "resident" else
+            _engine_run(arm, Path(model), prompts, tokens, page_cache))
+    out = {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
+    if arm != "resident":
+        out["other_ms"] = out["main_cpu_ms"] - sum(out[f"{p}_ms"] for p in PARTS[:-1])
+    return out
+
+
+def _child(arm: str, one_core: bool, model: str, tokens: int, page_cache: float | None) -> dict:
+    code = ("import json, os, sys\n"
+            "if sys.argv[2] == 'one':\n"
+            "    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+            "sys.path.insert(0, sys.argv[6])\n"
+            "from reports.load_script import load_script\n"
+            "m = load_script('cross-machine/main_thread_cpu.py')\n"
+            "pc = float(sys.argv[5]) or None\n"
+            "print(json.dumps(m.arm_figures(sys.argv[1], sys.argv[3], int(sys.argv[4]), pc)))\n")
+    out = subprocess.run([sys.executable, "-c", code, arm, "one" if one_core else "all", model,
+                          str(tokens), str(page_cache or 0), str(ROOT)], check=True,
+                         capture_output=True, text=True, cwd=ROOT, env=importing(ROOT))
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="models/tiny-trained-stream")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--page-cache", type=float, default=None)
+    args = ap.parse_args()
+    if not (ROOT / args.model / "prerouter").is_dir():
+        raise SystemExit(f"main_thread_cpu.py: {args.model}: no prerouter/ heads (ssdmoe train "
+                         "heads) for the token-lead arm")
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("main_thread_cpu.py: this process has one core: nothing to compare")
+    arms = [(arm, one) for arm in ARMS for one in (False, True)]
+    runs: dict[str, list[dict]] = {}
+    order = []
+    for r in range(args.rounds):
+        turn = arms[r % len(arms):] + arms[:r % len(arms)]  # rotated each round
+        order.append([f"{a}/{'one' if o else 'all'}" for a, o in turn])
+        for arm, one in turn:
+            key = f"{arm}/{'one' if one else 'all'}"
+            runs.setdefault(key, []).append(_child(arm, one, args.model, args.tokens,
+                                                   args.page_cache))
+            print(f"[round {r + 1}/{args.rounds}] {key}: "
+                  f"{1e3 / runs[key][-1]['wall_ms']:.1f} tok/s", file=sys.stderr)
+    table = {key: {k: round(statistics.median(x[k] for x in rs), 3) for k in rs[0]}
+             for key, rs in runs.items()}
+    manifest = json.loads((ROOT / args.model / "manifest.json").read_text())
+    name = f"main-thread-cpu{f'-pc{args.page_cache:g}' if args.page_cache else ''}.json"
+    (HERE / name).write_text(json.dumps({
+        "command": "uv run python reports/cross-machine/main_thread_cpu.py "
+                   + " ".join(sys.argv[1:]),
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "model": args.model, "manifest_sha256": _sha256(ROOT / args.model / "manifest.json"),
+        "experts": manifest.get("num_experts"), "tokens": args.tokens, "rounds": args.rounds,
+        "page_cache": args.page_cache, "order": order, "table": table, "runs": runs},
+        indent=1) + "\n")
+    cols = ("wall_ms", "process_cpu_ms", "main_cpu_ms", *(f"{p}_ms" for p in PARTS))
+    print("| arm | cores | tok/s | " + " | ".join(c[:-3].replace("_", " ") + " ms/step"
+                                                   for c in cols) + " |")
+    print("|---|---|---|" + "---|" * len(cols))
+    for key, fig in table.items():
+        arm, cores = key.split("/")
+        print(f"| {arm} | {cores} | {1e3 / fig['wall_ms']:.1f} | "
+              + " | ".join(f"{fig[c]:.2f}" if c in fig else "-" for c in cols) + " |")
+    print(f"wrote {HERE / name}")
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+if __name__ == "__main__":
+    main()
