@@ -211,7 +211,7 @@ def engine_settings(engine: dict[str, Any], sc: Scenario) -> tuple[list[str], st
     if cfg.lead_kind == "layer":
         sets += ["path=staged", "lead=layer", "lead_layers=1", *staged, "model.consumer_first=1",
                  f"model.consumer_last={m.layers - 1}", f"model.heads={m.layers - 1}",
-                 "model.head_bytes=0"]
+                 "model.head_bytes=0", "model.head_read_bytes=0"]
     elif cfg.prerouter:
         sets += ["path=staged", "lead=token", *staged]
         if path != "staged":

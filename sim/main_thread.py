@@ -133,7 +133,7 @@ class MainThread:
         expert_bw = hw.expert_gbps * 1e9 / hw.compute_factor if hw.expert_gbps else bw
         self.expert_s = (sc.k * m.bundle_bytes / expert_bw
                          + hw.expert_overhead_ms * hw.compute_factor / 1e3)
-        self.head_s = m.head_bytes / bw
+        self.head_s = (m.head_read_bytes or m.head_bytes) / bw  # what a head reads a step
         if hw.threads_share_one_core:  # hand-overs to the compute thread stay on one core
             self._one_core(m.primitives_per_layer, hw.cross_core_op_us / 1e6,
                            hw.cross_core_op_main_us / 1e6)

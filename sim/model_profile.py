@@ -14,7 +14,7 @@ What each value is, for a model run by this project's engine on CPU:
   kv_bytes_per_token                  2 x layers x kv_heads x head_dim x 4 (float32 cache)
   build_ms_per_layer                  given (measured by `ssdmoe calibrate`), else machine-notes
   consumer_first/last, heads,         MODEL/prerouter/prerouter.json when present (else no heads:
-  head_bytes                          consumer_first = consumer_last = -1)
+  head_bytes, head_read_bytes         consumer_first = consumer_last = -1)
   lora_bytes                          the served adapter's tensors (MODEL/lora/k{K}-distill, else
                                       -sft: the safetensors header), float32 as held
 """
@@ -252,11 +252,13 @@ def heads_profile(meta: Path) -> dict[str, tuple[Any, str]]:
         none = f"no prediction heads ({meta} absent: ssdmoe train heads makes them)"
         return {"consumer_first": (-1, none), "consumer_last": (-1, "no prediction heads"),
                 "heads": (0, "no prediction heads"), "head_bytes": (0, "no prediction heads"),
+                "head_read_bytes": (0, "no prediction heads"),
                 "head_build_ms": (0.0, "no prediction heads")}
     try:
         spec = json.loads(meta.read_text())
         owners = [int(n) for n in spec["owners"]]
         d, e, h = int(spec["dims"]), int(spec["experts"]), int(spec["hidden"])
+        k = int(spec.get("top_k", e))  # unknown: the whole table, as a dense head reads it
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise BadInput(f"{meta}: not a prerouter description ({type(err).__name__}: {err})") \
             from None
@@ -264,11 +266,16 @@ def heads_profile(meta: Path) -> dict[str, tuple[Any, str]]:
         raise BadInput(f"{meta}: owners {owners} are not one range of consecutive layers, "
                        "which the simulator's model profile needs")
     head_bytes = 4 * ((d + 1) * (h + e) + 2 * e * (h + e) + (h + 1) * e)  # float32
+    # a step reads the projection and fc2, and of the one-hot table the 2K rows of this
+    # token's and the previous token's experts (engine.prerouter.StackedHeads: a lookup)
+    read_bytes = 4 * ((d + 1) * (h + e) + 2 * k * (h + e) + (h + 1) * e)
     src = f"{meta}: owners {owners[0]}-{owners[-1]}"
     return {"consumer_first": (owners[0] + 1, f"{src} (owner N predicts layer N+1)"),
             "consumer_last": (owners[-1] + 1, src),
             "heads": (len(owners), src),
             "head_bytes": (head_bytes, f"{meta}: float32 proj, one-hot table and fc2 of width {h}"),
+            "head_read_bytes": (read_bytes, f"{meta}: proj and fc2, and {2 * k} of the table's "
+                                f"{2 * e} rows a step (gathered)"),
             "head_build_ms": (0.0, "not measured (the heads run as one batched flush per step)")}
 
 

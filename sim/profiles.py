@@ -37,7 +37,7 @@ from sim.token_bucket import THROTTLE_KINDS
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
 OPTIONAL = {"description", "whole_layer_reads", "bundle_reads", "unembed_bytes",
-            "device_bundle_bytes", "shared_page_reads", "page_group",
+            "device_bundle_bytes", "shared_page_reads", "page_group", "head_read_bytes",
             "lora_bytes", "lora_build_ms", "fill_ms_per_layer", "primitives_per_layer",
             "dispatch_cpu_ms_per_layer", "compute_wait_ms_per_layer", "graph_of",
             *ROUTING_KEYS, *(f"prerouted_{k}" for k in ROUTING_KEYS),
@@ -110,6 +110,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "kv_bytes_per_token": (_nonneg, "must be >= 0"),
     "heads": (_nonneg, "must be >= 0"),
     "head_bytes": (_nonneg, "must be >= 0"),
+    "head_read_bytes": (_nonneg, "must be >= 0 (0 = head_bytes)"),
     "build_ms_per_layer": (_nonneg, "must be >= 0"),
     "head_build_ms": (_nonneg, "must be >= 0"),
     "lora_bytes": (_nonneg, "must be >= 0"),

@@ -316,6 +316,12 @@ class ModelProfile:
     head_build_ms: float = key(
         help="CPU graph building per head",
         obtain="measured by `ssdmoe calibrate` on the model")
+    head_read_bytes: int = key(0,
+        help=("bytes one head's evaluation reads a step: its weights less the rows it only "
+              "gathers (this engine's heads look their one-hot inputs up in a table: 2K of its "
+              "2E rows a step, engine.prerouter.StackedHeads); 0 = head_bytes (a dense head "
+              "reads all its weights). The heads' compute is these bytes at the attention's rate"),
+        obtain="the prerouter heads (prerouter.json: dims, experts, hidden, top_k)")
     whole_layer_reads: int = key(9,
         help=("reads per whole-layer load at prefill (bundled layout: one vectored read per "
               "IOV_MAX iovecs; stacked: one per tensor)"),

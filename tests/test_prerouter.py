@@ -240,6 +240,10 @@ def test_model_profile_reads_heads_from_the_model_directory(tiny_random_converte
     head = Prerouter.load(root / "prerouter").head(owners[0])
     weights = sum(v.size for _, v in tree_flatten(head.parameters()))
     assert p["head_bytes"][0] == 4 * weights
+    # a step reads all but the one-hot table, and of the table 2K rows (a lookup)
+    k = Prerouter.load(root / "prerouter").spec.top_k
+    rows, width = head.table.shape
+    assert p["head_read_bytes"][0] == 4 * (weights - rows * width + 2 * k * width)
     (root / "prerouter" / "prerouter.json").write_text("[]")
     with pytest.raises(BadInput, match="not a prerouter description"):
         profile_from_manifest(root)

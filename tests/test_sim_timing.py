@@ -32,13 +32,16 @@ def test_zero_latency_storage_gives_the_compute_bound_rate_on_demand():
     assert result.figures.eval_ms_per_step == pytest.approx((4 * a + x) * 1e3, abs=2e-6)  # ns
 
 
-def test_zero_latency_storage_gives_the_compute_bound_rate_with_the_prerouter():
-    # layers 1-3 consume predictions (no router sync), heads owned by layers 0-2
+@pytest.mark.parametrize(("read_bytes", "read"), [(0, 8 * MB), (2 * MB, 2 * MB)])
+def test_zero_latency_storage_gives_the_compute_bound_rate_with_the_prerouter(read_bytes, read):
+    # layers 1-3 consume predictions (no router sync), heads owned by layers 0-2; a head
+    # reads `read` a step: head_read_bytes, or all its weights where that is 0 (a dense head)
     m = model(layers=4, experts=16, k=2, resident_bytes=200 * MB, build_ms_per_layer=1.0,
-              consumer_first=1, consumer_last=3, heads=3, head_bytes=8 * MB, head_build_ms=0.25)
+              consumer_first=1, consumer_last=3, heads=3, head_bytes=8 * MB, head_build_ms=0.25,
+              head_read_bytes=read_bytes)
     hw = hardware(mem_bandwidth_gbps=400.0, **FREE_IO)
     B = 400e9
-    a, x, hs, b, hb = 200 * MB / 4 / B, 2 * MB / B, 8 * MB / B, 1e-3, 0.25e-3
+    a, x, hs, b, hb = 200 * MB / 4 / B, 2 * MB / B, read / B, 1e-3, 0.25e-3
     router = uniform_routing(300, 4, 16, 2, seed=2)
     result = run_scenario(scenario(hw=hw, m=m, lead="token", decode_steps=300),
                           routing=routing_input(router))

@@ -12,8 +12,8 @@ time: which figure moves the prediction. Transfer sets: `ssdmoe validate --trans
 copy of traces/. The calibration's profiles go in scenarios/ for each prediction, and scenarios/
 is restored at the end.
 
-Usage: uv run python reports/cross-machine/calibration_swap.py   (~2 min; writes
-calibration-swap.json beside this file and prints the table)
+Usage: uv run python reports/cross-machine/calibration_swap.py [OUT.json]   (~5 min; writes
+OUT.json, by default calibration-swap.json beside this file, and prints the table)
 """
 
 from __future__ import annotations
@@ -115,8 +115,12 @@ def main() -> None:
     finally:
         for name, dest in SCENARIOS.items():
             dest.write_bytes(saved[name])
-    (HERE / "calibration-swap.json").write_text(json.dumps(
-        {"command": "uv run python reports/cross-machine/calibration_swap.py", "rows": rows},
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "calibration-swap.json"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip()
+    out.write_text(json.dumps(
+        {"command": "uv run python reports/cross-machine/calibration_swap.py "
+                    + " ".join(sys.argv[1:]), "code": commit, "rows": rows},
         indent=1) + "\n")
     print("\n| captures | calibration | figures from the other | decode median | p90 | largest "
           "| components median |\n|---|---|---|---|---|---|---|")

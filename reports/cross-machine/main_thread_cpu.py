@@ -3,7 +3,9 @@
 Each arm runs in its own process (pinned to one core before MLX starts its compute thread, as
 calibration.handover_probe does), decodes the default prompts with sampled tokens (temperature
 1), and times every decode step: its wall time, the process's CPU, the main thread's CPU, and
-the main thread's CPU inside each part of the engine's loop, exclusive of the parts nested in it:
+the main thread's CPU inside each part of the engine's loop, exclusive of the parts nested in it
+(and, from the kernel's per-thread accounting, the reader threads' CPU and the rest: MLX's compute
+thread):
 
   dispatch  mx.async_eval: MLX prepares and dispatches each operation on the calling thread
   fills     FillPoints._at_step: the fill points' host work (the router's or the predicted ids
@@ -43,7 +45,30 @@ from engine.child_env import importing  # noqa: E402
 
 ARMS = ("resident", "staged", "staged-token", "staged-layer")
 PARTS = ("dispatch", "fills", "begin", "build", "other")
-FIGURES = ("wall_ms", "process_cpu_ms", "main_cpu_ms", *(f"{p}_ms" for p in PARTS[:-1]))
+
+
+def thread_cpu_ns() -> dict[int, int]:
+    """{thread id: CPU ns} of this process's threads (the kernel's schedstat)."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            out[int(tid)] = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that ended
+    return out
+
+
+def split_threads(before: dict[int, int], after: dict[int, int], steps: int) -> dict[str, float]:
+    """ms a step of the engine's reader threads (Python threads named reader-N) and of the
+    rest but the main thread (MLX's compute thread)."""
+    import threading
+
+    main = threading.main_thread().native_id
+    readers = {t.native_id for t in threading.enumerate() if t.name.startswith("reader")}
+    spent = {tid: after[tid] - before.get(tid, 0) for tid in after}
+    return {"readers_cpu_ms": sum(v for t, v in spent.items() if t in readers) / 1e6 / steps,
+            "compute_cpu_ms": sum(v for t, v in spent.items()
+                                  if t != main and t not in readers) / 1e6 / steps}
 
 
 class Exclusive:
@@ -92,12 +117,16 @@ def _engine_run(arm: str, model: Path, prompts: list[str], tokens: int,
     rows = []
     for i, prompt in enumerate(["Hello there", *prompts]):  # the first one warms up
         start: list[int] = []
+        threads: dict[int, int] = {}
 
-        def decoding(_step: int, phase: str, _tokens: int, start=start) -> None:
+        def decoding(_step: int, phase: str, _tokens: int, start=start,
+                     threads=threads) -> None:
             if phase == "decode" and not start:  # decode from here (prefill left out)
                 parts.total.clear()
                 start.extend((time.thread_time_ns(), time.process_time_ns(),
                               time.perf_counter_ns()))
+                threads.clear()
+                threads.update(thread_cpu_ns())
 
         r = generate_module.generate(engine.model, engine.tokenizer, prompt, tokens, temp=1.0,
                                      seed=i, stop_at_eos=False, runtime=engine.runtime,
@@ -110,6 +139,7 @@ def _engine_run(arm: str, model: Path, prompts: list[str], tokens: int,
                "process_cpu_ms": (time.process_time_ns() - p0) / 1e6 / steps,
                "main_cpu_ms": (time.thread_time_ns() - c0) / 1e6 / steps}
         row.update({f"{p}_ms": parts.total[p] / 1e6 / steps for p in PARTS[:-1]})
+        row.update(split_threads(threads, thread_cpu_ns(), steps))
         rows.append(row)
     return rows
 
@@ -134,12 +164,14 @@ def _resident_run(model: Path, prompts: list[str], tokens: int) -> list[dict]:
                 parts.total.clear()
                 c0, p0 = time.thread_time_ns(), time.process_time_ns()
                 w0 = time.perf_counter_ns()
+                threads = thread_cpu_ns()
         if i == 0:
             continue
         rows.append({"wall_ms": (time.perf_counter_ns() - w0) / 1e6 / tokens,
                      "process_cpu_ms": (time.process_time_ns() - p0) / 1e6 / tokens,
                      "main_cpu_ms": (time.thread_time_ns() - c0) / 1e6 / tokens,
-                     "dispatch_ms": parts.total["dispatch"] / 1e6 / tokens})
+                     "dispatch_ms": parts.total["dispatch"] / 1e6 / tokens,
+                     **split_threads(threads, thread_cpu_ns(), tokens)})
     return rows
 
 
@@ -207,7 +239,8 @@ def main() -> None:
         "experts": manifest.get("num_experts"), "tokens": args.tokens, "rounds": args.rounds,
         "page_cache": args.page_cache, "order": order, "table": table, "runs": runs},
         indent=1) + "\n")
-    cols = ("wall_ms", "process_cpu_ms", "main_cpu_ms", *(f"{p}_ms" for p in PARTS))
+    cols = ("wall_ms", "process_cpu_ms", "compute_cpu_ms", "readers_cpu_ms", "main_cpu_ms",
+            *(f"{p}_ms" for p in PARTS))
     print("| arm | cores | tok/s | " + " | ".join(c[:-3].replace("_", " ") + " ms/step"
                                                    for c in cols) + " |")
     print("|---|---|---|" + "---|" * len(cols))
