@@ -64,6 +64,7 @@ import numpy as np
 
 from calibration import handover_probe
 from calibration.bundle_views import one_row_views
+from calibration.fill_probe import fill_host_ms
 from calibration.profile_values import ComputeResult, cost, expected, expert_rate_gbps
 from calibration.zero_fill_probe import zero_fill_curve
 from contract.errors import IOFault
@@ -636,6 +637,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     fill_curve = zero_fill_curve(converted)
     cold_from = converted if drop else cold_copy
     refused_ms = refused_warm_ms(cold_from) if cold_from else float("nan")
+    fill_ms, fill_loads = fill_host_ms(converted)
     read_cpu, read_wall = cold_read_times(cold_from) if cold_from else ([], [])
     page_cpu = cold_page_cpu(cold_from) if cold_from else []
     exact_extra = exact_extra_ms(converted)
@@ -688,6 +690,8 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         cold_bundles=sum(1 for r in cold_loads if r["cold"]),
         direct_bundle_ms=direct_ms,
         refused_warm_ms=refused_ms,
+        fill_host_ms=fill_ms,
+        fill_host_loads=fill_loads,
         handoff_ms=float(np.median(handoff)),
         handoff_p10_ms=cost(handoff),
         reader_wake_ms=float(np.median(wake)),

@@ -129,6 +129,8 @@ class ComputeResult:
     cold_bundles: int = 0
     direct_bundle_ms: float = float("nan")  # one bundle read with O_DIRECT (nan: refused)
     refused_warm_ms: float = float("nan")  # read_bundle_if_warm on a cold bundle (nan: none)
+    fill_host_ms: float = float("nan")  # a staged fill's main-thread CPU per load (nan: none)
+    fill_host_loads: int = 0
     handoff_ms: float = float("nan")  # median of a no-op read request through the engine's
     # reader threads, from the reader's start to the main thread's return (nan: not measured)
     handoff_p10_ms: float = float("nan")
@@ -371,6 +373,12 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             f"the same {c.handoff_reps} requests, from the submit to the idle reader's start "
             f"(queue put, its wake-up and claim); 10th percentile {c.reader_wake_p10_ms:.4f} "
             "ms. The sim starts a load handed to an idle reader this late (sim.reader_threads)"))
+    if c.fill_host_ms == c.fill_host_ms:  # not nan
+        out["fill_host_ms_per_load"] = (round(max(c.fill_host_ms, 0.0), 4), (
+            f"calibration.fill_probe: the main thread's CPU in the staged path's slot placement "
+            f"and settling (SlotTable.place, settle) over {c.fill_host_loads} loads of sampled "
+            f"decode of {c.model} with the layer lead, every read on the reader threads: a "
+            "staged fill's host work per expert it loads (sim.main_thread)"))
     if c.refused_warm_ms == c.refused_warm_ms:  # not nan
         out["refused_warm_ms"] = (round(max(c.refused_warm_ms, 0.0), 4), (
             f"engine store, read_bundle_if_warm on a cold bundle of {c.model} (10th "

@@ -141,6 +141,8 @@ class MainThread:
         self.mem_bw = bw
         self.slot_update_s = hw.slot_update_ms / 1e3
         self.refused_warm_s = hw.refused_warm_ms / 1e3
+        # a staged fill's host work per expert it loads (the slot table's place and settle)
+        self.fill_host_s = hw.fill_host_ms_per_load / 1e3 if policy.slots else 0.0
         # the exact path's fresh zeroed stack per call (engine.paths.kernel.alloc_stack)
         fill = zero_fill.fill_gbps(hw, zero_fill.step_touched_bytes(m, sc.k))
         self.stack_fill_s = m.bundle_bytes / (fill * 1e9) \
@@ -240,6 +242,8 @@ class MainThread:
         """Issue a load (a generator returning it: `load = yield from ...`). `hold`: a demand
         load the caller hands out itself (`_hand_out`) once it knows all of a fill's misses."""
         env = self.env
+        if self.fill_host_s and expert >= 0:  # the slot table places it, plans its read
+            yield from (self.fill_cpu if self.lookahead else self.cpu)(self.fill_host_s)
         load = Load(step, layer, expert, key, nbytes, pieces, source, env.now, env.event())
         # A small demand read the page cache holds is a copy the engine's main thread does
         # itself (engine.readers.INLINE_WARM_BYTES: cheaper than a reader hand-off); others

@@ -95,6 +95,7 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "reclaim_us_per_page": (_nonneg, "must be >= 0 (0 = page_drop_us_per_page stands in)"),
     "thread_cores": (_nonneg, "must be >= 0 (0 = cpu_cores)"),
     "cross_core_op_us": (_nonneg, "must be >= 0 (0 = not charged)"),
+    "fill_host_ms_per_load": (_nonneg, "must be >= 0 (0 = not charged)"),
     "cross_core_op_main_us": (_nonneg, "must be >= 0 (0 = not charged)"),
     "throttle_read_mbps": (_nonneg, "must be >= 0 (0 = no throttle)"),
     "throttle_read_iops": (_nonneg, "must be >= 0 (0 = no throttle)"),

@@ -218,6 +218,13 @@ class Hardware:
         obtain=("-1 where other processes' memory cannot shrink (Linux without swap or zswap); on "
                 "macOS (memory compressor) the least the OS and others were seen to hold under "
                 "pressure"))
+    fill_host_ms_per_load: float = key(0.0,
+        help=("the main thread's host work a staged fill spends per expert it loads: placing it "
+              "in a slot, planning and submitting its read, waiting for and collecting it "
+              "(engine.paths.slot_table.SlotTable.place and settle), beside the read's own work "
+              "on the thread that reads it; 0 = not charged"),
+        obtain=("measured by `ssdmoe calibrate` (calibration.fill_probe: the main thread's CPU "
+                "in them inside sampled decode, every read on the reader threads)"))
     refused_warm_ms: float = key(0.0,
         help=("main-thread cost of asking whether a demand miss is wholly in the page cache and "
               "being refused (engine.readers: small bundles, help_reads)"),
@@ -651,7 +658,8 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "throttle_kind", "page_cache_policy", "compute_factor", "cpu_cores",
                      "compute_on_cpu",
                      "background_cores", "page_cache_floor_gib", "os_floor_gib", "queue_ahead_ms",
-                     "refused_warm_ms", "zero_fill_gbps", "zero_fill_rotation_mib",
+                     "refused_warm_ms", "fill_host_ms_per_load", "zero_fill_gbps",
+                     "zero_fill_rotation_mib",
                      "zero_fill_rotation_gbps", "page_drop_us_per_page", "reclaim_us_per_page",
                      "thread_cores",
                      "cross_core_op_us", "cross_core_op_main_us")

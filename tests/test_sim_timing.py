@@ -120,3 +120,25 @@ def test_a_served_adapter_costs_its_bytes_and_build_time_by_hand():
     assert rates[False] == pytest.approx(1 / (4 * (1e-3 + a0) + x), rel=1e-9)
     a1 = (200 + 40) * MB / 4 / B
     assert rates[True] == pytest.approx(1 / (4 * (1.25e-3 + a1) + x), rel=1e-9)
+
+
+@pytest.mark.parametrize("lead", ["token", "none"])
+def test_a_staged_fill_pays_its_host_work_per_load_on_the_main_thread(lead):
+    """fill_host_ms_per_load: every bundle a staged fill loads (a prefetch staged ahead, or a
+    demand miss) costs the main thread that much more CPU, whichever loop; nothing else moves
+    but time. Hand-worked: the runs differ in main-thread CPU by loads x 0.2 ms exactly."""
+    m = model(layers=4, experts=16, k=2, resident_bytes=200 * MB, build_ms_per_layer=1.0,
+              consumer_first=1 if lead == "token" else -1, consumer_last=3 if lead == "token"
+              else -1, heads=3 if lead == "token" else 0, head_bytes=0)
+    router = uniform_routing(60, 4, 16, 2, seed=3)
+    runs = []
+    for host_ms in (0.0, 0.2):
+        hw = hardware(mem_bandwidth_gbps=400.0, fill_host_ms_per_load=host_ms, **FREE_IO)
+        result = run_scenario(scenario(hw=hw, m=m, path="staged", lead=lead, decode_steps=60),
+                              routing=routing_input(router))
+        runs.append(result.trace)
+    base, paid = runs
+    loads = base.loads.filter(pl.col("expert") >= 0).height
+    assert loads == paid.loads.filter(pl.col("expert") >= 0).height > 0
+    more = (paid.steps["main_cpu_ns"].sum() - base.steps["main_cpu_ns"].sum()) / 1e6
+    assert more == pytest.approx(0.2 * loads, rel=1e-6)

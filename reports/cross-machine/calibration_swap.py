@@ -12,8 +12,10 @@ time: which figure moves the prediction. Transfer sets: `ssdmoe validate --trans
 copy of traces/. The calibration's profiles go in scenarios/ for each prediction, and scenarios/
 is restored at the end.
 
-Usage: uv run python reports/cross-machine/calibration_swap.py [OUT.json]   (~5 min; writes
-OUT.json, by default calibration-swap.json beside this file, and prints the table)
+Usage: uv run python reports/cross-machine/calibration_swap.py [OUT.json] [KEY=VALUE ...]
+(~5 min; writes OUT.json, by default calibration-swap.json beside this file, and prints the
+table). KEY=VALUE: a hardware key both calibrations' profiles are given (a figure that a later
+`calibrate` measures and theirs predates), said in OUT.json.
 """
 
 from __future__ import annotations
@@ -56,7 +58,10 @@ def hardware_value(path: Path, key: str) -> str:
     return m.group(1)
 
 
-def use_profiles(profiles: Path, keys: tuple[str, ...], other: Path) -> None:
+def use_profiles(profiles: Path, keys: tuple[str, ...], other: Path,
+                 added: dict[str, str] | None = None) -> None:
+    """Install `profiles` in scenarios/, with `keys` of the hardware profile taken from `other`
+    and `added` hardware keys (a figure a later calibrate measures) appended."""
     for name, dest in SCENARIOS.items():
         shutil.copy(profiles / name, dest)
     hw = SCENARIOS["hardware.toml"]
@@ -64,6 +69,10 @@ def use_profiles(profiles: Path, keys: tuple[str, ...], other: Path) -> None:
     for key in keys:
         value = hardware_value(other / "hardware.toml", key)
         text = re.sub(rf"^{key} = [^ #\n]+", f"{key} = {value}", text, flags=re.M)
+    for key, value in (added or {}).items():
+        if re.search(rf"^{key} = ", text, re.M):
+            raise SystemExit(f"calibration_swap.py: {key}: already in {profiles}/hardware.toml")
+        text += f"{key} = {value}  # added by calibration_swap.py\n"
     hw.write_text(text)
 
 
@@ -100,13 +109,16 @@ def main() -> None:
     for where in [*PROFILES.values(), *(source for _, source in CAPTURES.values())]:
         if not where.is_dir():
             raise SystemExit(f"calibration_swap.py: {where}: missing (a committed report folder)")
+    args = sys.argv[1:]
+    out = Path(args.pop(0)) if args and "=" not in args[0] else HERE / "calibration-swap.json"
+    added = dict(a.split("=", 1) for a in args)
     saved = {name: dest.read_bytes() for name, dest in SCENARIOS.items()}
     rows = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for capture, calibration, keys in PLAN:
                 other = next(v for k, v in PROFILES.items() if k != calibration)
-                use_profiles(PROFILES[calibration], keys, other)
+                use_profiles(PROFILES[calibration], keys, other, added)
                 kind, source = CAPTURES[capture]
                 rows.append({"captures": capture, "calibration": calibration,
                              "keys_from_the_other": list(keys),
@@ -115,12 +127,11 @@ def main() -> None:
     finally:
         for name, dest in SCENARIOS.items():
             dest.write_bytes(saved[name])
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "calibration-swap.json"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=ROOT).stdout.strip()
     out.write_text(json.dumps(
         {"command": "uv run python reports/cross-machine/calibration_swap.py "
-                    + " ".join(sys.argv[1:]), "code": commit, "rows": rows},
+                    + " ".join(sys.argv[1:]), "code": commit, "added": added, "rows": rows},
         indent=1) + "\n")
     print("\n| captures | calibration | figures from the other | decode median | p90 | largest "
           "| components median |\n|---|---|---|---|---|---|---|")
