@@ -13,7 +13,8 @@ from sim.scenario import Hardware, ModelProfile, Scenario
 HIDDEN = ("name", "hardware", "model", "source", "description")
 # name suffix -> unit, longest first
 UNITS = (("_us_per_page", "µs per 4 KiB page"), ("_per_token", "bytes per token"),
-         ("_per_layer", "ms per layer"), ("_gib", "GiB (2^30 bytes)"),
+         ("_per_layer", "ms per layer"), ("_ms_per_load", "ms per bundle loaded"),
+         ("_gib", "GiB (2^30 bytes)"),
          ("_gbps", "GB/s (10^9 bytes/s)"), ("_mbps", "MB/s (10^6 bytes/s)"),
          ("_tflops", "TFLOP/s"), ("_bytes", "bytes"), ("_ms", "ms"), ("_s", "s"),
          ("_iops", "requests/s"), ("_cores", "cores"))
