@@ -30,7 +30,10 @@ MUTANTS = [
     ("reader hand-off", "sim/main_thread.py",
      "            yield self.env.timeout(self.readers.handoff_s)",
      "            yield self.env.timeout(0.0)"),
-    ("device latency per request", "sim/storage.py",
+    ("device latency per request", "sim/storage.py",  # Device.transfer: what loads use
+     "            yield env.timeout(self.latency_s * requests)",
+     "            yield env.timeout(self.latency_s)"),
+    ("device latency per request, the FIFO read (swap page-ins)", "sim/storage.py",
      "        xfer = start + self.latency_s * requests", "        xfer = start + self.latency_s"),
     ("bounded async queue", "sim/compute_stream.py", "        self.queue_ahead_s = queue_ahead_s",
      "        self.queue_ahead_s = None"),
