@@ -161,3 +161,12 @@ def test_a_read_past_the_queue_depth_waits_for_a_slot_then_shares():
     fifo = Device(0.001, 1e9, queue_depth=2)
     assert [fifo.read(0.0, 1_000_000)[1] for _ in range(3)] == pytest.approx(
         [0.002, 0.003, 0.004])
+
+
+def test_the_fifo_read_pays_the_latency_once_a_request():
+    """Device.read (the swap's page-ins): one thread's back-to-back requests each pay the
+    device's latency before the bytes, hand-worked: 3 x 1 ms + 2 MB at 1 GB/s = 5 ms."""
+    device = Device(latency_s=0.001, bandwidth_bps=1e9, queue_depth=1)
+    start, finish = device.read(0.0, 2_000_000, requests=3)
+    assert (start, finish) == (0.0, pytest.approx(0.005))
+    assert device.requests == 3
