@@ -265,10 +265,11 @@ def heads_profile(meta: Path) -> dict[str, tuple[Any, str]]:
     if not owners or owners != list(range(owners[0], owners[-1] + 1)):
         raise BadInput(f"{meta}: owners {owners} are not one range of consecutive layers, "
                        "which the simulator's model profile needs")
-    head_bytes = 4 * ((d + 1) * (h + e) + 2 * e * (h + e) + (h + 1) * e)  # float32
-    # a step reads the projection and fc2, and of the one-hot table the 2K rows of this
-    # token's and the previous token's experts (engine.prerouter.StackedHeads: a lookup)
-    read_bytes = 4 * ((d + 1) * (h + e) + 2 * k * (h + e) + (h + 1) * e)
+    dense = (d + 1) * (h + e) + (h + 1) * e  # the projection and fc2, float32 below
+    head_bytes = 4 * (dense + 2 * e * (h + e))  # and the one-hot table, 2E rows
+    # a step reads the dense parts, and of the table the 2K rows of this token's and the
+    # previous token's experts (engine.prerouter.StackedHeads: a lookup)
+    read_bytes = 4 * (dense + 2 * k * (h + e))
     src = f"{meta}: owners {owners[0]}-{owners[-1]}"
     return {"consumer_first": (owners[0] + 1, f"{src} (owner N predicts layer N+1)"),
             "consumer_last": (owners[-1] + 1, src),

@@ -30,6 +30,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sim.scenario import HARDWARE_KEYS  # noqa: E402
+
 # b-validation-12's calibrate plus the reclaim figure measured 37 min after it (that
 # calibrate predates the probe; b-validation-13's has it): the profiles of b-curves
 PROFILES = {"b-validation-12": ROOT / "reports" / "transfer" / "b-curves" / "profiles",
@@ -111,7 +115,13 @@ def main() -> None:
             raise SystemExit(f"calibration_swap.py: {where}: missing (a committed report folder)")
     args = sys.argv[1:]
     out = Path(args.pop(0)) if args and "=" not in args[0] else HERE / "calibration-swap.json"
-    added = dict(a.split("=", 1) for a in args)
+    added = {}
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if not eq or key not in HARDWARE_KEYS:
+            raise SystemExit(f"calibration_swap.py: {arg}: not KEY=VALUE of a hardware key "
+                             "(docs/simulator.md lists them)")
+        added[key] = value
     saved = {name: dest.read_bytes() for name, dest in SCENARIOS.items()}
     rows = []
     try:

@@ -42,6 +42,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.child_env import importing  # noqa: E402
+from engine.manifest import sha256_file  # noqa: E402
 
 ARMS = ("resident", "staged", "staged-token", "staged-layer")
 PARTS = ("dispatch", "fills", "begin", "build", "other")
@@ -198,8 +199,11 @@ def _child(arm: str, one_core: bool, model: str, tokens: int, page_cache: float 
             "pc = float(sys.argv[5]) or None\n"
             "print(json.dumps(m.arm_figures(sys.argv[1], sys.argv[3], int(sys.argv[4]), pc)))\n")
     out = subprocess.run([sys.executable, "-c", code, arm, "one" if one_core else "all", model,
-                          str(tokens), str(page_cache or 0), str(ROOT)], check=True,
+                          str(tokens), str(page_cache or 0), str(ROOT)],
                          capture_output=True, text=True, cwd=ROOT, env=importing(ROOT))
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise SystemExit(f"main_thread_cpu.py: the {arm} arm failed: {last}")
     return json.loads(out.stdout.splitlines()[-1])
 
 
@@ -210,6 +214,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--page-cache", type=float, default=None)
     args = ap.parse_args()
+    if not (ROOT / args.model / "manifest.json").is_file():
+        raise SystemExit(f"main_thread_cpu.py: {args.model}: not a converted model (no "
+                         "manifest.json; ssdmoe convert makes one)")
     if not (ROOT / args.model / "prerouter").is_dir():
         raise SystemExit(f"main_thread_cpu.py: {args.model}: no prerouter/ heads (ssdmoe train "
                          "heads) for the token-lead arm")
@@ -235,7 +242,7 @@ def main() -> None:
         "command": "uv run python reports/cross-machine/main_thread_cpu.py "
                    + " ".join(sys.argv[1:]),
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "model": args.model, "manifest_sha256": _sha256(ROOT / args.model / "manifest.json"),
+        "model": args.model, "manifest_sha256": sha256_file(ROOT / args.model / "manifest.json"),
         "experts": manifest.get("num_experts"), "tokens": args.tokens, "rounds": args.rounds,
         "page_cache": args.page_cache, "order": order, "table": table, "runs": runs},
         indent=1) + "\n")
@@ -249,12 +256,6 @@ def main() -> None:
         print(f"| {arm} | {cores} | {1e3 / fig['wall_ms']:.1f} | "
               + " | ".join(f"{fig[c]:.2f}" if c in fig else "-" for c in cols) + " |")
     print(f"wrote {HERE / name}")
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 if __name__ == "__main__":
