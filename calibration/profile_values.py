@@ -83,9 +83,10 @@ class StorageResult:
     page_drop_us: tuple[float, float] | None = None  # storage_probes.page_drop_times (None:
     # not measured, a platform that cannot drop pages)
     flush_bytes: int = 0  # written before each batch of warm reads (0: not recorded)
-    # calibration.reclaim_probe: (pages of the larger read, what it took longer at a memory
-    # group's limit in ms, the kernel's reclaimed / read pages); None: not measured (`notes`)
-    reclaim: tuple[int, float, float] | None = None
+    # calibration.reclaim_probe: (pages of the larger read, the reading thread's CPU ms it took
+    # more at a memory group's limit, the kernel's reclaimed / read pages, the wall ms it took
+    # longer); None: not measured (`notes`)
+    reclaim: tuple[int, float, float, float] | None = None
 
 
 # ---------------------------------------------------------------------------------- fits
@@ -252,12 +253,14 @@ def storage_values(st: StorageResult, c: ComputeResult | None = None,
             f"file: {few:.1f} and {many:.1f} us (medians): the slope per page, the kernel's work "
             "to drop a page (the engine's page-cache budget drops an evicted bundle's pages)"))
     if st.reclaim is not None:
-        pages, extra_ms, reclaimed = st.reclaim
-        out["reclaim_us_per_page"] = (round(max(extra_ms, 0.0) * 1e3 / pages, 4), (
+        pages, extra_cpu_ms, reclaimed, extra_wall_ms = st.reclaim
+        out["reclaim_us_per_page"] = (round(max(extra_cpu_ms, 0.0) * 1e3 / pages, 4), (
             f"calibration.reclaim_probe: a cold read of {pages} pages of the scratch file took "
-            f"{extra_ms:.3f} ms longer (median of paired rounds) inside a memory control group "
-            f"at its limit than outside it; the kernel took back {reclaimed:.2f} pages from the "
-            "group per page read (memory.stat): the reading thread's direct reclaim, per page"))
+            f"{extra_cpu_ms:.3f} ms more of the reading thread's CPU time (median of paired "
+            f"rounds; wall time {extra_wall_ms:+.3f} ms) inside a memory control group at its "
+            f"limit, its pages active, than outside it; the kernel took back {reclaimed:.2f} "
+            "pages from the group per page read (memory.stat): the reading thread's direct "
+            "reclaim, per page"))
     return out
 
 

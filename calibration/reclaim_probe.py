@@ -10,6 +10,15 @@ earlier reads have filled to its limit, against the same reads, equally cold, ou
 at two read sizes (a per-read and a per-page part). The kernel's own count of the pages it took
 back from the group (memory.stat) says that the reads inside did reclaim.
 
+What is compared is the reading thread's CPU time (the figure the simulator charges on a core,
+sim.loads): reclaim is CPU work, and a cold read's wall time carries the device's jitter, which
+is as large as the reclaim itself (wall-time differences of the same probe ranged 0.07-0.35 us a
+page over one day on the Intel VM, the CPU-time ones 0.23-0.36). Before each size's reads the
+group is filled again, and each size reads at most half the group's room, so the kernel always
+has active pages to deactivate as well as inactive ones to free, as it does in decode, where
+the popular experts are read again and again (with the fill used up, the reads would free only
+the single-use pages of the reads before them).
+
 Linux, root, a memory controller (cgroup v1 or v2); elsewhere `reclaim_times` says why not."""
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from engine.cgroups import CgroupUnavailable, ProcessGroups, hierarchy
 PAGES = (15, 640)  # read sizes in 4 KiB pages: tiny-trained's and the wide model's bundles
 # the group's limit: it is charged only for what the process reads and allocates once in it
 # (engine.machine_limits), here the reads' pages and a buffer
-ROOM = 16 * MIB
+ROOM = 32 * MIB
 # memory.stat counters of pages the kernel took back from the group: v1 counts uncharges
 # (pgpgout: a freed page cache page), v2 pages reclaimed (pgsteal)
 RECLAIMED = {"v1": "pgpgout", "v2": "pgsteal"}
@@ -42,9 +51,10 @@ RECLAIMED = {"v1": "pgpgout", "v2": "pgsteal"}
 class ReclaimResult:
     pages: tuple[int, ...]  # read sizes, 4 KiB pages
     outside_ms: list[float]  # wall time of a cold read of each size, no limit (median)
-    extra_ms: list[float]  # what the same read takes longer at the group's limit (median of
-    # the rounds' differences of medians)
-    reads: list[int]  # reads timed per size, each side of each round
+    extra_ms: list[float]  # what the same read takes longer at the group's limit, wall time
+    # (median of the rounds' differences of medians)
+    extra_cpu_ms: list[float]  # the same for the reading thread's CPU time: the reclaim
+    reads: list[int]  # reads timed per size, each side of each round (at most half the room)
     reclaimed_pages: int  # the kernel's count over the timed reads at the limit
     read_pages: int  # pages those reads brought in
     version: str  # "v1" or "v2"
@@ -58,21 +68,22 @@ def _stat(group: Path, name: str) -> int:
     raise CgroupUnavailable(f"{group / 'memory.stat'}: no {name} counter")
 
 
-def _cold_reads(fd: int, offsets: list[int], size: int) -> list[float]:
-    """Wall ms of each read of `size` bytes at `offsets` (each range cold: never read since the
-    file's pages were dropped)."""
+def _cold_reads(fd: int, offsets: list[int], size: int) -> tuple[float, float]:
+    """Median wall and thread-CPU ms of the reads of `size` bytes at `offsets` (each range cold:
+    never read since the file's pages were dropped)."""
     buf = mmap.mmap(-1, size)
     view = memoryview(buf)
-    out = []
+    wall, cpu = [], []
     try:
         for off in offsets:
-            t0 = time.perf_counter_ns()
+            t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
             pread_all(fd, view, off)
-            out.append((time.perf_counter_ns() - t0) / 1e6)
+            cpu.append((time.thread_time_ns() - c0) / 1e6)
+            wall.append((time.perf_counter_ns() - t0) / 1e6)
     finally:
         view.release()
         buf.close()
-    return out
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def reclaim_times(path: Path, pages: tuple[int, ...] = PAGES, rounds: int = 3, seed: int = 5
@@ -97,12 +108,14 @@ def reclaim_times(path: Path, pages: tuple[int, ...] = PAGES, rounds: int = 3, s
         return f"{path}: {file_bytes} bytes is too small a scratch file for the reclaim probe"
     rng = np.random.default_rng(seed)
     part = timed_bytes // len(pages)  # each size reads its own part of the file
-    plan = [(n * PAGE, [i * part + off for off in random_offsets(rng, part, n * PAGE, 60)])
+    # at most half the group's room a size: the fill's active pages outlast the timed reads
+    plan = [(n * PAGE, [i * part + off for off in random_offsets(
+        rng, part, n * PAGE, max(1, min(60, ROOM // 2 // (n * PAGE))))])
             for i, n in enumerate(pages)]
     fill = list(range(timed_bytes, file_bytes - MIB + 1, MIB))
     name = "memory.limit_in_bytes" if version == "v1" else "memory.max"
-    outside: list[list[float]] = [[] for _ in plan]
-    limited: list[list[float]] = [[] for _ in plan]
+    outside: list[list[tuple[float, float]]] = [[] for _ in plan]
+    limited: list[list[tuple[float, float]]] = [[] for _ in plan]
     reclaimed = 0
     fd = p.open_buffered(str(path))
     try:
@@ -110,23 +123,26 @@ def reclaim_times(path: Path, pages: tuple[int, ...] = PAGES, rounds: int = 3, s
         for _ in range(rounds):
             p.drop_pages(fd)
             for i, (size, offs) in enumerate(plan):
-                outside[i].append(statistics.median(_cold_reads(fd, offs, size)))
+                outside[i].append(_cold_reads(fd, offs, size))
             p.drop_pages(fd)
             with ProcessGroups({"memory": [(name, str(ROOM))]}, what="reclaim probe") as groups:
                 group = groups.group_dir("memory")
-                for _ in range(2):
-                    _cold_reads(fd, fill, MIB)
-                before = _stat(group, RECLAIMED[version])
                 for i, (size, offs) in enumerate(plan):
-                    limited[i].append(statistics.median(_cold_reads(fd, offs, size)))
-                reclaimed += _stat(group, RECLAIMED[version]) - before
+                    for _ in range(2):  # the group at its limit, its pages active
+                        _cold_reads(fd, fill, MIB)
+                    before = _stat(group, RECLAIMED[version])
+                    limited[i].append(_cold_reads(fd, offs, size))
+                    reclaimed += _stat(group, RECLAIMED[version]) - before
         p.drop_pages(fd)
     except CgroupUnavailable as err:
         return str(err)
     finally:
         os.close(fd)
-    extra = [statistics.median(b - a for a, b in zip(o, w, strict=True))
-             for o, w in zip(outside, limited, strict=True)]
+
+    def extra(part: int) -> list[float]:  # 0: wall, 1: CPU
+        return [statistics.median(b[part] - a[part] for a, b in zip(o, w, strict=True))
+                for o, w in zip(outside, limited, strict=True)]
     read_pages = rounds * sum(size // PAGE * len(offs) for size, offs in plan)
-    return ReclaimResult(tuple(pages), [statistics.median(o) for o in outside], extra,
+    return ReclaimResult(tuple(pages), [statistics.median(a[0] for a in o) for o in outside],
+                         extra(0), extra(1),
                          [len(o) for _, o in plan], reclaimed, read_pages, version)

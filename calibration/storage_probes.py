@@ -304,8 +304,8 @@ def measure_storage(directory: Path, scratch_bytes: int = 128 * MIB,
         notes.append(f"no direct-reclaim figure (reclaim_us_per_page): {reclaim}")
         reclaim = None
     else:
-        reclaim = (reclaim.pages[-1], reclaim.extra_ms[-1],
-                   reclaim.reclaimed_pages / max(reclaim.read_pages, 1))
+        reclaim = (reclaim.pages[-1], reclaim.extra_cpu_ms[-1],
+                   reclaim.reclaimed_pages / max(reclaim.read_pages, 1), reclaim.extra_ms[-1])
     if lat is None or seq is None:
         notes.append(f"{uncached} refused by this filesystem: latency and bandwidth from "
                      "buffered cold reads only")

@@ -236,15 +236,17 @@ class Hardware:
         obtain=("measured by `ssdmoe calibrate` (the slope of DONTNEED's time over the pages of "
                 "cached ranges of a scratch file; Linux)"))
     reclaim_us_per_page: float = key(0.0,
-        help=("time a cold read takes longer per page it brings in once the page cache is at a "
-              "memory limit, us: the reading thread frees as many pages as it adds (direct "
-              "reclaim: scanning the LRU lists for victims, unmapping and freeing them), which "
-              "costs more than dropping a known range; where a trace ran under a memory limit "
+        help=("CPU time a cold read takes more per page it brings in once the page cache is at "
+              "a memory limit, us: the reading thread frees as many pages as it adds (direct "
+              "reclaim: deactivating and scanning the LRU lists for victims, unmapping and "
+              "freeing them), which costs more than dropping a known range; where a trace ran "
+              "under a memory limit "
               "(direct_reclaim) a load pays its pages x this inside the read; 0 = "
               "page_drop_us_per_page stands in (profiles measured before this figure)"),
-        obtain=("measured by `ssdmoe calibrate` (calibration.reclaim_probe: cold reads of a "
-                "scratch file inside a memory control group filled to its limit against the "
-                "same reads outside one; Linux, root)"))
+        obtain=("measured by `ssdmoe calibrate` (calibration.reclaim_probe: the reading "
+                "thread's CPU time of cold reads of a scratch file inside a memory control group "
+                "filled to its limit with active pages, against the same reads outside one; "
+                "Linux, root)"))
     zero_fill_gbps: float = key(0.0,
         help=("rate at which MLX fills a fresh array with zeros on its stream (GB/s), its buffer "
               "still in the CPU's caches: the exact path allocates a zeroed stack for each "

@@ -14,13 +14,16 @@ is restored at the end.
 
 Usage: uv run python reports/cross-machine/calibration_swap.py [OUT.json] [KEY=VALUE ...]
 (~5 min; writes OUT.json, by default calibration-swap.json beside this file, and prints the
-table). KEY=VALUE: a hardware key both calibrations' profiles are given (a figure that a later
-`calibrate` measures and theirs predates), said in OUT.json.
+table). KEY=VALUE: a hardware figure both calibrations' profiles are given (one that a later
+`calibrate` measures and theirs predates, or measures another way: it replaces theirs), said in
+OUT.json.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -65,7 +68,8 @@ def hardware_value(path: Path, key: str) -> str:
 def use_profiles(profiles: Path, keys: tuple[str, ...], other: Path,
                  added: dict[str, str] | None = None) -> None:
     """Install `profiles` in scenarios/, with `keys` of the hardware profile taken from `other`
-    and `added` hardware keys (a figure a later calibrate measures) appended."""
+    and `added` hardware figures (ones a later calibrate measures, or measures another way) put
+    in, replacing the profile's own."""
     for name, dest in SCENARIOS.items():
         shutil.copy(profiles / name, dest)
     hw = SCENARIOS["hardware.toml"]
@@ -74,9 +78,10 @@ def use_profiles(profiles: Path, keys: tuple[str, ...], other: Path,
         value = hardware_value(other / "hardware.toml", key)
         text = re.sub(rf"^{key} = [^ #\n]+", f"{key} = {value}", text, flags=re.M)
     for key, value in (added or {}).items():
-        if re.search(rf"^{key} = ", text, re.M):
-            raise SystemExit(f"calibration_swap.py: {key}: already in {profiles}/hardware.toml")
-        text += f"{key} = {value}  # added by calibration_swap.py\n"
+        line = f"{key} = {value}  # set by calibration_swap.py"
+        text, n = re.subn(rf"^{key} = .*$", line, text, flags=re.M)
+        if not n:
+            text += line + "\n"
     hw.write_text(text)
 
 
@@ -122,6 +127,14 @@ def main() -> None:
             raise SystemExit(f"calibration_swap.py: {arg}: not KEY=VALUE of a hardware key "
                              "(docs/simulator.md lists them)")
         added[key] = value
+    # one at a time: two runs would install their profiles over each other's and each restore
+    # the other's as the committed ones
+    lock = os.open(ROOT / "scenarios", os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit("calibration_swap.py: another run is using scenarios/; wait for it") \
+            from None
     saved = {name: dest.read_bytes() for name, dest in SCENARIOS.items()}
     rows = []
     try:
