@@ -17,13 +17,16 @@ thread):
 
 Arms: mlx-lm's own resident model (generate_step: total figures only, its dispatch inside
 async_eval), and the streaming engine's staged path without a lead (its slots filled on
-demand), with the prerouter's token lead, with the layer lead. The page cache holds every
-expert (warm) unless --page-cache gives the engine's budget as a fraction of the expert bytes.
-Rounds rotate the arms; figures are medians over rounds of per-step means over the prompts.
+demand), with the prerouter's token lead, with the layer lead, and its exact path on demand
+(the synchronous loop: each router's ids to the host while the graph is built). The page
+cache holds every expert (warm) unless --page-cache gives the engine's budget as a fraction of
+the expert bytes. Rounds rotate the arms; figures are medians over rounds of per-step means
+over the prompts.
 
 Usage: uv run python reports/cross-machine/main_thread_cpu.py [--model models/tiny-trained-stream]
-[--tokens 64] [--rounds 2] [--page-cache F]; writes main-thread-cpu.json (or
-main-thread-cpu-pcF.json) beside this script and prints the table. Linux (sched_setaffinity)."""
+[--tokens 64] [--rounds 2] [--page-cache F] [--arms a,b]; writes main-thread-cpu.json (or
+main-thread-cpu[-ARMS][-pcF].json) beside this script and prints the table. Linux
+(sched_setaffinity)."""
 
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 from engine.child_env import importing  # noqa: E402
 from engine.manifest import sha256_file  # noqa: E402
 
-ARMS = ("resident", "staged", "staged-token", "staged-layer")
+ARMS = ("resident", "staged", "staged-token", "staged-layer", "on-demand")
 PARTS = ("dispatch", "fills", "begin", "build", "other")
 
 
@@ -114,7 +117,7 @@ def _engine_run(arm: str, model: Path, prompts: list[str], tokens: int,
     lead = {"staged-token": {"prerouter": model / "prerouter"},
             "staged-layer": {"lead_kind": "layer"}}.get(arm, {})
     engine = load_streaming(model, config=EngineConfig.from_preset(
-        "staged", page_cache_budget=budget, **lead))
+        "on-demand" if arm == "on-demand" else "staged", page_cache_budget=budget, **lead))
     rows = []
     for i, prompt in enumerate(["Hello there", *prompts]):  # the first one warms up
         start: list[int] = []
@@ -213,7 +216,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--page-cache", type=float, default=None)
+    ap.add_argument("--arms", default=",".join(ARMS), help="a comma-separated subset of ARMS")
     args = ap.parse_args()
+    chosen = args.arms.split(",")
+    if not chosen or any(a not in ARMS for a in chosen):
+        raise SystemExit(f"main_thread_cpu.py: --arms {args.arms}: arms are {', '.join(ARMS)}")
     if not (ROOT / args.model / "manifest.json").is_file():
         raise SystemExit(f"main_thread_cpu.py: {args.model}: not a converted model (no "
                          "manifest.json; ssdmoe convert makes one)")
@@ -222,7 +229,7 @@ def main() -> None:
                          "heads) for the token-lead arm")
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("main_thread_cpu.py: this process has one core: nothing to compare")
-    arms = [(arm, one) for arm in ARMS for one in (False, True)]
+    arms = [(arm, one) for arm in ARMS if arm in chosen for one in (False, True)]
     runs: dict[str, list[dict]] = {}
     order = []
     for r in range(args.rounds):
@@ -237,7 +244,8 @@ def main() -> None:
     table = {key: {k: round(statistics.median(x[k] for x in rs), 3) for k in rs[0]}
              for key, rs in runs.items()}
     manifest = json.loads((ROOT / args.model / "manifest.json").read_text())
-    name = f"main-thread-cpu{f'-pc{args.page_cache:g}' if args.page_cache else ''}.json"
+    subset = "" if set(chosen) == set(ARMS) else "-" + "-".join(chosen)
+    name = f"main-thread-cpu{subset}{f'-pc{args.page_cache:g}' if args.page_cache else ''}.json"
     (HERE / name).write_text(json.dumps({
         "command": "uv run python reports/cross-machine/main_thread_cpu.py "
                    + " ".join(sys.argv[1:]),
