@@ -712,6 +712,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         primitives_per_step=step_primitives,
         cross_core_op_us=cross.wall_us if cross else float("nan"),
         cross_core_op_main_us=cross.main_cpu_us if cross else float("nan"),
+        cross_core_op_cpu_us=cross.cpu_us if cross else float("nan"),
         cross_core_primitives=cross.primitives if cross else 0,
         cross_core_rounds=cross.rounds if cross else 0,
         compute_wait_ms_per_layer=float(np.median(

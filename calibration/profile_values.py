@@ -164,6 +164,9 @@ class ComputeResult:
     # takes more with the threads on every core than pinned to one (nan: not measured)
     cross_core_op_us: float = float("nan")
     cross_core_op_main_us: float = float("nan")
+    # ... and the process's CPU (every thread): less the main thread's, the compute thread's
+    # saving on one core (raw measurements only, no profile key yet)
+    cross_core_op_cpu_us: float = float("nan")
     # median over resident decode steps' final eval of its wall less the compute thread's CPU
     # (the process's less the main thread's), per layer
     compute_wait_ms_per_layer: float = float("nan")

@@ -132,6 +132,7 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
         assert c.cross_core_primitives == handover_probe.PIECES * 5 * handover_probe.LINKS
         assert cal.hardware["cross_core_op_us"][0] >= 0
         assert cal.hardware["cross_core_op_main_us"][0] >= 0
+        assert c.cross_core_op_cpu_us == c.cross_core_op_cpu_us  # kept in the raw figures
     else:
         assert "cross_core_op_us" not in cal.hardware
     # the compute thread's share of a compute wall, and the main thread's dispatch beside it
