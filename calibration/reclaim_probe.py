@@ -12,8 +12,7 @@ back from the group (memory.stat) says that the reads inside did reclaim.
 
 What is compared is the reading thread's CPU time (the figure the simulator charges on a core,
 sim.loads): reclaim is CPU work, and a cold read's wall time carries the device's jitter, which
-is as large as the reclaim itself (wall-time differences of the same probe ranged 0.07-0.35 us a
-page over one day on the Intel VM, the CPU-time ones 0.23-0.36). Before each size's reads the
+is as large as the reclaim itself (reports/cross-machine/README.md). Before each size's reads the
 group is filled again, and each size reads at most half the group's room, so the kernel always
 has active pages to deactivate as well as inactive ones to free, as it does in decode, where
 the popular experts are read again and again (with the fill used up, the reads would free only

@@ -219,12 +219,12 @@ def main() -> None:
     ap.add_argument("--arms", default=",".join(ARMS), help="a comma-separated subset of ARMS")
     args = ap.parse_args()
     chosen = args.arms.split(",")
-    if not chosen or any(a not in ARMS for a in chosen):
+    if any(a not in ARMS for a in chosen):
         raise SystemExit(f"main_thread_cpu.py: --arms {args.arms}: arms are {', '.join(ARMS)}")
     if not (ROOT / args.model / "manifest.json").is_file():
         raise SystemExit(f"main_thread_cpu.py: {args.model}: not a converted model (no "
                          "manifest.json; ssdmoe convert makes one)")
-    if not (ROOT / args.model / "prerouter").is_dir():
+    if "staged-token" in chosen and not (ROOT / args.model / "prerouter").is_dir():
         raise SystemExit(f"main_thread_cpu.py: {args.model}: no prerouter/ heads (ssdmoe train "
                          "heads) for the token-lead arm")
     if len(os.sched_getaffinity(0)) < 2:
