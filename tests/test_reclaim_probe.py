@@ -40,7 +40,8 @@ def test_the_reads_at_the_limit_reclaim_as_many_pages_as_they_bring_in(tmp_path)
     counts about one page taken back from the group per page the reads brought in (a group
     that was not at its limit would count none), and the process is back in its own group."""
     home = Path("/proc/self/cgroup").read_text()
-    r = reclaim_times(_scratch(tmp_path / "scratch.bin", 96 * MIB), rounds=1)
+    # three paired rounds: one round's CPU difference once came out at 0 in the full suite
+    r = reclaim_times(_scratch(tmp_path / "scratch.bin", 96 * MIB), rounds=3)
     assert not isinstance(r, str), r
     assert r.pages == PAGES and all(n > 0 for n in r.reads)
     assert r.reclaimed_pages >= 0.9 * r.read_pages, (r.reclaimed_pages, r.read_pages)
