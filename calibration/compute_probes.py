@@ -3,12 +3,14 @@ simulator's compute and graph-building figures for this machine come from measur
 
   glu_ms[K]        engine.paths.kernel.switch_glu for one token at K experts (layer 0's experts
                    all resident), `chain` calls per mx.eval (as inside a step: one eval per
-                   step, not per op)
+                   step, not per op); its wall time and the compute thread's CPU
+                   (`glu_cpu_ms`)
   resident step    a decode step with every expert resident behind the same kernel (a path that
                    gathers from the full stack): graph-build time (model call, no eval) and
                    eval time; build / layers is the pure graph-building cost per layer
   non-MoE step     the same step with the routed experts replaced by zeros (router, attention,
-                   norms, lm_head kept): the non-MoE compute per step
+                   norms, lm_head kept): the non-MoE compute per step, wall and the compute
+                   thread's CPU (`non_moe_cpu_ms`)
   exact step       the default engine path (on-demand, exact) on a warm page cache: the main
                    thread's CPU per layer besides reads and router syncs (np.unique, stack
                    allocation, graph building), the router syncs, and the bundle reads; its
@@ -160,8 +162,11 @@ class StepTimes:
     loads: list[dict] = field(default_factory=list)
 
 
-def glu_times(converted: Path, ks: tuple[int, ...], reps: int, chain: int = 8) -> dict[int, float]:
-    """ms per switch_glu call (1 token) at each K over layer 0's full expert stack."""
+def glu_times(converted: Path, ks: tuple[int, ...], reps: int, chain: int = 8
+              ) -> tuple[dict[int, float], dict[int, float]]:
+    """ms per switch_glu call (1 token) at each K over layer 0's full expert stack: the wall
+    time, and the compute thread's CPU time (the process's less the main thread's: its wall
+    less the waits for the main thread's dispatch)."""
     from engine.loader import open_manifest
 
     manifest = open_manifest(converted, verify=False)
@@ -173,21 +178,23 @@ def glu_times(converted: Path, ks: tuple[int, ...], reps: int, chain: int = 8) -
     rng = np.random.default_rng(0)
     ks = tuple(k for k in ks if k <= manifest.num_experts)
     times: dict[int, list[float]] = {k: [] for k in ks}
+    cpu: dict[int, list[float]] = {k: [] for k in ks}
     for rep in range(reps + 2):
         for k in ks:  # K inner: load drifts hit every K alike
             x = mx.array(rng.standard_normal((1, 1, hidden)).astype(np.float32))
             inds = [mx.array(rng.choice(manifest.num_experts, k, replace=False)
                              .astype(np.uint32)[None, None]) for _ in range(chain)]
             mx.eval(x, inds)
-            t0 = time.perf_counter()
+            t0, p0, c0 = time.perf_counter(), time.process_time(), time.thread_time()
             y = x
             for i in range(chain):  # each call's input depends on the last: one eval, in order
                 y = switch_glu(y, stack, inds[i], exact.quant).sum(axis=-2) * 0.1
             mx.eval(y)
+            t1, p1, c1 = time.perf_counter(), time.process_time(), time.thread_time()
             if rep >= 2:  # first calls compile kernels
-                times[k].append((time.perf_counter() - t0) * 1e3 / chain)
-    out = {k: cost(v) for k, v in times.items()}
-    return out
+                times[k].append((t1 - t0) * 1e3 / chain)
+                cpu[k].append(((p1 - p0) - (c1 - c0)) * 1e3 / chain)
+    return {k: cost(v) for k, v in times.items()}, {k: cost(v) for k, v in cpu.items()}
 
 
 GLU_KS = (1, 2, 4, 8)  # the SwiGLU's K values: its time against K gives expert_gbps
@@ -201,7 +208,7 @@ def expert_kernel_gbps(converted: Path, reps: int = 30, repeats: int = 3) -> flo
     from engine.loader import open_manifest
 
     manifest = open_manifest(converted, verify=False)
-    return float(np.median([expert_rate_gbps(glu_times(converted, GLU_KS, reps),
+    return float(np.median([expert_rate_gbps(glu_times(converted, GLU_KS, reps)[1],
                                              manifest.bundle_bytes) for _ in range(repeats)]))
 
 
@@ -589,7 +596,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     drop = platform.current().can_drop_pages
     manifest = open_manifest(converted, verify=False)
     layers = len(manifest.moe_layers)
-    glu = glu_times(converted, ks, glu_reps)
+    glu, glu_cpu = glu_times(converted, ks, glu_reps)
     stacks: dict = {}
     queue_samples: list[tuple[float, float, float]] = []
     runners = {
@@ -670,9 +677,11 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         resident_bytes=resident_figures(converted / "resident.safetensors",
                                         (manifest.resident_quantization or {}).get("bits"))[0],
         glu_ms=glu,
+        glu_cpu_ms=glu_cpu,
         build_ms_per_layer=m(resident.build_ms) / layers,
         engine_build_ms_per_layer=m(resident.build_ms) / layers + exact_extra,
         non_moe_ms=m(zero.eval_ms),  # model calls only build: the eval is all the compute
+        non_moe_cpu_ms=m(zero.compute_cpu_ms) if zero.compute_cpu_ms else float("nan"),
         step_ms=unsynced,
         sync_ms=(synced_compute - unsynced) / layers,
         synced_compute_ms=synced_compute,

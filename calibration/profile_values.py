@@ -119,6 +119,11 @@ class ComputeResult:
     # from the per-step "exact")
     non_moe_ms: float  # one decode step's compute with the routed experts removed
     step_ms: float  # one full decode step's compute, experts resident, one eval per step
+    # the compute thread's CPU in the two above (the process's less the main thread's; empty /
+    # nan: not measured): the wall less the compute thread's waits for the main thread's
+    # dispatch, which the sim charges apart (compute_wait_ms_per_layer)
+    glu_cpu_ms: dict[int, float] = field(default_factory=dict)
+    non_moe_cpu_ms: float = float("nan")
     sync_ms: float = 0.0  # extra compute time per router host sync (one per layer)
     synced_compute_ms: float = 0.0  # the step's compute with a host sync at every router
     path_build_ms_per_layer: dict[str, float] = field(default_factory=dict)  # engine path ->
@@ -304,21 +309,38 @@ def compute_values(c: ComputeResult, active_params: float | None = None
     resident_bytes / layers / mem_bandwidth (attention, norms, router, lm_head spread over
     layers) + expert_overhead + K x bundle / expert_gbps; with lazy_compute it runs at the
     main thread's syncs (synchronous decode loop and prefill; the lookahead loop queues it at
-    once), a sync that finds work queued costing sync_overhead_ms more."""
-    ks = sorted(c.glu_ms)
-    e0, e1 = glu_fit(c.glu_ms)
-    expert_bw = expert_rate_gbps(c.glu_ms, c.bundle_bytes)
-    mem_bw = c.resident_bytes / (c.non_moe_ms / 1e3) / 1e9 if c.non_moe_ms > 0 else 1.0
-    glu_txt = ", ".join(f"K={k}: {c.glu_ms[k]:.3f}" for k in ks)
+    once), a sync that finds work queued costing sync_overhead_ms more. Where the compute
+    thread's CPU was measured, the figures are that CPU, not the probes' wall time: a probe's
+    wall holds its own waits for the main thread's dispatch, which the sim charges apart, once
+    per layer as a resident decode step waits (compute_wait_ms_per_layer, the first part of
+    each layer's attention item: sim.compute_stream), so the non-expert figure is its CPU plus
+    that wait."""
+    cpu = bool(c.glu_cpu_ms) and c.non_moe_cpu_ms == c.non_moe_cpu_ms \
+        and c.compute_wait_ms_per_layer == c.compute_wait_ms_per_layer  # all measured
+    glu = c.glu_cpu_ms if cpu else c.glu_ms
+    ks = sorted(glu)
+    e0, e1 = glu_fit(glu)
+    expert_bw = expert_rate_gbps(glu, c.bundle_bytes)
+    wait_ms = c.layers * max(c.compute_wait_ms_per_layer, 0.0) if cpu else 0.0
+    non_moe = c.non_moe_cpu_ms + wait_ms if cpu else c.non_moe_ms
+    mem_bw = c.resident_bytes / (non_moe / 1e3) / 1e9 if non_moe > 0 else 1.0
+    glu_txt = ", ".join(f"K={k}: {glu[k]:.3f}" for k in ks)
+    what = "the compute thread's CPU time of " if cpu else ""
+    non_moe_txt = (f"{c.non_moe_cpu_ms:.2f} ms of the compute thread's CPU (wall "
+                   f"{c.non_moe_ms:.2f}) + {c.layers} x compute_wait_ms_per_layer "
+                   f"{c.compute_wait_ms_per_layer:.4f} = {non_moe:.2f} ms" if cpu
+                   else f"{c.non_moe_ms:.2f} ms")
     out = {
         "mem_bandwidth_gbps": (round(mem_bw, 4), (
             f"resident bytes ({c.resident_bytes}) / the compute of a decode step with the routed "
-            f"experts removed ({c.non_moe_ms:.2f} ms, router + attention + lm_head) on "
+            f"experts removed ({non_moe_txt}, router + attention + lm_head) on "
             f"{c.model}: the non-expert compute, as a rate")),
         "expert_gbps": (round(expert_bw, 4), (
-            f"bundle bytes ({c.bundle_bytes}) / per-expert slope {e1:.4f} ms of the quantized "
-            f"SwiGLU (engine.paths.kernel.switch_glu, 1 token, 8 chained calls per eval) on "
-            f"{c.model}: ms per call {glu_txt}")),
+            f"bundle bytes ({c.bundle_bytes}) / per-expert slope {e1:.4f} ms of {what}the "
+            f"quantized SwiGLU (engine.paths.kernel.switch_glu, 1 token, 8 chained calls per "
+            f"eval) on {c.model}: ms per call {glu_txt}"
+            + (" (wall: " + ", ".join(f"K={k}: {c.glu_ms[k]:.3f}" for k in sorted(c.glu_ms))
+               + ")" if cpu else ""))),
         "expert_overhead_ms": (round(max(e0, 0.0), 4), (
             "intercept of that fit: fixed time of one layer's expert computation")),
         "sync_overhead_ms": (round(max(c.sync_ms, 0.0), 4), (

@@ -93,8 +93,9 @@ class Hardware:
                 "reference)"))
     mem_bandwidth_gbps: float = key(
         help="accelerator memory bandwidth: decode compute roofline",
-        obtain=("measured by `ssdmoe calibrate` (the expert kernel); a spec sheet for an "
-                "accelerator"))
+        obtain=("measured by `ssdmoe calibrate` (a decode step with the experts removed; on a "
+                "CPU backend the compute thread's CPU time plus its waits for dispatch, "
+                "compute_wait_ms_per_layer); a spec sheet for an accelerator"))
     compute_tflops: float = key(
         help="accelerator throughput: prefill compute roofline",
         obtain="measured by `ssdmoe calibrate`; a spec sheet for an accelerator")
@@ -105,10 +106,12 @@ class Hardware:
     # Optional (measured by `ssdmoe calibrate`; the defaults keep the plain roofline model):
     expert_gbps: float = key(0.0,
         help="rate the expert kernel consumes bundle bytes; 0 = mem_bandwidth",
-        obtain="measured by `ssdmoe calibrate` (the expert kernel's rate on bundle bytes)")
+        obtain=("measured by `ssdmoe calibrate` (the expert kernel's rate on bundle bytes; on "
+                "a CPU backend, of the compute thread's CPU time)"))
     expert_overhead_ms: float = key(0.0,
         help="fixed accelerator time of one layer's expert computation",
-        obtain="measured by `ssdmoe calibrate` (the expert kernel's fixed time)")
+        obtain=("measured by `ssdmoe calibrate` (the expert kernel's fixed time; on a CPU "
+                "backend, of the compute thread's CPU time)"))
     sync_overhead_ms: float = key(0.0,
         help="extra accelerator time per host sync that finds work queued",
         obtain="measured by `ssdmoe calibrate` (a host sync with work queued)")

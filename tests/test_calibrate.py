@@ -69,6 +69,11 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
         cal.hardware["memcpy_gbps"][1]
     assert st.cold_ms[-1] > st.warm_ms[-1]  # a cold 8 MiB read is slower than a warm one
     assert all(t > 0 for t in c.glu_ms.values()) and set(c.glu_ms) == {1, 4}
+    # the compute thread's CPU in the SwiGLU and the non-expert step: measured, and one thread's
+    # CPU is no more than the wall it ran in (medians of separate samples: some slack)
+    assert set(c.glu_cpu_ms) == {1, 4} and all(
+        0 < c.glu_cpu_ms[k] < 1.5 * c.glu_ms[k] for k in c.glu_ms)
+    assert 0 < c.non_moe_cpu_ms < 1.5 * c.non_moe_ms
     # the kernel's rate measured again (validate --transfer's drift check): the same figure,
     # within this machine's noise
     rate = expert_kernel_gbps(model, reps=3, repeats=1)

@@ -207,3 +207,24 @@ def test_expert_rate_from_the_swiglu_against_k():
     assert expert_rate_gbps(glu, 61440) == pytest.approx(0.6144)
     values = compute_values(compute(glu_ms=glu, bundle_bytes=61440))
     assert values["expert_gbps"][0] == pytest.approx(0.6144)
+
+
+def test_the_compute_figures_are_the_compute_threads_cpu_where_it_was_measured():
+    """With the compute thread's CPU measured, the expert figures are its SwiGLU CPU (0.02 ms a
+    call + 0.08 an expert: 100,000 bytes over 0.08 ms is 1.25 GB/s) and the non-expert rate is
+    the resident bytes over its CPU plus the resident step's wait for dispatch per layer (2.0 +
+    4 x 0.25 = 3.0 ms: 2,000,000 / 3 ms = 0.6667 GB/s), not the probes' wall time, which holds
+    their own waits (non_moe 4.0 ms: 0.5 GB/s; the wall SwiGLU 0.1 + 0.2 an expert: 0.5
+    GB/s). Without any of the three CPU figures, the wall figures as before."""
+    cpu_glu = {1: 0.1, 2: 0.18, 4: 0.34, 8: 0.66}
+    measured = dict(glu_cpu_ms=cpu_glu, non_moe_cpu_ms=2.0, compute_wait_ms_per_layer=0.25)
+    v = compute_values(compute(**measured))
+    assert v["expert_gbps"][0] == pytest.approx(1.25)
+    assert v["expert_overhead_ms"][0] == pytest.approx(0.02)
+    assert v["mem_bandwidth_gbps"][0] == pytest.approx(2_000_000 / 3e-3 / 1e9, abs=1e-4)
+    assert "compute thread's CPU" in v["mem_bandwidth_gbps"][1]
+    for missing in measured:
+        wall = compute_values(compute(**{k: x for k, x in measured.items() if k != missing}))
+        assert wall["mem_bandwidth_gbps"][0] == pytest.approx(0.5)
+        assert wall["expert_gbps"][0] == pytest.approx(0.5)
+        assert wall["expert_overhead_ms"][0] == pytest.approx(0.1)
