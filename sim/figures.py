@@ -30,6 +30,9 @@ class SimFigures:
     eval_ms_per_step: float | None
     memory: dict[str, int] = field(default_factory=dict)  # sim.memory_budget.MemoryBudget.as_dict
     warnings: list[str] = field(default_factory=list)  # oversubscription and the like
+    # CPU ms a decode step by thread: main, compute (MLX's), readers (all of them), as the
+    # trace's cpu_ns splits into main_cpu_ns and the rest
+    decode_cpu_ms_by_thread: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self, memory: bool = True) -> dict:
         d = asdict(self)

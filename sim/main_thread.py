@@ -61,6 +61,7 @@ rewrites).
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -69,7 +70,7 @@ import simpy
 from sim import zero_fill
 from sim.caches import BundleLRU, SlotTables
 from sim.compute_stream import ComputeStream
-from sim.cpu import Cores
+from sim.cpu import READER_THREAD, Cores
 from sim.loads import Fetcher, Load
 from sim.policies import Policy
 from sim.reader_threads import INLINE_WARM_BYTES, ReaderThreads
@@ -113,6 +114,8 @@ class MainThread:
         self.slots = SlotTables(m.layers, sc.staged_slots,
                                 "lru" if sc.cache_policy == "belady" else sc.cache_policy)
         self.cpu_seen = self.main_cpu_seen = 0.0  # the cores' CPU seconds at the last row
+        self.thread_cpu_seen: dict[str, float] = {}  # ... by thread
+        self.decode_cpu_s: Counter[str] = Counter()  # decode rows' CPU by thread (readers as one)
         self.layers = m.layers
         self.experts = m.experts
         self.bundle_bytes = m.bundle_bytes
@@ -612,6 +615,11 @@ class MainThread:
         # handed to the cores (sim.cpu), and the main thread's
         busy = self.cores.busy_s
         cpu, main_cpu = sum(busy.values()), busy.get("main", 0.0)
+        if phase == "decode":
+            for thread, seconds in busy.items():
+                name = "readers" if thread.startswith(READER_THREAD) else thread
+                self.decode_cpu_s[name] += seconds - self.thread_cpu_seen.get(thread, 0.0)
+        self.thread_cpu_seen = dict(busy)
         self.log.add(step=step, request=request, phase=phase, tokens=tokens, start=start,
                      end=self.env.now, build=self.build, eval=self.eval, blocked=self.blocked,
                      hits=self.hits, misses=self.misses,

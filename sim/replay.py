@@ -227,6 +227,9 @@ def run_scenario(sc: Scenario, trace: Trace | None = None,
         eval_ms_per_step=_mean_ms(steps, "eval_ns"),
         memory=mem.as_dict(),
         warnings=main.warnings,
+        decode_cpu_ms_by_thread={k: v * 1e3 / len(decode_rows)
+                                 for k, v in sorted(main.decode_cpu_s.items())}
+        if decode_rows else {},
     )
     sim_trace.run["extra"]["sim"] = figures.as_dict(memory=False)
     return SimResult(sim_trace, metrics, figures)

@@ -206,6 +206,13 @@ def compare(
                   f"{_fmt(e['measured_eval_ms_per_step'])} simulated "
                   f"{_fmt(e['eval_ms_per_step'])}"
                   " (the trace's build/eval split depends on the path: see sim/compare.py)")
+    by_thread = e.get("decode_cpu_ms_by_thread") or {}
+    m_cpu, m_main = (result.measured.get(k) for k in ("cpu_ms_per_step", "main_cpu_ms_per_step"))
+    if by_thread:
+        others = None if m_cpu is None or m_main is None else m_cpu - m_main
+        console.print("CPU ms/step by thread, simulated: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in by_thread.items()) + f"; measured: main {_fmt(m_main)}, "
+            f"the other threads {_fmt(others)}")
     for note in result.notes:
         console.print(f"[yellow]note[/yellow]: {note}")
 

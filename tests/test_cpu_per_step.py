@@ -67,3 +67,25 @@ def test_a_trace_without_the_columns_reads_them_as_unknown(tmp_path):
     s = summarize(t)
     assert s["cpu_ms_per_step"] is None and s["main_cpu_ms_per_step"] is None
     assert s["decode_tok_s"] is not None
+
+
+def test_the_decode_steps_cpu_by_thread_adds_up_to_their_rows():
+    """sim compare's CPU by thread (SimFigures.decode_cpu_ms_by_thread): over the decode steps,
+    per step, main is the rows' main_cpu, and main + compute + the readers (as one) their cpu;
+    prefill rows (whole-layer reads, on the readers too) are left out of both."""
+    from sim.replay import run_scenario
+
+    hw = hardware(cpu_cores=2.0, compute_on_cpu=True, load_overhead_ms=0.02,
+                  cold_read_cpu_ms=0.05)
+    sc = scenario(hw, model(), path="staged", readers=2, lead="none", lookahead=False)
+    routing = routing_input(uniform_routing(40, 2, 16, 2, seed=3))
+    routing.plan.insert(0, ("prefill", 8, 0, -1))
+    result = run_scenario(sc, routing=routing)
+    by_thread = result.figures.decode_cpu_ms_by_thread
+    assert set(by_thread) == {"main", "compute", "readers"}
+    steps = result.trace.steps
+    decode = steps.filter(steps["phase"] == "decode")
+    assert decode.height == result.figures.decode_steps < steps.height  # prefill rows too
+    assert sum(by_thread.values()) == pytest.approx(decode["cpu_ns"].mean() / 1e6, rel=1e-6)
+    assert by_thread["main"] == pytest.approx(decode["main_cpu_ns"].mean() / 1e6, rel=1e-6)
+    assert by_thread["readers"] > 0
