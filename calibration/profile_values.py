@@ -317,19 +317,23 @@ def compute_values(c: ComputeResult, active_params: float | None = None
     that wait."""
     cpu = bool(c.glu_cpu_ms) and c.non_moe_cpu_ms == c.non_moe_cpu_ms \
         and c.compute_wait_ms_per_layer == c.compute_wait_ms_per_layer  # all measured
-    glu = c.glu_cpu_ms if cpu else c.glu_ms
-    ks = sorted(glu)
+    def per_k(ms: dict[int, float]) -> str:
+        return ", ".join(f"K={k}: {ms[k]:.3f}" for k in sorted(ms))
+
+    if cpu:
+        glu, what, wall_txt = c.glu_cpu_ms, "the compute thread's CPU time of ", \
+            f" (wall: {per_k(c.glu_ms)})"
+        non_moe = c.non_moe_cpu_ms + c.layers * max(c.compute_wait_ms_per_layer, 0.0)
+        non_moe_txt = (f"{c.non_moe_cpu_ms:.2f} ms of the compute thread's CPU (wall "
+                       f"{c.non_moe_ms:.2f}) + {c.layers} x compute_wait_ms_per_layer "
+                       f"{c.compute_wait_ms_per_layer:.4f} = {non_moe:.2f} ms")
+    else:
+        glu, what, wall_txt = c.glu_ms, "", ""
+        non_moe = c.non_moe_ms
+        non_moe_txt = f"{non_moe:.2f} ms"
     e0, e1 = glu_fit(glu)
     expert_bw = expert_rate_gbps(glu, c.bundle_bytes)
-    wait_ms = c.layers * max(c.compute_wait_ms_per_layer, 0.0) if cpu else 0.0
-    non_moe = c.non_moe_cpu_ms + wait_ms if cpu else c.non_moe_ms
     mem_bw = c.resident_bytes / (non_moe / 1e3) / 1e9 if non_moe > 0 else 1.0
-    glu_txt = ", ".join(f"K={k}: {glu[k]:.3f}" for k in ks)
-    what = "the compute thread's CPU time of " if cpu else ""
-    non_moe_txt = (f"{c.non_moe_cpu_ms:.2f} ms of the compute thread's CPU (wall "
-                   f"{c.non_moe_ms:.2f}) + {c.layers} x compute_wait_ms_per_layer "
-                   f"{c.compute_wait_ms_per_layer:.4f} = {non_moe:.2f} ms" if cpu
-                   else f"{c.non_moe_ms:.2f} ms")
     out = {
         "mem_bandwidth_gbps": (round(mem_bw, 4), (
             f"resident bytes ({c.resident_bytes}) / the compute of a decode step with the routed "
@@ -338,9 +342,7 @@ def compute_values(c: ComputeResult, active_params: float | None = None
         "expert_gbps": (round(expert_bw, 4), (
             f"bundle bytes ({c.bundle_bytes}) / per-expert slope {e1:.4f} ms of {what}the "
             f"quantized SwiGLU (engine.paths.kernel.switch_glu, 1 token, 8 chained calls per "
-            f"eval) on {c.model}: ms per call {glu_txt}"
-            + (" (wall: " + ", ".join(f"K={k}: {c.glu_ms[k]:.3f}" for k in sorted(c.glu_ms))
-               + ")" if cpu else ""))),
+            f"eval) on {c.model}: ms per call {per_k(glu)}{wall_txt}")),
         "expert_overhead_ms": (round(max(e0, 0.0), 4), (
             "intercept of that fit: fixed time of one layer's expert computation")),
         "sync_overhead_ms": (round(max(c.sync_ms, 0.0), 4), (

@@ -113,8 +113,8 @@ class MainThread:
         # (Belady runs on the hot path only: sim.profiles.check_scenario; no slots there)
         self.slots = SlotTables(m.layers, sc.staged_slots,
                                 "lru" if sc.cache_policy == "belady" else sc.cache_policy)
-        self.cpu_seen = self.main_cpu_seen = 0.0  # the cores' CPU seconds at the last row
-        self.thread_cpu_seen: dict[str, float] = {}  # ... by thread
+        self.thread_cpu_seen: dict[str, float] = {}  # the cores' CPU seconds by thread at the
+        # last row
         self.decode_cpu_s: Counter[str] = Counter()  # decode rows' CPU by thread (readers as one)
         self.layers = m.layers
         self.experts = m.experts
@@ -614,20 +614,19 @@ class MainThread:
         # CPU since the previous row, as the engine's recorder counts it: every thread's work
         # handed to the cores (sim.cpu), and the main thread's
         busy = self.cores.busy_s
-        cpu, main_cpu = sum(busy.values()), busy.get("main", 0.0)
-        if phase == "decode":
-            for thread, seconds in busy.items():
-                name = "readers" if thread.startswith(READER_THREAD) else thread
-                self.decode_cpu_s[name] += seconds - self.thread_cpu_seen.get(thread, 0.0)
+        spent = {t: s - self.thread_cpu_seen.get(t, 0.0) for t, s in busy.items()}
         self.thread_cpu_seen = dict(busy)
+        if phase == "decode":
+            for thread, seconds in spent.items():
+                self.decode_cpu_s["readers" if thread.startswith(READER_THREAD) else thread] \
+                    += seconds
         self.log.add(step=step, request=request, phase=phase, tokens=tokens, start=start,
                      end=self.env.now, build=self.build, eval=self.eval, blocked=self.blocked,
                      hits=self.hits, misses=self.misses,
                      evictions=self.lru.evictions + self.slots.evictions - self.evictions0,
                      lru_bytes=self.lru.used_bytes,
                      page_cache_bytes=self.fetcher.pc.used_bytes,
-                     cpu=cpu - self.cpu_seen, main_cpu=main_cpu - self.main_cpu_seen)
-        self.cpu_seen, self.main_cpu_seen = cpu, main_cpu
+                     cpu=sum(spent.values()), main_cpu=spent.get("main", 0.0))
 
     def prefill_step(self, step: int, request: int, tokens: int) -> Generator:
         """A prefill step: every layer's experts as one whole-layer load (the engine's
