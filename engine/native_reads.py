@@ -100,6 +100,8 @@ def load() -> tuple[ctypes.CDLL | None, str]:
         lib.rp_submit.argtypes = [ctypes.c_void_p, ctypes.POINTER(Job)]
         lib.rp_wait.restype = None
         lib.rp_wait.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.rp_cpu_ns.restype = ctypes.c_int64
+        lib.rp_cpu_ns.argtypes = [ctypes.c_void_p]
         lib.rp_destroy.restype = None
         lib.rp_destroy.argtypes = [ctypes.c_void_p]
         _loaded = lib, ""
@@ -141,6 +143,11 @@ class NativePool:
         if jobs:
             ptrs = (ctypes.c_void_p * len(jobs))(*[ctypes.addressof(j) for j in jobs])
             self.lib.rp_wait(self._pool, ptrs, len(jobs))
+
+    def cpu_ns(self) -> int:
+        """The CPU time the pool's threads have used so far, ns; -1 where it cannot be read
+        (macOS)."""
+        return int(self.lib.rp_cpu_ns(self._pool)) if self._pool else 0
 
     def close(self) -> None:
         """Run what is queued, then stop and join the threads."""

@@ -96,6 +96,7 @@ class ReaderPool:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._claim_lock = threading.Lock()
         self._threads: list[threading.Thread] = []  # started on first use
+        self._cpu_clocks: list[int] | None = None  # their kernel CPU clocks (cpu_ns)
 
     def _start(self) -> None:
         self._threads = [threading.Thread(target=self._run, args=(f"reader-{i}",),
@@ -103,6 +104,27 @@ class ReaderPool:
                          for i in range(self.n)]
         for t in self._threads:
             t.start()
+        clock_of = getattr(time, "pthread_getcpuclockid", None)  # absent on macOS
+        self._cpu_clocks = [clock_of(t.ident) for t in self._threads] if clock_of else None
+
+    def cpu_ns(self) -> int:
+        """The CPU time every reader thread (Python and native) has used so far, ns, from
+        the kernel's per-thread CPU clocks (wake-ups included, not only reads); -1 where a
+        thread's clock cannot be read (macOS). Threads not started yet have used none."""
+        total = 0
+        if self._threads:
+            if self._cpu_clocks is None:
+                return -1
+            try:
+                total += sum(time.clock_gettime_ns(c) for c in self._cpu_clocks)
+            except OSError:  # a thread gone (the pool closing)
+                return -1
+        if self._native is not None:
+            native = self._native.cpu_ns()
+            if native < 0:
+                return -1
+            total += native
+        return total
 
     # ------------------------------------------------------------ submit (main thread)
 

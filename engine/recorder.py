@@ -166,7 +166,9 @@ class Recorder:
                                   max_flush_fraction=max_flush_fraction)
         self.run = run
         self.store = None
-        self._cpu_last: tuple[int, int] | None = None  # (process, thread) CPU ns at the last row
+        # (process, main thread, reader threads) CPU ns at the last row
+        self._cpu_last: tuple[int, int, int] | None = None
+        self._readers = None  # the engine's engine.readers.ReaderPool
         self.page_cache_every = page_cache_every
         self.page_cache_fraction = page_cache_fraction
         self.reset_peak = reset_peak
@@ -199,6 +201,7 @@ class Recorder:
             if hasattr(block.path, "on_hint"):
                 block.path.on_hint = self.on_hint
         self._stats = engine.stats
+        self._readers = engine.runtime.readers
         self._last_counts = self._count()
         self._cpu_last = None
         return self
@@ -300,14 +303,17 @@ class Recorder:
         self.overhead_ns += time.perf_counter_ns() - t0
 
     def _cpu(self) -> dict[str, int]:
-        """CPU time since the previous row: the process's (every thread) and this thread's
-        (the decode loop calls on_step on the main thread)."""
+        """CPU time since the previous row: the process's (every thread), this thread's (the
+        decode loop calls on_step on the main thread) and the reader threads' (-1 where their
+        clocks cannot be read)."""
+        readers = self._readers.cpu_ns() if self._readers is not None else -1
         cpu, main = time.process_time_ns(), time.thread_time_ns()
         last = self._cpu_last
-        self._cpu_last = (cpu, main)
+        self._cpu_last = (cpu, main, readers)
         if last is None:
-            return {"cpu_ns": -1, "main_cpu_ns": -1}
-        return {"cpu_ns": cpu - last[0], "main_cpu_ns": main - last[1]}
+            return {"cpu_ns": -1, "main_cpu_ns": -1, "reader_cpu_ns": -1}
+        return {"cpu_ns": cpu - last[0], "main_cpu_ns": main - last[1],
+                "reader_cpu_ns": readers - last[2] if min(readers, last[2]) >= 0 else -1}
 
     # ------------------------------------------------------------ parts
 

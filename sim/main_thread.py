@@ -612,21 +612,24 @@ class MainThread:
 
     def record_step(self, step: int, request: int, phase: str, tokens: int, start: float) -> None:
         # CPU since the previous row, as the engine's recorder counts it: every thread's work
-        # handed to the cores (sim.cpu), and the main thread's
+        # handed to the cores (sim.cpu), the main thread's and the reader threads'
         busy = self.cores.busy_s
         spent = {t: s - self.thread_cpu_seen.get(t, 0.0) for t, s in busy.items()}
         self.thread_cpu_seen = dict(busy)
+        readers = sum(s for t, s in spent.items() if t.startswith(READER_THREAD))
         if phase == "decode":
             for thread, seconds in spent.items():
-                self.decode_cpu_s["readers" if thread.startswith(READER_THREAD) else thread] \
-                    += seconds
+                if not thread.startswith(READER_THREAD):
+                    self.decode_cpu_s[thread] += seconds
+            self.decode_cpu_s["readers"] += readers
         self.log.add(step=step, request=request, phase=phase, tokens=tokens, start=start,
                      end=self.env.now, build=self.build, eval=self.eval, blocked=self.blocked,
                      hits=self.hits, misses=self.misses,
                      evictions=self.lru.evictions + self.slots.evictions - self.evictions0,
                      lru_bytes=self.lru.used_bytes,
                      page_cache_bytes=self.fetcher.pc.used_bytes,
-                     cpu=sum(spent.values()), main_cpu=spent.get("main", 0.0))
+                     cpu=sum(spent.values()), main_cpu=spent.get("main", 0.0),
+                     reader_cpu=readers)
 
     def prefill_step(self, step: int, request: int, tokens: int) -> Generator:
         """A prefill step: every layer's experts as one whole-layer load (the engine's

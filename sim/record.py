@@ -25,7 +25,8 @@ class StepLog:
     def __init__(self) -> None:
         self.cols: dict[str, list[Any]] = {name: [] for name in (
             "step", "request", "phase", "tokens", "start", "end", "build", "eval", "blocked",
-            "hits", "misses", "evictions", "lru_bytes", "page_cache_bytes", "cpu", "main_cpu")}
+            "hits", "misses", "evictions", "lru_bytes", "page_cache_bytes", "cpu", "main_cpu",
+            "reader_cpu")}
 
     def add(self, **row: Any) -> None:
         for name, value in row.items():
@@ -122,6 +123,7 @@ def steps_frame(log: StepLog, loads: pl.DataFrame, memory: MemoryBudget,
         "page_cache_bytes": np.asarray(c["page_cache_bytes"], dtype=np.int64),
         "cpu_ns": _ns(c["cpu"]),
         "main_cpu_ns": _ns(c["main_cpu"]),
+        "reader_cpu_ns": _ns(c["reader_cpu"]),
     })
     frame = frame.join(per_step, on="step", how="left").with_columns(
         pl.col("bytes_read").fill_null(0), pl.col("loads").fill_null(0),

@@ -207,14 +207,26 @@ def compare(
                   f"{_fmt(e['eval_ms_per_step'])}"
                   " (the trace's build/eval split depends on the path: see sim/compare.py)")
     by_thread = e.get("decode_cpu_ms_by_thread") or {}
-    m_cpu, m_main = (result.measured.get(k) for k in ("cpu_ms_per_step", "main_cpu_ms_per_step"))
     if by_thread:
-        others = None if m_cpu is None or m_main is None else m_cpu - m_main
+        measured = measured_by_thread(result.measured)
         console.print("CPU ms/step by thread, simulated: " + ", ".join(
-            f"{k} {v:.2f}" for k, v in by_thread.items()) + f"; measured: main {_fmt(m_main)}, "
-            f"the other threads {_fmt(others)}")
+            f"{k} {v:.2f}" for k, v in by_thread.items()) + "; measured: " + ", ".join(
+            f"{k} {_fmt(v)}" for k, v in measured.items()))
     for note in result.notes:
         console.print(f"[yellow]note[/yellow]: {note}")
+
+
+def measured_by_thread(summary: dict[str, Any]) -> dict[str, float | None]:
+    """A trace summary's decode CPU ms a step by thread, as `sim compare` splits the simulated
+    one: the main thread, the reader threads, and the rest of the process (MLX's compute
+    thread; with the readers where their CPU was not recorded)."""
+    cpu, main, readers = (summary.get(k) for k in (
+        "cpu_ms_per_step", "main_cpu_ms_per_step", "reader_cpu_ms_per_step"))
+    if readers is None:
+        rest = None if cpu is None or main is None else cpu - main
+        return {"main": main, "compute and readers": rest}
+    rest = None if cpu is None or main is None else cpu - main - readers
+    return {"compute": rest, "main": main, "readers": readers}
 
 
 def _fmt(value: Any) -> str:

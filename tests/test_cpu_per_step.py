@@ -63,9 +63,10 @@ def test_the_simulators_rows_add_up_to_its_cores_work():
 def test_a_trace_without_the_columns_reads_them_as_unknown(tmp_path):
     shutil.copytree(OLD, tmp_path / "old")
     t = read_trace(tmp_path / "old")
-    assert (t.steps["cpu_ns"] == -1).all() and (t.steps["main_cpu_ns"] == -1).all()
+    assert all((t.steps[c] == -1).all() for c in ("cpu_ns", "main_cpu_ns", "reader_cpu_ns"))
     s = summarize(t)
     assert s["cpu_ms_per_step"] is None and s["main_cpu_ms_per_step"] is None
+    assert s["reader_cpu_ms_per_step"] is None
     assert s["decode_tok_s"] is not None
 
 
@@ -89,3 +90,4 @@ def test_the_decode_steps_cpu_by_thread_adds_up_to_their_rows():
     assert sum(by_thread.values()) == pytest.approx(decode["cpu_ns"].mean() / 1e6, rel=1e-6)
     assert by_thread["main"] == pytest.approx(decode["main_cpu_ns"].mean() / 1e6, rel=1e-6)
     assert by_thread["readers"] > 0
+    assert by_thread["readers"] == pytest.approx(decode["reader_cpu_ns"].mean() / 1e6, rel=1e-6)

@@ -57,10 +57,12 @@ STEP_COLUMNS: dict[str, pl.DataType] = {
     "page_cache_bytes": pl.Int64(),  # resident bytes of the expert files (mincore), -1 unknown
     "cpu_ns": pl.Int64(),  # CPU time of every thread of the process since the previous row
     "main_cpu_ns": pl.Int64(),  # the main thread's CPU time since the previous row
+    "reader_cpu_ns": pl.Int64(),  # the reader threads' CPU time since the previous row
 }
 # columns added after traces were first written, and what a trace without them reads them as
 # (-1: unknown; null: none)
-LATER_COLUMNS: dict[str, int | None] = {"cpu_ns": -1, "main_cpu_ns": -1, "hinted_experts": None}
+LATER_COLUMNS: dict[str, int | None] = {"cpu_ns": -1, "main_cpu_ns": -1, "reader_cpu_ns": -1,
+                                         "hinted_experts": None}
 
 ROUTING_COLUMNS: dict[str, pl.DataType] = {
     "step": pl.Int64(),
@@ -138,6 +140,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "blocked_ms_per_step",
     "cpu_ms_per_step",
     "main_cpu_ms_per_step",
+    "reader_cpu_ms_per_step",
     "loads_per_step",
     "mib_per_load",
     "cold_fraction",

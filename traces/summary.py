@@ -8,6 +8,7 @@ Definitions (decode = steps with phase "decode"; routing and loads are joined to
   blocked_ms_per_step   mean blocked_ns of decode steps, ms
   cpu_ms_per_step       mean cpu_ns of decode steps (every thread of the process), ms
   main_cpu_ms_per_step  mean main_cpu_ns of decode steps (the main thread), ms
+  reader_cpu_ms_per_step  mean reader_cpu_ns of decode steps (every reader thread), ms
   loads_per_step        mean `loads` of decode steps (the steps table's counters)
   mib_per_load          sum(bytes_read) / sum(loads) over decode steps, MiB
   cold_fraction         sum(cold_loads) / sum(loads) over decode steps
@@ -49,6 +50,7 @@ METRIC_INFO: dict[str, tuple[str, str]] = {
     "blocked_ms_per_step": ("blocked on loads", "ms/step"),
     "cpu_ms_per_step": ("CPU, every thread", "ms/step"),
     "main_cpu_ms_per_step": ("CPU, main thread", "ms/step"),
+    "reader_cpu_ms_per_step": ("CPU, reader threads", "ms/step"),
     "loads_per_step": ("loads", "loads/step"),
     "mib_per_load": ("size per load", "MiB/load"),
     "cold_fraction": ("cold loads", "fraction"),
@@ -217,6 +219,7 @@ def summarize(trace: Trace) -> Summary:
         "blocked_ms_per_step": _ratio(decode["blocked_ns"].mean(), 1e6),
         "cpu_ms_per_step": _known_mean_ms(decode, "cpu_ns"),
         "main_cpu_ms_per_step": _known_mean_ms(decode, "main_cpu_ns"),
+        "reader_cpu_ms_per_step": _known_mean_ms(decode, "reader_cpu_ns"),
         "loads_per_step": _num(decode["loads"].mean()),
         "mib_per_load": _ratio(decode["bytes_read"].sum() / MIB, decode["loads"].sum())
         if decode["bytes_read"].null_count() < decode.height else None,

@@ -44,7 +44,7 @@ MACHINE_KEYS = ("cpus", "cpu_quota", "page_cache", "page_cache_share", "read_mbp
 POINT_KEYS = ("model", "machines", "paths", "k")
 PATHS = ("on-demand", "staged-token", "staged", "hot", "staged-layer")
 METRICS = ("decode_tok_s", "blocked_ms_per_step", "build_ms_per_step", "eval_ms_per_step",
-           "cold_fraction", "cpu_ms_per_step", "main_cpu_ms_per_step")
+           "cold_fraction", "cpu_ms_per_step", "main_cpu_ms_per_step", "reader_cpu_ms_per_step")
 COMPONENTS = ("blocked_ms_per_step", "build_ms_per_step", "eval_ms_per_step")
 # the issue's targets over held-out machines and models (decode tok/s; components)
 TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_COMPONENT_MEDIAN_PCT = 8.0, 15.0, 15.0
@@ -330,11 +330,11 @@ def drift_text(d: dict[str, float]) -> str:
 def markdown(results: list[dict], s: dict[str, Any]) -> str:
     lines = ["| point | rounds | decode tok/s measured | simulated | error | blocked ms/step "
              "m / s | build ms/step m / s | eval ms/step m / s | cold fraction m / s | CPU "
-             "ms/step m / s | main-thread CPU ms/step m / s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ms/step m / s | main-thread CPU ms/step m / s | reader CPU ms/step m / s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "failed" in r:
-            lines.append(f"| {r['point']} | failed: {r['failed']} |" + " - |" * 9)
+            lines.append(f"| {r['point']} | failed: {r['failed']} |" + " - |" * 10)
             continue
 
         def ms(k: str, fmt: str = ".1f", r: dict = r) -> str:
@@ -345,7 +345,7 @@ def markdown(results: list[dict], s: dict[str, Any]) -> str:
                      f"{error_pct(r, 'decode_tok_s'):+.0f}% | {ms('blocked_ms_per_step')} | "
                      f"{ms('build_ms_per_step')} | {ms('eval_ms_per_step')} | "
                      f"{ms('cold_fraction', '.2f')} | {ms('cpu_ms_per_step')} | "
-                     f"{ms('main_cpu_ms_per_step')} |")
+                     f"{ms('main_cpu_ms_per_step')} | {ms('reader_cpu_ms_per_step', '.2f')} |")
     lines += ["", f"Decode tok/s over {s['points']} held-out points: median absolute error "
               f"{s['decode_abs_error_median_pct']:.1f}% (target {TARGET_MEDIAN_PCT:g}%), p90 "
               f"{s['decode_abs_error_p90_pct']:.1f}% (target {TARGET_P90_PCT:g}%); components "

@@ -157,6 +157,25 @@ void rp_wait(pool_t *p, job_t **jobs, int n) {
     pthread_mutex_unlock(&p->lock);
 }
 
+/* The CPU time the pool's threads have used so far, ns (their kernel CPU clocks; the
+   recorder's reader_cpu_ns), or -1 where it cannot be read (macOS: no thread CPU clocks). */
+int64_t rp_cpu_ns(pool_t *p) {
+#ifdef __APPLE__
+    (void)p;
+    return -1;
+#else
+    int64_t total = 0;
+    for (int i = 0; i < p->nthreads; i++) {
+        clockid_t clock;
+        struct timespec ts;
+        if (pthread_getcpuclockid(p->threads[i], &clock) != 0 || clock_gettime(clock, &ts) != 0)
+            return -1;
+        total += (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    }
+    return total;
+#endif
+}
+
 /* Stop the threads once the queue is empty, join them, free the pool. */
 void rp_destroy(pool_t *p) {
     pthread_mutex_lock(&p->lock);
