@@ -18,6 +18,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 COMPONENTS = ("decode_tok_s", "blocked_ms_per_step", "build_ms_per_step", "eval_ms_per_step",
               "cold_fraction")
+# a decode step's CPU by thread (kept in transfer.json: reports/cross-machine/thread_cpu.py)
+CPU = ("cpu_ms_per_step", "main_cpu_ms_per_step", "reader_cpu_ms_per_step")
 BEGIN, END = "<!-- tables: summarize.py -->", "<!-- end tables -->"
 
 
@@ -33,6 +35,9 @@ def compare(trace: Path) -> dict:
             out[key] = (d["metrics"][key]["measured"], d["metrics"][key]["simulated"])
         else:  # the build/eval split lives in the sim section
             out[key] = (d["sim"][f"measured_{key}"], d["sim"][key])
+    for key in CPU:
+        metric = d["metrics"].get(key) or {}
+        out[key] = (metric.get("measured"), metric.get("simulated"))
     # a cold read's time (mean, every thread; None without one), and the main thread's loads
     out["cold_read_ms"] = (d["sim"]["measured_cold_read_ms"], d["sim"]["cold_read_ms"])
     out.update(main_loads(trace))
