@@ -191,6 +191,7 @@ def compare(
     from rich.console import Console
 
     from ssdmoe_cli.trace_cmds import metrics_table
+    from traces.summary import cpu_by_thread
 
     sc = result.scenario
     console = Console(soft_wrap=True)
@@ -208,25 +209,12 @@ def compare(
                   " (the trace's build/eval split depends on the path: see sim/compare.py)")
     by_thread = e.get("decode_cpu_ms_by_thread") or {}
     if by_thread:
-        measured = measured_by_thread(result.measured)
+        measured = cpu_by_thread(result.measured)
         console.print("CPU ms/step by thread, simulated: " + ", ".join(
             f"{k} {v:.2f}" for k, v in by_thread.items()) + "; measured: " + ", ".join(
             f"{k} {_fmt(v)}" for k, v in measured.items()))
     for note in result.notes:
         console.print(f"[yellow]note[/yellow]: {note}")
-
-
-def measured_by_thread(summary: dict[str, Any]) -> dict[str, float | None]:
-    """A trace summary's decode CPU ms a step by thread, as `sim compare` splits the simulated
-    one: the main thread, the reader threads, and the rest of the process (MLX's compute
-    thread; with the readers where their CPU was not recorded)."""
-    cpu, main, readers = (summary.get(k) for k in (
-        "cpu_ms_per_step", "main_cpu_ms_per_step", "reader_cpu_ms_per_step"))
-    if readers is None:
-        rest = None if cpu is None or main is None else cpu - main
-        return {"main": main, "compute and readers": rest}
-    rest = None if cpu is None or main is None else cpu - main - readers
-    return {"compute": rest, "main": main, "readers": readers}
 
 
 def _fmt(value: Any) -> str:

@@ -17,8 +17,8 @@ from store_helpers import expert_buffers
 from engine import native_reads
 from engine.readers import ReaderPool
 from sim.replay import simulate
-from ssdmoe_cli.sim_cmds import measured_by_thread
 from traces.reader import read_trace
+from traces.summary import cpu_by_thread
 
 TASKS = Path("/proc/self/task")
 needs_schedstat = pytest.mark.skipif(
@@ -110,12 +110,12 @@ def test_the_simulators_rows_split_off_its_readers():
                zip(cols["cpu"], cols["main_cpu"], cols["reader_cpu"], strict=True))
 
 
-def test_measured_cpu_by_thread_splits_the_summary():
+def test_cpu_by_thread_splits_the_summary():
     """Hand-worked: compute is the process less the main and reader threads; a trace without
     the readers' column keeps them with compute."""
     summary = {"cpu_ms_per_step": 10.0, "main_cpu_ms_per_step": 4.0,
                "reader_cpu_ms_per_step": 1.5}
-    assert measured_by_thread(summary) == {"compute": 4.5, "main": 4.0, "readers": 1.5}
+    assert cpu_by_thread(summary) == {"compute": 4.5, "main": 4.0, "readers": 1.5}
     old = {**summary, "reader_cpu_ms_per_step": None}
-    assert measured_by_thread(old) == {"main": 4.0, "compute and readers": 6.0}
-    assert measured_by_thread({}) == {"main": None, "compute and readers": None}
+    assert cpu_by_thread(old) == {"main": 4.0, "compute and readers": 6.0}
+    assert cpu_by_thread({}) == {"main": None, "compute and readers": None}

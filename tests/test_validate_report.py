@@ -181,3 +181,26 @@ def test_token_lead_bound_by_hand(tmp_path):
     assert b["ratio"] == pytest.approx(0.84) and not b["holds"]
     assert "2.8 ms of the blocked time is on demand loads" in b["between"]
     assert bounds["staged-token-pcall-unthrottled"]["holds"]  # 0.95
+
+
+def test_cpu_by_thread_section_by_hand():
+    """Compute is the process less main and readers; each thread's median signed error over the
+    configurations where it measured at least 0.1 ms a step; nothing without readers' CPU."""
+    from validation.report import _threads_markdown
+
+    def cpu(r, total, main, readers):
+        r.update(cpu_ms_per_step=total, main_cpu_ms_per_step=main, reader_cpu_ms_per_step=readers)
+
+    a, b, old = _r("a", "held-out"), _r("b", "held-out"), _r("old", "held-out")
+    cpu(a["measured"], 10.0, 4.0, 1.0)  # compute 5.0
+    cpu(a["simulated"], 9.0, 3.0, 1.5)  # compute 4.5: -10%; main -25%; readers +50%
+    cpu(b["measured"], 8.0, 5.0, 0.0)  # compute 3.0; readers below 0.1: not counted
+    cpu(b["simulated"], 9.0, 6.0, 0.0)  # compute 3.0: 0%; main +20%
+    cpu(old["measured"], 8.0, 5.0, None)
+    cpu(old["simulated"], 8.0, 5.0, 0.0)
+    lines = _threads_markdown([a, b, old])
+    assert "| `a` | 5.00 / 4.50 | 4.00 / 3.00 | 1.00 / 1.50 |" in lines
+    assert "| `b` | 3.00 / 3.00 | 5.00 / 6.00 | 0.00 / 0.00 |" in lines
+    assert not any("`old`" in line for line in lines)
+    assert lines[-1].endswith("compute -5.0% (2), main -2.5% (2), readers +50.0% (1).")
+    assert _threads_markdown([old]) == []

@@ -191,6 +191,20 @@ def summarize_layers(trace: Trace) -> pl.DataFrame:
     )
 
 
+def cpu_by_thread(summary: dict[str, Any]) -> dict[str, float | None]:
+    """A summary's decode CPU ms a step by thread, as `sim compare` splits the simulated one:
+    MLX's compute thread (the process less the main and reader threads), the main thread and
+    the reader threads; where the readers' CPU was not recorded (older traces, macOS) the main
+    thread and the rest ("compute and readers")."""
+    cpu, main, readers = (summary.get(k) for k in (
+        "cpu_ms_per_step", "main_cpu_ms_per_step", "reader_cpu_ms_per_step"))
+    if readers is None:
+        return {"main": main, "compute and readers": None if cpu is None or main is None
+                else cpu - main}
+    return {"compute": None if cpu is None or main is None else cpu - main - readers,
+            "main": main, "readers": readers}
+
+
 def _known_mean_ms(steps: pl.DataFrame, col: str) -> float | None:
     """Mean of a column in ms over the steps that know it (-1: not recorded)."""
     known = steps[col].filter(steps[col] >= 0) if col in steps.columns else pl.Series([])

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from traces.schema import DEMAND
+from traces.summary import cpu_by_thread
 from validation import plots
 from validation.labels import LABELS
 from validation.matrix_run import METRICS
@@ -288,6 +289,7 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None, out: Path) -> 
         lines.append(f"| `{r['config']['name']}` | {r['config']['role']} | " + " | ".join(cells)
                      + f" | {_fmt(r['measured'].get('adjacent_overlap'), 3)} | "
                      f"{_fmt(r['measured'].get('load_entropy'), 3)} |" + spread)
+    lines += _threads_markdown(results)
     if worst is not None:
         comp, diff = responsible(worst)
         lines += ["", f"## The worst configuration: `{worst['config']['name']}`", "",
@@ -318,6 +320,32 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None, out: Path) -> 
               "traces in `simulated/` open with `ssdmoe trace summary` and export to Perfetto "
               "with `ssdmoe trace export`.", ""]
     return "\n".join(lines)
+
+
+def _threads_markdown(results: list[dict]) -> list[str]:
+    """A decode step's CPU by thread, measured / simulated (traces.summary.cpu_by_thread), and
+    each thread's median signed error where it measured at least 0.1 ms a step; nothing where
+    the traces did not record the readers' CPU."""
+    rows = [(r["config"]["name"], cpu_by_thread(r["measured"]), cpu_by_thread(r["simulated"]))
+            for r in results]
+    rows = [(n, m, s) for n, m, s in rows if "readers" in m and "readers" in s
+            and None not in (*m.values(), *s.values())]
+    if not rows:
+        return []
+    threads = ("compute", "main", "readers")
+    lines = ["", "## CPU a decode step by thread", "",
+             "measured / simulated ms: MLX's compute thread (the process less the others), the "
+             "main thread, the reader threads (each trace's cpu_ns, main_cpu_ns, reader_cpu_ns).",
+             "", "| configuration | " + " | ".join(threads) + " |", "|---|---|---|---|"]
+    lines += [f"| `{n}` | " + " | ".join(f"{m[t]:.2f} / {s[t]:.2f}" for t in threads) + " |"
+              for n, m, s in rows]
+    medians = []
+    for t in threads:
+        errors = [100 * (s[t] / m[t] - 1) for _, m, s in rows if m[t] >= 0.1]
+        if errors:
+            medians.append(f"{t} {statistics.median(errors):+.1f}% ({len(errors)})")
+    return [*lines, "", "Median signed error, simulated against measured (configurations): "
+            + ", ".join(medians) + "."]
 
 
 def _noise_markdown(spread: dict, summary: dict, noise: dict | None = None) -> list[str]:

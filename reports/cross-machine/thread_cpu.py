@@ -5,25 +5,28 @@ and as `sim compare` replays them. Reads `ssdmoe validate`'s validation.json (th
 `validate --transfer`'s transfer.json, and reports/transfer/summarize.py's transfer.json (the
 curves); prints one table and the median signed error per thread, writes the same as JSON.
 
-Usage: python reports/cross-machine/thread_cpu.py RUN_DIR... [--json OUT]"""
+Usage: uv run python reports/cross-machine/thread_cpu.py RUN_DIR... [--json OUT]"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from traces.summary import cpu_by_thread  # noqa: E402
 
 THREADS = ("compute", "main", "readers")
 KEYS = ("cpu_ms_per_step", "main_cpu_ms_per_step", "reader_cpu_ms_per_step")
 MIN_MS = 0.1  # a thread's error is counted where it measured at least this much a step
 
 
-def split(cpu: float | None, main: float | None, readers: float | None) -> dict | None:
-    """{thread: ms a step}; None where any figure is missing (a trace without the column)."""
-    if cpu is None or main is None or readers is None:
-        return None
-    return {"compute": cpu - main - readers, "main": main, "readers": readers}
+def split(summary: dict) -> dict | None:
+    """{thread: ms a step}; None where a figure is missing (a trace without the column)."""
+    threads = cpu_by_thread(summary)
+    return threads if set(threads) == set(THREADS) and None not in threads.values() else None
 
 
 def points(run: Path) -> list[tuple[str, dict, dict]]:
@@ -32,7 +35,7 @@ def points(run: Path) -> list[tuple[str, dict, dict]]:
     found = []
 
     def add(name: str, measured: dict, simulated: dict) -> None:
-        m, s = (split(*(side.get(k) for k in KEYS)) for side in (measured, simulated))
+        m, s = split(measured), split(simulated)
         if m is not None and s is not None:
             found.append((name, m, s))
 
