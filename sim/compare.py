@@ -437,7 +437,7 @@ def compare(trace: Trace, scenario: str | None = None, sets: list[str] | None = 
     extra = {k: figures[k] for k in ("build_ms_per_step", "eval_ms_per_step",
                                      "page_cache_capacity_bytes", "page_cache_hit_rate",
                                      "lru_hit_rate", "sim_wall_s", "decode_steps",
-                                     "decode_cpu_ms_by_thread")}
+                                     "decode_cpu_ms_by_thread", "decode_main_cpu_ms_by_part")}
     extra.update({f"measured_{k}": v for k, v in measured_split(trace).items()})
     # the same figures off the simulated trace; build and eval are the simulator's own
     extra.update({k: v for k, v in measured_split(result.trace).items() if k not in extra})

@@ -33,6 +33,8 @@ class SimFigures:
     # CPU ms a decode step by thread: main, compute (MLX's), readers (all of them), as the
     # trace's cpu_ns splits into main_cpu_ns and the rest
     decode_cpu_ms_by_thread: dict[str, float] = field(default_factory=dict)
+    # of it, the main thread's CPU ms a decode step by part (sim.main_thread.MAIN_PARTS)
+    decode_main_cpu_ms_by_part: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self, memory: bool = True) -> dict:
         d = asdict(self)

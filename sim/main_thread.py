@@ -81,6 +81,10 @@ from sim.swap import Swap
 from traces.schema import DEMAND, PREFETCH, WHOLE_LAYER
 
 MAIN_THREAD = "main"
+# what the main thread's CPU goes to, as reports/cross-machine/main_thread_cpu.py splits the
+# engine's: graph building, MLX's dispatch (inside async_eval), a fill point's host work (slot
+# tables, read plans; the lookahead loop), expert loads it reads or collects itself, the rest
+MAIN_PARTS = ("build", "dispatch", "fills", "loads", "other")
 
 
 def engine_order(experts: list[int], held) -> list[int]:
@@ -116,6 +120,9 @@ class MainThread:
         self.thread_cpu_seen: dict[str, float] = {}  # the cores' CPU seconds by thread at the
         # last row
         self.decode_cpu_s: Counter[str] = Counter()  # decode rows' CPU by thread (readers as one)
+        # the main thread's CPU by part (MAIN_PARTS) since the last row, and the decode rows'
+        self.main_parts: Counter[str] = Counter()
+        self.decode_main_parts: Counter[str] = Counter()
         self.layers = m.layers
         self.experts = m.experts
         self.bundle_bytes = m.bundle_bytes
@@ -170,11 +177,19 @@ class MainThread:
         self.hits = self.misses = 0
         self.evictions0 = self.lru.evictions + self.slots.evictions
 
-    def cpu(self, seconds: float) -> Generator:
-        """Graph building on the main thread (Python: it holds the GIL, sim.gil)."""
+    def cpu(self, seconds: float, part: str = "build") -> Generator:
+        """Graph building on the main thread (Python: it holds the GIL, sim.gil), counted as
+        `part` of its CPU (a fill's host work in the synchronous loop: "fills")."""
         start = self.env.now
-        yield from self.gil.run(self.cores, seconds, MAIN_THREAD)
+        yield from self._as(part, self.gil.run(self.cores, seconds, MAIN_THREAD))
         self.build += self.env.now - start
+
+    def _as(self, part: str, charge: Generator) -> Generator:
+        """Run `charge` (main-thread work, a sub-process) and count the main thread's CPU it
+        took as `part` (MAIN_PARTS; the cores charge work as it is handed to them)."""
+        before = self.cores.busy_s[MAIN_THREAD]
+        yield from charge
+        self.main_parts[part] += self.cores.busy_s[MAIN_THREAD] - before
 
     def _one_core(self, primitives: float, wall_s: float, main_s: float) -> None:
         """The compute figures (a synced step's wall time) and the dispatch (the main thread's
@@ -191,10 +206,11 @@ class MainThread:
         self.dispatch_s = max(0.0, self.dispatch_s - primitives * main_s)
         self.dispatch_cpu_s = max(0.0, self.dispatch_cpu_s - primitives * main_s)
 
-    def fill_cpu(self, seconds: float) -> Generator:
-        """Main-thread host work of a fill point (lookahead loop): not graph building."""
+    def fill_cpu(self, seconds: float, part: str = "fills") -> Generator:
+        """Main-thread host work of a fill point (lookahead loop): not graph building; counted
+        as `part` of the main thread's CPU (the previous token's record: "other")."""
         start = self.env.now
-        yield from self.gil.run(self.cores, seconds, MAIN_THREAD)
+        yield from self._as(part, self.gil.run(self.cores, seconds, MAIN_THREAD))
         self.eval += self.env.now - start
 
     def dispatch(self, seconds: float) -> Generator:
@@ -206,6 +222,7 @@ class MainThread:
         over after it owes only what this left out (`queue_attention_async`)."""
         if seconds > 0:
             start = self.env.now
+            self.main_parts["dispatch"] += seconds
             yield self.cores.work(seconds, MAIN_THREAD)
             yield from self.gil.take_back()
             self.eval += self.env.now - start
@@ -236,6 +253,7 @@ class MainThread:
         owed, self.dispatch_owed = self.dispatch_owed, 0.0
         if owed > 0:
             work = self.cores.work(owed, MAIN_THREAD)
+            self.main_parts["dispatch"] += owed
             yield work if done is None else simpy.AllOf(self.env, [done, work])
         elif done is not None:
             yield done
@@ -246,7 +264,8 @@ class MainThread:
         load the caller hands out itself (`_hand_out`) once it knows all of a fill's misses."""
         env = self.env
         if self.fill_host_s and expert >= 0:  # the slot table places it, plans its read
-            yield from (self.fill_cpu if self.lookahead else self.cpu)(self.fill_host_s)
+            yield from (self.fill_cpu if self.lookahead else self.cpu)(self.fill_host_s,
+                                                                       "fills")
         load = Load(step, layer, expert, key, nbytes, pieces, source, env.now, env.event())
         # A small demand read the page cache holds is a copy the engine's main thread does
         # itself (engine.readers.INLINE_WARM_BYTES: cheaper than a reader hand-off); others
@@ -259,7 +278,8 @@ class MainThread:
                 # the engine asked the page cache first and was refused (engine.readers.wait):
                 # main-thread work inside the fill's wait, so blocked time
                 start = self.env.now
-                yield from self.gil.run(self.cores, self.refused_warm_s, MAIN_THREAD)
+                yield from self._as("loads", self.gil.run(self.cores, self.refused_warm_s,
+                                                          MAIN_THREAD))
                 self._blocked(start)
             if not hold:
                 self.readers.submit(load)
@@ -274,7 +294,7 @@ class MainThread:
         the drops); a path without readers reads inside graph building or a fill (the exact
         path: engine.store's load row ends before the drops), so there they are that work."""
         start = self.env.now
-        yield from self.fetcher.perform(load, MAIN_THREAD)
+        yield from self._as("loads", self.fetcher.perform(load, MAIN_THREAD))
         self._waited_on(load)
         end = self.env.now if self.readers is not None else load.finished
         load.wait += end - start
@@ -318,7 +338,7 @@ class MainThread:
         and its row, holding the GIL."""
         if load.owed:
             owed, load.owed = load.owed, 0.0
-            yield from self.gil.run(self.cores, owed, MAIN_THREAD)
+            yield from self._as("loads", self.gil.run(self.cores, owed, MAIN_THREAD))
 
     def _waited_on(self, load: Load) -> None:
         """The main thread waited on `load` (or read it itself): a cold one is a cold stall."""
@@ -519,7 +539,7 @@ class MainThread:
             yield from self.hint(step, row)
             yield from self.stage_boundary(step, row)
         if built and self.sc.token_host_ms:  # the previous token's record (engine.recorder)
-            yield from self.fill_cpu(self.sc.token_host_ms / 1e3)
+            yield from self.fill_cpu(self.sc.token_host_ms / 1e3, "other")
         resolved = set()
         for layer in range(self.layers):
             if next_row is not None:  # step+1's layer, while this step computes
@@ -617,11 +637,14 @@ class MainThread:
         spent = {t: s - self.thread_cpu_seen.get(t, 0.0) for t, s in busy.items()}
         self.thread_cpu_seen = dict(busy)
         readers = sum(s for t, s in spent.items() if t.startswith(READER_THREAD))
+        parts, self.main_parts = self.main_parts, Counter()
+        parts["other"] += spent.get(MAIN_THREAD, 0.0) - sum(parts.values())
         if phase == "decode":
             for thread, seconds in spent.items():
                 if not thread.startswith(READER_THREAD):
                     self.decode_cpu_s[thread] += seconds
             self.decode_cpu_s["readers"] += readers
+            self.decode_main_parts.update(parts)
         self.log.add(step=step, request=request, phase=phase, tokens=tokens, start=start,
                      end=self.env.now, build=self.build, eval=self.eval, blocked=self.blocked,
                      hits=self.hits, misses=self.misses,

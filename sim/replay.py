@@ -21,7 +21,7 @@ from sim.cpu import Cores
 from sim.figures import SimFigures
 from sim.gil import Gil
 from sim.loads import Fetcher
-from sim.main_thread import MainThread
+from sim.main_thread import MAIN_PARTS, MainThread
 from sim.memory_budget import MemoryBudget, budget
 from sim.page_cache import PageCache
 from sim.policies import Policy, make_policy
@@ -230,6 +230,8 @@ def run_scenario(sc: Scenario, trace: Trace | None = None,
         decode_cpu_ms_by_thread={k: v * 1e3 / len(decode_rows)
                                  for k, v in sorted(main.decode_cpu_s.items())}
         if decode_rows else {},
+        decode_main_cpu_ms_by_part={k: main.decode_main_parts[k] * 1e3 / len(decode_rows)
+                                    for k in MAIN_PARTS} if decode_rows else {},
     )
     sim_trace.run["extra"]["sim"] = figures.as_dict(memory=False)
     return SimResult(sim_trace, metrics, figures)

@@ -213,6 +213,11 @@ def compare(
         console.print("CPU ms/step by thread, simulated: " + ", ".join(
             f"{k} {v:.2f}" for k, v in by_thread.items()) + "; measured: " + ", ".join(
             f"{k} {_fmt(v)}" for k, v in measured.items()))
+    by_part = e.get("decode_main_cpu_ms_by_part") or {}
+    if by_part:
+        console.print("main thread CPU ms/step by part, simulated: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in by_part.items())
+            + " (measured by part: reports/cross-machine/main_thread_cpu.py)")
     for note in result.notes:
         console.print(f"[yellow]note[/yellow]: {note}")
 

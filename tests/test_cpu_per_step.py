@@ -91,3 +91,27 @@ def test_the_decode_steps_cpu_by_thread_adds_up_to_their_rows():
     assert by_thread["main"] == pytest.approx(decode["main_cpu_ns"].mean() / 1e6, rel=1e-6)
     assert by_thread["readers"] > 0
     assert by_thread["readers"] == pytest.approx(decode["reader_cpu_ns"].mean() / 1e6, rel=1e-6)
+
+
+def test_the_main_threads_cpu_by_part_adds_up_to_it():
+    """sim compare's main-thread CPU by part (SimFigures.decode_main_cpu_ms_by_part): the parts
+    add up to the main thread's CPU of the decode steps; graph building is the model's build
+    per layer (2 layers x 1 ms, sim_helpers.model) on every step; the loads the main thread
+    reads itself and the lookahead loop's dispatch land in their own parts."""
+    from sim.main_thread import MAIN_PARTS
+    from sim.replay import run_scenario
+
+    hw = hardware(cpu_cores=2.0, compute_on_cpu=True, load_overhead_ms=0.02,
+                  cold_read_cpu_ms=0.05)
+    m = model(fill_ms_per_layer=0.05, dispatch_cpu_ms_per_layer=0.1)
+    for lookahead in (False, True):
+        sc = scenario(hw, m, path="staged", readers=2, lead="none", lookahead=lookahead)
+        result = run_scenario(sc, routing=routing_input(uniform_routing(40, 2, 16, 2, seed=3)))
+        parts = result.figures.decode_main_cpu_ms_by_part
+        assert tuple(parts) == MAIN_PARTS
+        main = result.figures.decode_cpu_ms_by_thread["main"]
+        assert sum(parts.values()) == pytest.approx(main, rel=1e-9)
+        assert parts["build"] == pytest.approx(2.0, rel=1e-9)
+        assert parts["loads"] > 0 and min(parts.values()) >= -1e-12
+        assert parts["dispatch"] >= 2 * 0.1 - 1e-9  # at least each layer's dispatch CPU
+        assert parts["other"] == pytest.approx(0.0, abs=1e-9)  # no token record charged here
