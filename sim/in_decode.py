@@ -25,6 +25,7 @@ SINGLE = {
     "cold_overhead_ms.in_decode": "cold_overhead_ms",
     "cold_overhead_ms.o_direct": "cold_overhead_ms",
     "budget_evict_ms.in_decode": "budget_evict_ms",
+    "dispatch_cpu_ms_per_layer.in_decode": "dispatch_cpu_ms_per_layer",
 }
 # fitted per variant: note prefix -> the variants it is fitted for
 PER_VARIANT = {
@@ -92,7 +93,8 @@ class InDecode:
         if fill is not None:
             out.append(("fill_ms_per_layer", fill))
         keys = ["compute_factor", "load_overhead_ms.in_decode", "handoff_ms.in_decode",
-                "reader_wake_ms.in_decode", "ssd_latency_ms.in_decode"]
+                "reader_wake_ms.in_decode", "ssd_latency_ms.in_decode",
+                "dispatch_cpu_ms_per_layer.in_decode"]
         if prerouter:
             keys.append("head_build_ms.in_decode")
         keys.append("cold_overhead_ms.o_direct" if o_direct else "cold_overhead_ms.in_decode")

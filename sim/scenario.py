@@ -434,7 +434,9 @@ class ModelProfile:
               "waits on, is part of it), so it takes a core beside the compute thread "
               "(sim.main_thread); 0 = not charged"),
         obtain=("measured by `ssdmoe calibrate` (the main thread's CPU time inside "
-                "mx.async_eval of the walk to each router of a resident decode step)"))
+                "mx.async_eval of the walk to each router of a resident decode step), then "
+                "fitted inside decode by `ssdmoe validate` from the main thread's measured CPU "
+                "([in_decode] dispatch_cpu_ms_per_layer.in_decode)"))
     fill_ms_per_layer: float = key(0.0,
         help=("the lookahead decode loop's main-thread work at each layer's fill point that "
               "compute waits on: handing the gather and the walk to the next router over "

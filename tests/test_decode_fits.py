@@ -312,3 +312,36 @@ def test_cold_fill_fit_by_hand(tmp_path):
     got = fit_cold_fill([hot, *others], sc, lookahead=False)
     assert got == {"cold_fill_compute_ms.sync": {"before": 0.0, "after": pytest.approx(0.4)}}
     assert current_fit(sc, "cold_fill_compute_ms.in_decode") == pytest.approx(0.5, abs=1e-4)
+
+
+def test_dispatch_cpu_fit_by_hand(tmp_path):
+    """dispatch_cpu_ms_per_layer.in_decode = the model profile's figure + the median of
+    (measured - simulated main-thread CPU) / layers over the warm lookahead configurations,
+    the layer lead's left out:
+      hot (5.4 - 4.8) / 6 = 0.1, staged (5.7 - 4.8) / 6 = 0.15, token lead (4.5 - 4.2) / 6 =
+      0.05: median + 0.1 (with the layer lead's (6.0 - 4.2) / 6 = 0.3: + 0.125); the
+    synchronous on-demand one (+ 1.0 a layer) is not in it, nor a configuration whose trace
+    has no main-thread CPU."""
+    from sim.profiles import load_model
+    from validation.decode_fits import current_fit, fit_machine
+
+    isolated = load_model("tiny-trained").dispatch_cpu_ms_per_layer
+
+    def warm(name: str, path: str, lookahead: bool, main: float | None, sim: float) -> dict:
+        return {"config": {"name": name, "path": path, "page_cache": "all"}, "layers": 6,
+                "settings": [f"lookahead={'true' if lookahead else 'false'}"],
+                "measured": {"main_cpu_ms_per_step": main},
+                "simulated": {"main_cpu_ms_per_step": sim}}
+
+    sc = tmp_path / "s.toml"
+    sc.write_text('hardware = "this-machine"\nmodel = "tiny-trained"\n')
+    got = fit_machine([warm("hot-pcall", "hot", True, 5.4, 4.8),
+                       warm("staged-pcall", "staged", True, 5.7, 4.8),
+                       warm("staged-token-pcall", "staged-token", True, 4.5, 4.2),
+                       warm("staged-layer-pcall", "staged-layer", True, 6.0, 4.2),
+                       warm("old-trace", "staged", True, None, 1.0),
+                       warm("on-demand-pcall", "on-demand", False, 12.0, 6.0)], sc)
+    assert got["dispatch_cpu_ms_per_layer.in_decode"] == {
+        "before": isolated, "after": pytest.approx(isolated + 0.1)}
+    assert current_fit(sc, "dispatch_cpu_ms_per_layer.in_decode") == pytest.approx(
+        isolated + 0.1, abs=1e-4)

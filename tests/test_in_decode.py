@@ -15,21 +15,24 @@ FITS = {"build_ms_per_layer.exact": 0.4, "build_ms_per_layer.staged": 0.2,
         "compute_factor": 1.01, "cold_overhead_ms.in_decode": 0.05,
         "cold_overhead_ms.o_direct": 0.03, "head_build_ms.in_decode": 0.002,
         "cold_fill_compute_ms.in_decode": 0.04, "cold_fill_compute_ms.sync": 0.18,
-        "budget_evict_ms.in_decode": 0.03}
+        "budget_evict_ms.in_decode": 0.03, "dispatch_cpu_ms_per_layer.in_decode": 0.45}
 
 
 def test_each_configuration_takes_what_was_fitted_for_it():
     fits = InDecode.from_table("s.toml", FITS)
     assert fits.settings("exact", None, lookahead=False, prerouter=False, o_direct=False) == [
-        ("build_ms_per_layer", 0.4), ("compute_factor", 1.01), ("cold_overhead_ms", 0.05),
+        ("build_ms_per_layer", 0.4), ("compute_factor", 1.01),
+        ("dispatch_cpu_ms_per_layer", 0.45), ("cold_overhead_ms", 0.05),
         ("cold_fill_compute_ms", 0.18)]
     assert fits.settings("staged", "layer", lookahead=True, prerouter=True, o_direct=True) == [
         ("build_ms_per_layer", 0.2), ("fill_ms_per_layer", 0.31), ("compute_factor", 1.01),
-        ("head_build_ms", 0.002), ("cold_overhead_ms", 0.03), ("cold_fill_compute_ms", 0.04)]
+        ("dispatch_cpu_ms_per_layer", 0.45), ("head_build_ms", 0.002),
+        ("cold_overhead_ms", 0.03), ("cold_fill_compute_ms", 0.04)]
     # the token lead has no fill of its own: the staged path's; hot has no fits but these
     assert ("fill_ms_per_layer", 0.16) in fits.settings("staged", "token", True, True, False)
     assert fits.settings("hot", None, True, False, False) == [
-        ("compute_factor", 1.01), ("cold_overhead_ms", 0.05), ("cold_fill_compute_ms", 0.04)]
+        ("compute_factor", 1.01), ("dispatch_cpu_ms_per_layer", 0.45),
+        ("cold_overhead_ms", 0.05), ("cold_fill_compute_ms", 0.04)]
     assert fits.budget_evict_ms == 0.03
     assert InDecode.from_table("s.toml", {}).settings("exact", None, False, False, False) == []
 

@@ -7,6 +7,12 @@ configurations then test. How each fit came to be, with the runs that shaped it:
 reports/validation/history.md.
   build_ms_per_layer.<path>   per path, the main-thread cost per layer:
                               new = old + (measured build/step - simulated build/step) / layers
+  dispatch_cpu_ms_per_layer.in_decode  machine-wide, MLX's dispatch on the main thread per
+                              layer inside decode: old + median((measured - simulated
+                              main-thread CPU per step) / layers) over the warm configurations
+                              of the lookahead loop (the layer lead's left out); calibrate's
+                              probe hands each walk over alone, and the main thread's CPU by
+                              part puts the decode's gap there (reports/cross-machine)
   compute_factor              machine-wide, the accelerator's time inside decode against the
                               microbenchmarks': old x median(measured / simulated eval per step)
                               over the configurations that decode in the synchronous loop
@@ -235,6 +241,7 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
                   f"over {len(ratios)} calibration configuration(s) of the synchronous decode "
                   f"loop (before this fit: {old_cf:.4f})")
         out["compute_factor"] = {"before": old_cf, "after": new_cf}
+    out.update(fit_dispatch(cal, scenario, sc.model.dispatch_cpu_ms_per_layer))
     for path in FILL_PATHS:
         key = f"fill_ms_per_layer.{path}"
         old_fill = current_fit(scenario, key)
@@ -262,6 +269,26 @@ def fit_machine(results: list[dict[str, Any]], scenario: Path) -> dict[str, dict
     out.update(fit_cold_fill(machine_wide, scenario, lookahead=True))
     out.update(fit_cold_fill(machine_wide, scenario, lookahead=False))
     return out
+
+
+def fit_dispatch(warm: list[dict[str, Any]], scenario: Path,
+                 isolated: float) -> dict[str, dict[str, float]]:
+    """dispatch_cpu_ms_per_layer.in_decode from the warm calibration configurations of the
+    lookahead loop (machine-wide: the layer lead's left out by the caller): old +
+    median((measured - simulated main-thread CPU per step) / layers).
+    The main thread's CPU by part (reports/cross-machine, "The main thread by part") puts
+    its gap in MLX's dispatch: calibrate's probe hands the resident walk to each router over
+    alone, decode hands its walks over beside a busy compute thread."""
+    deltas = [(r["measured"]["main_cpu_ms_per_step"] - r["simulated"]["main_cpu_ms_per_step"])
+              / r["layers"] for r in warm if looks_ahead(r)
+              and r["measured"].get("main_cpu_ms_per_step") is not None
+              and r["simulated"].get("main_cpu_ms_per_step") is not None]
+    return _shift(
+        scenario, "dispatch_cpu_ms_per_layer.in_decode",
+        current_fit(scenario, "dispatch_cpu_ms_per_layer.in_decode") or isolated, deltas,
+        "fitted by ssdmoe validate: MLX's dispatch on the main thread per layer inside decode, "
+        "from its measured CPU less the simulated over layers in {n} warm calibration "
+        f"configuration(s) of the lookahead loop (calibrate's probe: {isolated:.4f} ms)")
 
 
 def fit_cold_fill(results: list[dict[str, Any]], scenario: Path,
