@@ -651,7 +651,7 @@ class MainThread:
                      evictions=self.lru.evictions + self.slots.evictions - self.evictions0,
                      lru_bytes=self.lru.used_bytes,
                      page_cache_bytes=self.fetcher.pc.used_bytes,
-                     cpu=sum(spent.values()), main_cpu=spent.get("main", 0.0),
+                     cpu=sum(spent.values()), main_cpu=spent.get(MAIN_THREAD, 0.0),
                      reader_cpu=readers)
 
     def prefill_step(self, step: int, request: int, tokens: int) -> Generator:

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from traces.schema import DEMAND
-from traces.summary import cpu_by_thread
 from validation import plots
 from validation.labels import LABELS
 from validation.matrix_run import METRICS
 from validation.noise import noise_summary
+from validation.threads import THREADS, complete_split, signed_errors
 
 COMPONENTS = ("build_ms_per_step", "eval_ms_per_step", "blocked_ms_per_step")
 # The token lead holds its bound when it decodes at least this share of it (issue 45's target:
@@ -323,27 +323,23 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None, out: Path) -> 
 
 
 def _threads_markdown(results: list[dict]) -> list[str]:
-    """A decode step's CPU by thread, measured / simulated (traces.summary.cpu_by_thread), and
-    each thread's median signed error where it measured at least 0.1 ms a step; nothing where
-    the traces did not record the readers' CPU."""
-    rows = [(r["config"]["name"], cpu_by_thread(r["measured"]), cpu_by_thread(r["simulated"]))
+    """A decode step's CPU by thread, measured / simulated (validation.threads), and each
+    thread's median signed error where it measured at least MIN_MS a step; nothing where the
+    traces did not record the readers' CPU."""
+    rows = [(r["config"]["name"], complete_split(r["measured"]), complete_split(r["simulated"]))
             for r in results]
-    rows = [(n, m, s) for n, m, s in rows if "readers" in m and "readers" in s
-            and None not in (*m.values(), *s.values())]
+    rows = [(n, m, s) for n, m, s in rows if m is not None and s is not None]
     if not rows:
         return []
-    threads = ("compute", "main", "readers")
     lines = ["", "## CPU a decode step by thread", "",
              "measured / simulated ms: MLX's compute thread (the process less the others), the "
              "main thread, the reader threads (each trace's cpu_ns, main_cpu_ns, reader_cpu_ns).",
-             "", "| configuration | " + " | ".join(threads) + " |", "|---|---|---|---|"]
-    lines += [f"| `{n}` | " + " | ".join(f"{m[t]:.2f} / {s[t]:.2f}" for t in threads) + " |"
+             "", "| configuration | " + " | ".join(THREADS) + " |", "|---|---|---|---|"]
+    lines += [f"| `{n}` | " + " | ".join(f"{m[t]:.2f} / {s[t]:.2f}" for t in THREADS) + " |"
               for n, m, s in rows]
-    medians = []
-    for t in threads:
-        errors = [100 * (s[t] / m[t] - 1) for _, m, s in rows if m[t] >= 0.1]
-        if errors:
-            medians.append(f"{t} {statistics.median(errors):+.1f}% ({len(errors)})")
+    errors = signed_errors((m, s) for _, m, s in rows)
+    medians = [f"{t} {e['median_signed_error_pct']:+.1f}% ({e['points']})"
+               for t, e in errors.items() if e["median_signed_error_pct"] is not None]
     return [*lines, "", "Median signed error, simulated against measured (configurations): "
             + ", ".join(medians) + "."]
 

@@ -11,22 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from traces.summary import cpu_by_thread  # noqa: E402
+from validation.threads import MIN_MS, THREADS, complete_split, signed_errors  # noqa: E402
 
-THREADS = ("compute", "main", "readers")
 KEYS = ("cpu_ms_per_step", "main_cpu_ms_per_step", "reader_cpu_ms_per_step")
-MIN_MS = 0.1  # a thread's error is counted where it measured at least this much a step
-
-
-def split(summary: dict) -> dict | None:
-    """{thread: ms a step}; None where a figure is missing (a trace without the column)."""
-    threads = cpu_by_thread(summary)
-    return threads if set(threads) == set(THREADS) and None not in threads.values() else None
 
 
 def points(run: Path) -> list[tuple[str, dict, dict]]:
@@ -35,7 +26,7 @@ def points(run: Path) -> list[tuple[str, dict, dict]]:
     found = []
 
     def add(name: str, measured: dict, simulated: dict) -> None:
-        m, s = split(measured), split(simulated)
+        m, s = complete_split(measured), complete_split(simulated)
         if m is not None and s is not None:
             found.append((name, m, s))
 
@@ -75,10 +66,7 @@ def main() -> None:
     for run, name, m, s in rows:
         print(f"| {run} | {name} | "
               + " | ".join(f"{m[t]:.2f} / {s[t]:.2f}" for t in THREADS) + " |")
-    errors = {t: [100 * (s[t] / m[t] - 1) for _, _, m, s in rows if m[t] >= MIN_MS]
-              for t in THREADS}
-    summary = {t: {"points": len(e), "median_signed_error_pct": statistics.median(e)
-                   if e else None} for t, e in errors.items()}
+    summary = signed_errors((m, s) for _, _, m, s in rows)
     print("\nmedian signed error, simulated against measured (where measured >= "
           f"{MIN_MS} ms a step): " + ", ".join(
               f"{t} {v['median_signed_error_pct']:+.1f}% ({v['points']})"
