@@ -20,6 +20,17 @@ from validation.threads import MIN_MS, THREADS, complete_split, signed_errors  #
 KEYS = ("cpu_ms_per_step", "main_cpu_ms_per_step", "reader_cpu_ms_per_step")
 
 
+def _read(path: Path) -> dict:
+    """A run's JSON; one line naming the file where it is not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SystemExit(f"thread_cpu.py: {path}: not readable JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise SystemExit(f"thread_cpu.py: {path}: not a run's JSON object")
+    return data
+
+
 def points(run: Path) -> list[tuple[str, dict, dict]]:
     """(point, measured split, simulated split) of every configuration of `run` that has
     all three figures on both sides."""
@@ -31,10 +42,10 @@ def points(run: Path) -> list[tuple[str, dict, dict]]:
             found.append((name, m, s))
 
     if (run / "validation.json").is_file():
-        for r in json.loads((run / "validation.json").read_text())["results"]:
+        for r in _read(run / "validation.json").get("results", []):
             add(r["config"]["name"], r["measured"], r["simulated"])
     elif (run / "transfer.json").is_file():
-        data = json.loads((run / "transfer.json").read_text())
+        data = _read(run / "transfer.json")
         if "results" in data:  # validate --transfer
             for r in data["results"]:
                 if "failed" not in r:
@@ -57,7 +68,13 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    rows = [(run.name, *p) for run in args.runs for p in points(run)]
+    rows = []
+    for run in args.runs:
+        try:
+            rows += [(run.name, *p) for p in points(run)]
+        except (KeyError, TypeError, AttributeError) as err:
+            raise SystemExit(f"thread_cpu.py: {run}: its JSON is not a validate, validate "
+                             f"--transfer or curves run ({type(err).__name__}: {err})") from None
     if not rows:
         raise SystemExit("thread_cpu.py: no configuration records the readers' CPU "
                          "(traces captured before reader_cpu_ns)")
