@@ -20,7 +20,7 @@ from validation import plots
 from validation.labels import LABELS
 from validation.matrix_run import METRICS
 from validation.noise import noise_summary
-from validation.threads import THREADS, complete_split, signed_errors
+from validation.thread_errors import THREADS, complete_split, signed_errors
 
 COMPONENTS = ("build_ms_per_step", "eval_ms_per_step", "blocked_ms_per_step")
 # The token lead holds its bound when it decodes at least this share of it (issue 45's target:
@@ -323,7 +323,7 @@ def _markdown(doc: dict, results: list[dict], worst: dict | None, out: Path) -> 
 
 
 def _threads_markdown(results: list[dict]) -> list[str]:
-    """A decode step's CPU by thread, measured / simulated (validation.threads), and each
+    """A decode step's CPU by thread, measured / simulated (validation.thread_errors), and each
     thread's median signed error where it measured at least MIN_MS a step; nothing where the
     traces did not record the readers' CPU."""
     rows = [(r["config"]["name"], complete_split(r["measured"]), complete_split(r["simulated"]))

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from validation.threads import MIN_MS, THREADS, complete_split, signed_errors  # noqa: E402
+from validation.thread_errors import MIN_MS, THREADS, complete_split, signed_errors  # noqa: E402
 
 KEYS = ("cpu_ms_per_step", "main_cpu_ms_per_step", "reader_cpu_ms_per_step")
 
