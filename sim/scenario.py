@@ -414,7 +414,9 @@ class ModelProfile:
               "waits for operations the main thread has not dispatched yet (small operations "
               "are dispatched slower than they run), on a CPU backend: each layer's attention "
               "starts with this much of a wait that takes no core (sim.compute_stream), the "
-              "main thread's dispatch (dispatch_cpu_ms_per_layer) running meanwhile; 0 = none"),
+              "main thread's dispatch (dispatch_cpu_ms_per_layer) running meanwhile; where the "
+              "threads share one core the wait is that dispatch, and the attention is its CPU "
+              "less this; 0 = none"),
         obtain=("measured by `ssdmoe calibrate` (the wall time of resident decode steps' "
                 "evaluation less the compute thread's CPU time in it, the process's less the "
                 "main thread's, over the layers)"))
