@@ -25,8 +25,8 @@ over the prompts.
 
 Usage: uv run python reports/cross-machine/main_thread_cpu.py [--model models/tiny-trained-stream]
 [--tokens 64] [--rounds 2] [--page-cache F] [--arms a,b]; writes main-thread-cpu.json (or
-main-thread-cpu[-ARMS][-pcF].json) beside this script and prints the table. Linux
-(sched_setaffinity)."""
+main-thread-cpu[-MODEL][-ARMS][-pcF].json, MODEL named where it is not the default) beside
+this script and prints the table. Linux (sched_setaffinity)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+DEFAULT_MODEL = "models/tiny-trained-stream"
 sys.path.insert(0, str(ROOT))
 
 from engine.child_env import importing  # noqa: E402
@@ -212,7 +213,7 @@ def _child(arm: str, one_core: bool, model: str, tokens: int, page_cache: float 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="models/tiny-trained-stream")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--page-cache", type=float, default=None)
@@ -245,7 +246,10 @@ def main() -> None:
              for key, rs in runs.items()}
     manifest = json.loads((ROOT / args.model / "manifest.json").read_text())
     subset = "" if set(chosen) == set(ARMS) else "-" + "-".join(chosen)
-    name = f"main-thread-cpu{subset}{f'-pc{args.page_cache:g}' if args.page_cache else ''}.json"
+    other = Path(args.model).name.removesuffix("-stream")  # the default model goes unnamed
+    model = "" if Path(args.model) == Path(DEFAULT_MODEL) else f"-{other}"
+    name = (f"main-thread-cpu{model}{subset}"
+            f"{f'-pc{args.page_cache:g}' if args.page_cache else ''}.json")
     (HERE / name).write_text(json.dumps({
         "command": "uv run python reports/cross-machine/main_thread_cpu.py "
                    + " ".join(sys.argv[1:]),
