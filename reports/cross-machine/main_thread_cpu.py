@@ -246,8 +246,8 @@ def main() -> None:
              for key, rs in runs.items()}
     manifest = json.loads((ROOT / args.model / "manifest.json").read_text())
     subset = "" if set(chosen) == set(ARMS) else "-" + "-".join(chosen)
-    other = Path(args.model).name.removesuffix("-stream")  # the default model goes unnamed
-    model = "" if Path(args.model) == Path(DEFAULT_MODEL) else f"-{other}"
+    model = "" if Path(args.model) == Path(DEFAULT_MODEL) else \
+        "-" + Path(args.model).name.removesuffix("-stream")  # the default model goes unnamed
     name = (f"main-thread-cpu{model}{subset}"
             f"{f'-pc{args.page_cache:g}' if args.page_cache else ''}.json")
     (HERE / name).write_text(json.dumps({

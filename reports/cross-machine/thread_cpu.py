@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from contract.errors import BadInput, read_json_object  # noqa: E402
 from validation.thread_errors import MIN_MS, THREADS, complete_split, signed_errors  # noqa: E402
 
 KEYS = ("cpu_ms_per_step", "main_cpu_ms_per_step", "reader_cpu_ms_per_step")
@@ -23,12 +24,9 @@ KEYS = ("cpu_ms_per_step", "main_cpu_ms_per_step", "reader_cpu_ms_per_step")
 def _read(path: Path) -> dict:
     """A run's JSON; one line naming the file where it is not one."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise SystemExit(f"thread_cpu.py: {path}: not readable JSON ({err})") from None
-    if not isinstance(data, dict):
-        raise SystemExit(f"thread_cpu.py: {path}: not a run's JSON object")
-    return data
+        return read_json_object(path)
+    except BadInput as err:
+        raise SystemExit(f"thread_cpu.py: {err}") from None
 
 
 def points(run: Path) -> list[tuple[str, dict, dict]]:
