@@ -18,7 +18,7 @@ from traces.reader import read_trace
 from traces.summary import summarize
 
 OLD = (Path(__file__).resolve().parents[1] / "reports" / "validation" / "traces"
-       / "on-demand-pc25-unthrottled")
+       / "on-demand-pc25-unthrottled")  # a capture with the CPU columns
 
 
 def test_the_engines_rows_add_up_to_the_process_cpu(tiny_random_converted, tmp_path):
@@ -61,7 +61,15 @@ def test_the_simulators_rows_add_up_to_its_cores_work():
 
 @pytest.mark.skipif(not OLD.exists(), reason="no committed validation trace")
 def test_a_trace_without_the_columns_reads_them_as_unknown(tmp_path):
+    """A committed capture with its CPU columns taken out: as a trace written before them."""
+    import polars as pl
+
     shutil.copytree(OLD, tmp_path / "old")
+    cpu_columns = ("cpu_ns", "main_cpu_ns", "reader_cpu_ns")
+    for part in (tmp_path / "old" / "steps").glob("*.parquet"):
+        steps = pl.read_parquet(part)
+        assert all(c in steps.columns for c in cpu_columns)  # else this checks nothing
+        steps.drop(cpu_columns).write_parquet(part)
     t = read_trace(tmp_path / "old")
     assert all((t.steps[c] == -1).all() for c in ("cpu_ns", "main_cpu_ns", "reader_cpu_ns"))
     s = summarize(t)

@@ -25,6 +25,8 @@ def _on_machine(tmp_path: Path, machine: dict | None, budget_bytes: int | None =
     run = json.loads((out / "run.json").read_text())
     run.setdefault("extra", {})["machine"] = machine
     run["engine"]["page_cache_budget"] = budget_bytes
+    if budget_bytes is None:  # the exact path without a budget has no cache for a policy
+        run["engine"]["cache_policy"] = None
     (out / "run.json").write_text(json.dumps(run))
     return out
 
