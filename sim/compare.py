@@ -5,7 +5,10 @@ The scenario: `--scenario NAME` if given, else scenarios/this-machine-<model>.to
 (model = the trace's model name, a trailing "-stream" dropped), else this machine's hardware
 profile (scenarios/hardware/this-machine.toml) with the trace's model profile:
 scenarios/models/<model>.toml, else derived from the manifest the trace names (run.json
-model.path; sim.model_profile).
+model.path; sim.model_profile). A model whose profile names another's decoder graph
+(`graph_of`) and has no scenario of its own takes the [in_decode] figures of
+scenarios/this-machine-<graph_of>.toml: validate fitted them inside decode for that graph on
+this machine, and only the experts' width differs (not with a named --hardware profile).
 
 The engine configuration in run.json `engine` maps onto scenario keys, in the engine's own
 vocabulary (sim.policies):
@@ -352,6 +355,13 @@ def scenario_for(trace: Trace | PlannedRun, scenario: str | None = None,
                       hardware=load_hardware(hardware or DEFAULT_HARDWARE),
                       model=trace_model(trace, notes),
                       source=f"sim compare {trace.path}")
+        graph = f"{DEFAULT_HARDWARE}-{sc.model.graph_of}"
+        if hardware is None and sc.model.graph_of and (ROOT / f"{graph}.toml").is_file():
+            # the same decoder graph on the same machine: what validate fitted inside decode
+            # for the model that owns the graph is this engine's, not that model's experts'
+            sc.in_decode = dict(load_scenario(graph).in_decode)
+            notes.append(f"in-decode figures of scenario {graph} (the model's graph_of, on "
+                         "this machine)")
     sc = with_trace_lora(with_trace_heads(sc, trace, notes), trace, notes)
     derived, _, more = engine_settings(trace.run.get("engine") or {}, sc)
     notes += more
