@@ -187,7 +187,13 @@ def cold_cpu_per_page_us(c: ComputeResult) -> float:
     """The per-page slope (microseconds) of calibration.compute_probes.cold_page_cpu: the least
     squares line through its (pages, CPU) medians; nan when fewer than two sizes were measured
     or it came out negative (noise)."""
-    points = [(pages, ms) for pages, ms in c.cold_page_cpu if ms == ms]
+    return page_slope_us(c.cold_page_cpu)
+
+
+def page_slope_us(points: list[tuple[int, float]]) -> float:
+    """Microseconds per page of the least-squares line through (pages, CPU ms) points; nan
+    when fewer than two sizes were measured or it came out negative (noise)."""
+    points = [(pages, ms) for pages, ms in points if ms == ms]
     if len({pages for pages, _ in points}) < 2:
         return float("nan")
     slope = float(np.polyfit([pages for pages, _ in points], [ms for _, ms in points], 1)[0])

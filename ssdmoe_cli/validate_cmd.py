@@ -181,7 +181,6 @@ def _transfer(machines: Path, model: Path, out: Path, fresh: bool, calibrate: bo
     """validate --transfer: calibrate on this machine with `model` (unless --no-calibrate or
     already done in `out`), capture every point of the machines file on its emulated machine,
     predict each from the committed profiles, write transfer.json and README.md in `out`."""
-    from calibration.compute_probes import expert_kernel_gbps
     from engine.machine_limits import MachineLimits, check_available
     from engine.throttle import ThrottleSpec
     from sim.compare import DEFAULT_HARDWARE
@@ -210,12 +209,18 @@ def _transfer(machines: Path, model: Path, out: Path, fresh: bool, calibrate: bo
     # the machine's drift from its profile around the captures (none to make: not measured)
     measurable = (model / "manifest.json").is_file() and not all(
         tr.captured(plan.trace_dir(p, r)) for p in plan.points for r in range(rounds))
-    before = expert_kernel_gbps(model) if measurable else float("nan")
+    before = _machine_now(model) if measurable else None
     t0 = time.perf_counter()
     results = tr.run(plan, prompt_file,
                      lambda msg: _say(f"{msg}  [{time.perf_counter() - t0:.0f} s]"))
-    machine = tr.drift(load_hardware(DEFAULT_HARDWARE).expert_gbps, before,
-                       expert_kernel_gbps(model)) if measurable else None
+    hw = load_hardware(DEFAULT_HARDWARE)
+    if before is not None:
+        after = _machine_now(model)
+        machine = tr.drift(hw.expert_gbps, before[0], after[0], hw.cold_read_cpu_us_per_page,
+                           before[1], after[1])
+    else:  # nothing captured now: the drift measured around the captures, if recorded
+        earlier = out / "transfer.json"
+        machine = json.loads(earlier.read_text()).get("drift") if earlier.is_file() else None
     s = tr.summary(results)
     command = " ".join(["ssdmoe", *sys.argv[1:]])
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -235,6 +240,14 @@ def _transfer(machines: Path, model: Path, out: Path, fresh: bool, calibrate: bo
     if machine:
         typer.echo(tr.drift_text(machine))
     typer.echo(f"wrote {out / 'transfer.json'} and {out / 'README.md'}")
+
+
+def _machine_now(model: Path) -> tuple[float, float]:
+    """(expert kernel GB/s, a cold read's CPU us per page) measured now, as calibrate does."""
+    from calibration.compute_probes import cold_page_cpu, expert_kernel_gbps
+    from calibration.profile_values import page_slope_us
+
+    return expert_kernel_gbps(model), page_slope_us(cold_page_cpu(model, n=16))
 
 
 def _profile_fitter(scenario: Path, fit_file: Path, fitted: dict):

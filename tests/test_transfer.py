@@ -4,6 +4,7 @@ line naming the file and the key; the summary's errors and targets by hand."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,41 @@ def test_drift_by_hand():
     for part in ("1.000 GB/s", "0.950", "(-5.0%)", "1.100", "(+10.0%)"):
         assert part in text
     assert drift(0.0, 0.95, 1.1)["before_pct"] != drift(0.0, 0.95, 1.1)["before_pct"]  # nan
+
+
+def test_cold_read_drift_by_hand():
+    """A profile's 1.0 us a page measured at 1.4 before and 1.2 after: +40% and +20%, in the
+    README's line; without the per-page figures the line is the kernel's alone."""
+    d = drift(1.0, 1.0, 1.0, 1.0, 1.4, 1.2)
+    assert d["cold_page_before_pct"] == pytest.approx(40.0)
+    assert d["cold_page_after_pct"] == pytest.approx(20.0)
+    text = drift_text(d)
+    for part in ("1.000 us", "1.400", "(+40.0%)", "1.200", "(+20.0%)"):
+        assert part in text
+    assert "per page" not in drift_text(drift(1.0, 0.95, 1.1))
+
+
+def test_a_repredicted_run_keeps_the_drift_measured_around_its_captures(tmp_path, monkeypatch):
+    """Nothing left to capture: nothing measured now, and the README says what was measured
+    around the captures (the earlier transfer.json's drift), not nothing."""
+    from ssdmoe_cli import validate_cmd
+
+    out = tmp_path / "tr"
+    out.mkdir()
+    earlier = drift(1.0, 0.9, 0.8, 1.0, 1.3, 1.5)
+    (out / "transfer.json").write_text(json.dumps({"drift": earlier}))
+    machines = tmp_path / "machines.toml"
+    machines.write_text('[machines.one]\ncpus = 1\n\n[[points]]\nmodel = "m"\n'
+                        'machines = ["one"]\npaths = ["on-demand"]\n')
+    monkeypatch.setattr(validate_cmd, "_machine_now", lambda model: pytest.fail("measured"))
+    monkeypatch.setattr("validation.transfer.check_models", lambda plan: None)
+    monkeypatch.setattr("engine.machine_limits.check_available", lambda limits: None)
+    monkeypatch.setattr("validation.transfer.captured", lambda where: True)
+    monkeypatch.setattr("validation.transfer.run", lambda *a, **k: [])
+    validate_cmd._transfer(machines, tmp_path / "m", out, fresh=False, calibrate=False,
+                           rounds=1, max_tokens=8, prompts=1)
+    assert json.loads((out / "transfer.json").read_text())["drift"] == earlier
+    assert "(+30.0%)" in (out / "README.md").read_text()
 
 
 def test_cli_refuses_flags_beside_the_machines_file(ssdmoe, tmp_path):

@@ -46,6 +46,7 @@ PATHS = ("on-demand", "staged-token", "staged", "hot", "staged-layer")
 METRICS = ("decode_tok_s", "blocked_ms_per_step", "build_ms_per_step", "eval_ms_per_step",
            "cold_fraction", "cpu_ms_per_step", "main_cpu_ms_per_step", "reader_cpu_ms_per_step")
 COMPONENTS = ("blocked_ms_per_step", "build_ms_per_step", "eval_ms_per_step")
+NAN = float("nan")
 # the issue's targets over held-out machines and models (decode tok/s; components)
 TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_COMPONENT_MEDIAN_PCT = 8.0, 15.0, 15.0
 
@@ -306,25 +307,40 @@ def summary(results: list[dict]) -> dict[str, Any]:
                         and comp <= TARGET_COMPONENT_MEDIAN_PCT)}
 
 
-def drift(profile_gbps: float, before: float, after: float) -> dict[str, float]:
+def drift(profile_gbps: float, before: float, after: float, profile_page_us: float = NAN,
+          page_us_before: float = NAN, page_us_after: float = NAN) -> dict[str, float]:
     """The machine against its profile: the quantized expert kernel's rate (expert_gbps, the
-    figure a wide model's decode step scales with) in the profile the points are predicted
-    from, measured right before the captures and right after, and how far each lies from the
-    profile (percent)."""
-    def pct(x: float) -> float:
-        return 100 * (x / profile_gbps - 1) if profile_gbps > 0 else float("nan")
+    figure a wide model's decode step scales with) and a cold read's CPU per page
+    (cold_read_cpu_us_per_page, what a wide model's cold loads scale with: it moved 40% within
+    an hour on this project's VMs), each in the profile the points are predicted from, measured
+    right before the captures and right after, and how far each lies from the profile
+    (percent)."""
+    def pct(x: float, profile: float) -> float:
+        return 100 * (x / profile - 1) if profile > 0 else NAN
     return {"profile_expert_gbps": profile_gbps, "before_expert_gbps": before,
-            "after_expert_gbps": after, "before_pct": pct(before), "after_pct": pct(after)}
+            "after_expert_gbps": after, "before_pct": pct(before, profile_gbps),
+            "after_pct": pct(after, profile_gbps),
+            "profile_cold_page_us": profile_page_us, "before_cold_page_us": page_us_before,
+            "after_cold_page_us": page_us_after,
+            "cold_page_before_pct": pct(page_us_before, profile_page_us),
+            "cold_page_after_pct": pct(page_us_after, profile_page_us)}
 
 
 def drift_text(d: dict[str, float]) -> str:
-    return (f"The machine against its profile: the expert kernel's rate (`expert_gbps`, "
+    text = (f"The machine against its profile: the expert kernel's rate (`expert_gbps`, "
             f"calibration.compute_probes.expert_kernel_gbps) was {d['profile_expert_gbps']:.3f} "
             f"GB/s in the profile, {d['before_expert_gbps']:.3f} right before the captures "
             f"({d['before_pct']:+.1f}%) and {d['after_expert_gbps']:.3f} right after "
             f"({d['after_pct']:+.1f}%). A decode step of the wide model is mostly this kernel: "
             "errors of about that size can be the machine's drift, not the simulator's "
             "(reports/cross-machine, \"What one calibration decides\").")
+    if d.get("before_cold_page_us", NAN) == d.get("before_cold_page_us", NAN):  # not nan
+        text += (f" A cold read's CPU per page (`cold_read_cpu_us_per_page`, "
+                 f"calibration.compute_probes.cold_page_cpu) was "
+                 f"{d['profile_cold_page_us']:.3f} us in the profile, "
+                 f"{d['before_cold_page_us']:.3f} before ({d['cold_page_before_pct']:+.1f}%) "
+                 f"and {d['after_cold_page_us']:.3f} after ({d['cold_page_after_pct']:+.1f}%).")
+    return text
 
 
 def markdown(results: list[dict], s: dict[str, Any]) -> str:
