@@ -117,14 +117,19 @@ MUTANTS = [
     ("the compute thread waits for the dispatch first", "sim/compute_stream.py",
      "        wait = min(wait, seconds) if self.cores is not None else 0.0",
      "        wait = 0.0"),
+    ("on one core the compute thread's wait is the dispatch", "sim/main_thread.py",
+     "        self.compute_wait_s = 0.0\n", "        pass\n"),
+    ("a graph_of model takes its graph's in-decode figures", "sim/compare.py",
+     "            sc.in_decode = dict(load_scenario(graph).in_decode)",
+     "            sc.in_decode = {}"),
 ]
 
 
 def tests(tree: Path) -> list[str]:
     sim = sorted(p.relative_to(tree).as_posix() for p in (tree / "tests").glob("test_sim*.py")
                  if "sweep" not in p.name)
-    return [*sim, "tests/test_cpu_per_step.py", "tests/test_page_sharing.py",
-            "tests/test_transfer.py", "tests/test_zero_fill.py"]
+    return [*sim, "tests/test_compare_graph_of.py", "tests/test_cpu_per_step.py",
+            "tests/test_page_sharing.py", "tests/test_transfer.py", "tests/test_zero_fill.py"]
 
 
 def main(names: list[str]) -> int:
