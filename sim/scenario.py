@@ -425,7 +425,9 @@ class ModelProfile:
               "attention and operations; experts of another width): the graph's figures "
               "(GRAPH_KEYS: graph building, dispatch, the compute thread's wait, primitives) "
               "are that profile's wherever this one does not set them, so a calibration of "
-              "that model gives them to this one (sim.profiles.load_model); \"\" = none"),
+              "that model gives them to this one (sim.profiles.load_model), and `sim compare` "
+              "gives it that model's in-decode figures on this machine (sim.compare); \"\" = "
+              "none"),
         obtain=("the profile of the model this one was derived from (ssdmoe fixture "
                 "tiny-trained-wide widens tiny-trained's experts: graph_of = \"tiny-trained\")"))
     dispatch_cpu_ms_per_layer: float = key(0.0,
