@@ -183,16 +183,10 @@ class ComputeResult:
     notes: list[str] = field(default_factory=list)
 
 
-def cold_cpu_per_page_us(c: ComputeResult) -> float:
-    """The per-page slope (microseconds) of calibration.compute_probes.cold_page_cpu: the least
-    squares line through its (pages, CPU) medians; nan when fewer than two sizes were measured
-    or it came out negative (noise)."""
-    return page_slope_us(c.cold_page_cpu)
-
-
 def page_slope_us(points: list[tuple[int, float]]) -> float:
-    """Microseconds per page of the least-squares line through (pages, CPU ms) points; nan
-    when fewer than two sizes were measured or it came out negative (noise)."""
+    """The per-page slope (microseconds) of calibration.compute_probes.cold_page_cpu's
+    (pages, CPU ms) medians: the least-squares line through them; nan when fewer than two
+    sizes were measured or it came out negative (noise)."""
     points = [(pages, ms) for pages, ms in points if ms == ms]
     if len({pages for pages, _ in points}) < 2:
         return float("nan")
@@ -377,7 +371,7 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             "with 0.5 or 1 ms of Python, lets it go (a wake-up across cores); 90th "
             f"percentile {c.gil_handoff_p90_ms:.4f} ms. The sim wakes a waiter this long after "
             "a release; it takes the lock if still free (sim.gil)"))
-    per_page_us = cold_cpu_per_page_us(c)
+    per_page_us = page_slope_us(c.cold_page_cpu)
     if per_page_us == per_page_us and c.cold_read_cpu_ms == c.cold_read_cpu_ms:
         pages = c.cold_page_cpu[0][0]  # the probe's shortest read is one bundle's pages
         sizes = ", ".join(f"{n} pages {ms:.4f} ms" for n, ms in c.cold_page_cpu)

@@ -220,7 +220,7 @@ def _transfer(machines: Path, model: Path, out: Path, fresh: bool, calibrate: bo
                            before[1], after[1])
     else:  # nothing captured now: the drift measured around the captures, if recorded
         earlier = out / "transfer.json"
-        machine = json.loads(earlier.read_text()).get("drift") if earlier.is_file() else None
+        machine = read_json_object(earlier).get("drift") if earlier.is_file() else None
     s = tr.summary(results)
     command = " ".join(["ssdmoe", *sys.argv[1:]])
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -26,6 +26,7 @@ No MLX here: every capture is its own `ssdmoe capture` process."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 from collections.abc import Callable
@@ -311,8 +312,8 @@ def drift(profile_gbps: float, before: float, after: float, profile_page_us: flo
           page_us_before: float = NAN, page_us_after: float = NAN) -> dict[str, float]:
     """The machine against its profile: the quantized expert kernel's rate (expert_gbps, the
     figure a wide model's decode step scales with) and a cold read's CPU per page
-    (cold_read_cpu_us_per_page, what a wide model's cold loads scale with: it moved 40% within
-    an hour on this project's VMs), each in the profile the points are predicted from, measured
+    (cold_read_cpu_us_per_page, what a wide model's cold loads scale with; it drifts with the
+    host's load), each in the profile the points are predicted from, measured
     right before the captures and right after, and how far each lies from the profile
     (percent)."""
     def pct(x: float, profile: float) -> float:
@@ -334,7 +335,7 @@ def drift_text(d: dict[str, float]) -> str:
             f"({d['after_pct']:+.1f}%). A decode step of the wide model is mostly this kernel: "
             "errors of about that size can be the machine's drift, not the simulator's "
             "(reports/cross-machine, \"What one calibration decides\").")
-    if d.get("before_cold_page_us", NAN) == d.get("before_cold_page_us", NAN):  # not nan
+    if not math.isnan(d.get("before_cold_page_us", NAN)):  # measured (runs before it: not)
         text += (f" A cold read's CPU per page (`cold_read_cpu_us_per_page`, "
                  f"calibration.compute_probes.cold_page_cpu) was "
                  f"{d['profile_cold_page_us']:.3f} us in the profile, "

@@ -84,15 +84,23 @@ def main() -> None:
                  "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                  "command": " ".join(["uv run python reports/cross-machine/ab_predict.py",
                                       *sys.argv[1:]]), "runs": {}}
+    for _, profiles, transfer, curves in RUNS:
+        for where in (profiles, transfer, f"{curves}/traces"):
+            if where and not (ROOT / where).is_dir():
+                sys.exit(f"ab_predict.py: {where}: missing (a committed run this compares on)")
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {}
-        for arm in ("before", "after"):
-            tree = Path(tmp) / arm
-            subprocess.run(["git", "worktree", "add", "--detach", str(tree), getattr(args, arm)],
-                           cwd=ROOT, check=True, capture_output=True)
-            (tree / "models").symlink_to(ROOT / "models")
-            trees[arm] = tree
+        trees: dict[str, Path] = {}
         try:
+            for arm in ("before", "after"):
+                tree = Path(tmp) / arm
+                made = subprocess.run(["git", "worktree", "add", "--detach", str(tree),
+                                       getattr(args, arm)], cwd=ROOT, capture_output=True,
+                                      text=True)
+                if made.returncode:
+                    sys.exit(f"ab_predict.py: {arm} {getattr(args, arm)!r}: not a commit here "
+                             f"({made.stderr.strip().splitlines()[-1]})")
+                (tree / "models").symlink_to(ROOT / "models")
+                trees[arm] = tree
             a_profiles = Path(tmp) / "a-profiles"
             a_profiles.mkdir()
             for name, src in PROFILE_FILES.items():
@@ -103,7 +111,7 @@ def main() -> None:
                 for arm, tree in trees.items():
                     scratch = Path(tmp) / f"{machine}-{arm}"
                     scratch.mkdir()
-                    got[arm] = predict(tree, Path(profiles and ROOT / profiles or a_profiles),
+                    got[arm] = predict(tree, ROOT / profiles if profiles else a_profiles,
                                        ROOT / transfer, ROOT / curves, scratch)
                     print(machine, arm, got[arm]["transfer"], got[arm]["curves"], flush=True)
         finally:
