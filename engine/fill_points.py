@@ -16,8 +16,11 @@ The decode loop (engine.generate) queues a step's evaluation as soon as its grap
 staged layer of the next step is built it resolves one point of the step being evaluated
 (`progress`), and `drain` resolves what is left. After each fill the layer's gather is queued
 on its own, then the walk up to the next router (after the last point, up to the step's
-token). Why this order, measured on the tiny model (reports/bench): MLX's `async_eval` on CPU
-returns only once a few dozen operations remain queued, so a step cannot be queued whole; a
+token). Points whose ids a prerouter predicted a token ahead wait on nothing the step
+computes: their reads start in `begin`, and each is resolved in its turn like the others.
+Why this order, measured on the tiny model (reports/bench, reports/io/warm-a): MLX's
+`async_eval` on CPU returns only once a few dozen operations remain queued, so a step cannot
+be queued whole; a
 fill that waits on the host stalls the compute thread for its host work and wake-up, and the
 graph walk to the next router adds to that unless the gather goes first; building the next
 step between fills keeps the main thread busy while the compute thread works through a layer,
@@ -119,27 +122,42 @@ class FillPoints:
         the predicted ids (the previous step's token and heads are one evaluation), before
         the predicted layers' reads, since its layer runs first.
 
-        Wait-only points (`wait_only`: they need nothing this step computes,
-        e.g. staging a layer whose ids a prerouter predicted during the previous step) never
-        stop the compute thread: their `start` (issuing the reads) runs here, after the
-        evaluation up to the first other point is queued, and their fill (waiting for the
-        reads, publishing the slots) runs just before the evaluation is queued past them."""
+        Wait-only points (`wait_only`: they need nothing this step computes, e.g. staging a
+        layer whose ids a prerouter predicted during the previous step) never stop the
+        compute thread: their `start` (issuing the reads) runs here, and each one's fill
+        (waiting for its reads, publishing the slots) runs in its turn like any point's, just
+        before its gather is queued, so the step is handed over layer by layer while the next
+        step is built beside it, and no layer waits for a later layer's reads.
+
+        When every point after the head is wait-only (a prerouter's token lead: the first MoE
+        layer routes itself, the others were predicted), the head is the step's only wait on
+        its own compute, and it is resolved here: its router's ids come to the host in the
+        same sync as the predictions, its fill runs before the predicted reads are issued
+        (its layer runs first), and the first wait-only point is resolved behind them. The
+        evaluation then runs a layer ahead of the next step's build, where resolving the head
+        at the next step's first layer left the compute thread idle while the host finished
+        this token and built that layer (reports/io/warm-a)."""
         self.backlog = deque(points)
         self.final = final
         early = bool(points) and not points[0].wait_only
         if early:
             self._kick()
+        head_now = early and not points[0].early and all(p.wait_only for p in points[1:])
         starts = [p for p in points if p.start is not None and not p.early]
         hints = [p for p in points if p.hint is not None and p.token is not None]
-        if starts or hints:  # their ids to the host in one sync: each is a round trip
-            mx.eval([p.inds for p in starts] + [p.token for p in hints])
+        ids = [p.inds for p in starts] + [p.token for p in hints]
+        if head_now:
+            ids.append(points[0].inds)
+        if ids:  # to the host in one sync: each sync is a round trip
+            mx.eval(ids)
         for point in hints:  # first: its layer is the first to need them
             self._at_step(lambda _inds, p=point: p.hint(int(p.token.item())), point)
+        if head_now:
+            self._resolve_head()
         for point in starts:
             self._at_step(point.start, point)
-        self._resolve_waits()
-        if not early:
-            self._kick()
+        if (head_now or not early) and self.backlog:
+            self._resolve_head()
 
     def progress(self) -> None:
         """Resolve the next point of the step being evaluated, if any: paths call this as
@@ -148,31 +166,31 @@ class FillPoints:
         if not self.backlog:
             return
         t0 = time.perf_counter_ns()
-        phase = self.phase_ns
         try:
-            point = self._pop()
-            t1 = time.perf_counter_ns()
-            self._at_step(point.fill, point)
-            t2 = time.perf_counter_ns()
-            if point.gather is not None:  # restart compute before the walk to the next router
-                mx.async_eval(point.gather)
-            t3 = time.perf_counter_ns()
-            self._resolve_waits()
-            self._kick()
+            self._resolve_head(self.phase_ns)
+            self.phase_calls += 1
+        finally:
+            self.busy.append((t0, time.perf_counter_ns()))
+
+    def _resolve_head(self, phase: dict[str, int] | None = None) -> None:
+        """Resolve the head point: its fill, then its gather queued on its own (compute
+        restarts before the longer walk to the next router), then that walk. `phase`: where
+        each part's ns go (progress's `phase_ns`)."""
+        t0 = time.perf_counter_ns()
+        point = self._pop()
+        t1 = time.perf_counter_ns()
+        self._at_step(point.fill, point)
+        t2 = time.perf_counter_ns()
+        if point.gather is not None:
+            mx.async_eval(point.gather)
+        t3 = time.perf_counter_ns()
+        self._kick()
+        if phase is not None:
             t4 = time.perf_counter_ns()
             phase["start_next"] += t1 - t0
             phase["fill"] += t2 - t1
             phase["gather"] += t3 - t2
             phase["kick"] += t4 - t3
-            self.phase_calls += 1
-        finally:
-            self.busy.append((t0, time.perf_counter_ns()))
-
-    def _resolve_waits(self) -> None:
-        """Resolve the wait-only points at the head of the backlog (see `begin`)."""
-        while self.backlog and self.backlog[0].wait_only:
-            point = self._pop()
-            self._at_step(point.fill, point)
 
     def _pop(self) -> FillPoint:
         """The head point; when the point after it is `early` (a same-token, one-layer lead:
@@ -216,6 +234,8 @@ class FillPoints:
         too: else the last predicted layer of a step, with no point after it, would have its
         attention handed over only with its gather, after its fill, while compute idles."""
         head = self.backlog[0] if self.backlog else None
+        if head is not None and head.wait_only:
+            return  # its ids are on the host already; its gather is queued when resolved
         nxt = [head.inds] if head is not None else [self.final]
         if head is not None and head.layer_input is not None:
             nxt.append(head.layer_input)

@@ -234,12 +234,13 @@ def test_queueing_a_fill_points_evaluation_is_not_graph_building(monkeypatch):
 
     monkeypatch.setattr(fp.mx, "async_eval", blocking_async_eval)
     fills = fp.FillPoints()
-    with fills.collecting():
+    with fills.collecting():  # two routed layers: the first is resolved by progress()
         fills.defer(fp.FillPoint(lambda _inds: None), mx.array([1]), gather=mx.array([2.0]))
+        fills.defer(fp.FillPoint(lambda _inds: None), mx.array([4]), gather=mx.array([5.0]))
     fills.begin(fills.take(), mx.array([3.0]))
     fills.busy = []
     t0 = time.perf_counter_ns()
-    fills.progress()  # the fill, then queueing its gather and the step's rest: two blocks
+    fills.progress()  # the fill, then queueing its gather and the walk on: two blocks
     t1 = time.perf_counter_ns()
     covered = sum(min(z, t1) - max(a, t0) for a, z in fills.busy if z > t0 and a < t1)
     assert covered >= 2 * block_s * 1e9 * 0.99
@@ -362,5 +363,55 @@ def test_the_predicted_ids_come_to_the_host_in_one_sync(monkeypatch):
             fills.defer(fp.FillPoint(lambda _i: None, wait_only=True,
                                      start=lambda i: started.append(bool(evals))), inds)
     fills.begin(fills.take(), mx.array([9.0]))
-    assert len(evals) == 1 and [id(a) for a in evals[0]] == [id(a) for a in predicted]
+    # the routed head's ids in the same sync (every later point is wait-only: see below)
+    assert len(evals) == 1
+    assert [id(a) for a in evals[0]] == [id(a) for a in predicted] + [id(routed)]
     assert started == [True, True, True]  # every start ran after the one sync
+
+
+def test_a_token_lead_step_is_handed_over_layer_by_layer_from_begin(monkeypatch):
+    """A prerouter's token lead: the first MoE layer routes itself, the rest were predicted
+    (wait-only). begin() queues the head's router, brings every id to the host in one sync,
+    resolves the head (its fill before the predicted reads start, its gather queued), then
+    the first predicted layer; each progress() then resolves one predicted layer (its reads
+    waited for, its gather queued), and the step's result is queued after the last. No layer
+    waits for a later layer's reads, and the evaluation runs a layer ahead of the build."""
+    import engine.fill_points as fp
+
+    log: list[str] = []
+    names: dict[int, str] = {}
+
+    def queued(arrays) -> None:
+        for a in arrays if isinstance(arrays, list) else [arrays]:
+            log.append("queue " + names[id(a)])
+
+    monkeypatch.setattr(fp.mx, "async_eval", queued)
+    monkeypatch.setattr(fp.mx, "eval", lambda arrays: log.append(
+        "sync " + ",".join(names[id(a)] for a in arrays)))
+    fills = fp.FillPoints()
+    final = mx.array([9.0])
+    names[id(final)] = "final"
+    arrays = []
+    with fills.collecting():
+        for n in range(4):
+            inds, gather = mx.array([n]), mx.array([float(n)])
+            arrays += [inds, gather]
+            names[id(inds)], names[id(gather)] = f"ids{n}", f"gather{n}"
+            if n == 0:
+                point = fp.FillPoint(lambda _i: log.append("fill 0"))
+            else:
+                point = fp.FillPoint(lambda _i, n=n: log.append(f"fill {n}"), wait_only=True,
+                                     start=lambda _i, n=n: log.append(f"start {n}"))
+            fills.defer(point, inds, gather=gather)
+    fills.begin(fills.take(), final)
+    assert log == ["queue ids0", "sync ids1,ids2,ids3,ids0", "fill 0", "queue gather0",
+                   "start 1", "start 2", "start 3", "fill 1", "queue gather1"]
+    log.clear()
+    fills.progress()
+    assert log == ["fill 2", "queue gather2"]
+    log.clear()
+    fills.progress()
+    assert log == ["fill 3", "queue gather3", "queue final"]
+    log.clear()
+    fills.progress()  # nothing left
+    assert log == [] and not fills.backlog

@@ -196,6 +196,37 @@ def test_predicted_layers_read_ahead_and_label_loads_with_their_step(tiny_random
     assert {r["source"] for r in rows if r["layer"] not in consumers} <= {"demand"}
 
 
+def test_predicted_layers_are_filled_while_the_next_step_is_built(tiny_random_converted,
+                                                                  tmp_path, monkeypatch):
+    """In the decode loop each predicted layer's fill point is resolved by a staged call of
+    the next step's build (engine.fill_points: one per layer), not left to the drain after
+    the whole build, which would hand the step's last layers to the compute thread only
+    once the next step's graph is done. Counted over every decode step but the last (no next
+    step is built after it)."""
+    import engine.fill_points as fp
+
+    heads = _heads(tiny_random_converted, tmp_path / "pre")
+    eng = load_streaming(tiny_random_converted,
+                         config=EngineConfig.from_preset("staged", prerouter=str(heads)))
+    resolved: list[bool] = []  # per resolved point: inside a build (collecting) or not
+    real = fp.FillPoints._resolve_head
+
+    def spy(self, *args, **kwargs):
+        resolved.append(self.active)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(fp.FillPoints, "_resolve_head", spy)
+    n = 8
+    generate(eng.model, eng.tokenizer, PROMPT, n, stop_at_eos=False, runtime=eng.runtime)
+    layers = len(eng.store.manifest.moe_layers)
+    eng.close()
+    # n steps (the last prompt token's and n - 1 decode steps), each of `layers` points:
+    # begin() resolves two of each (the routed head, the first predicted layer) outside any
+    # build; the rest are resolved inside the next step's build, but the last step's by drain
+    assert resolved.count(True) == (n - 1) * (layers - 2)
+    assert resolved.count(False) == 2 * n + (layers - 2)
+
+
 def test_sim_compare_replays_a_prerouter_trace(tiny_random_converted, tmp_path):
     """A trace captured with heads replays under the simulator's staged path with lead token, its
     consumer layers taken from the heads' prerouter.json; unreadable heads are bad input."""

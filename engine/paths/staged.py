@@ -107,12 +107,12 @@ class StagedPath(ExpertPath):
 
     def predicted(self, x: mx.array, inds: mx.array, early: bool = False) -> mx.array:
         """A single-token call whose ids a prerouter predicted during the previous call (they
-        ARE its routing: nothing to verify). See PredictedFill.take for `early`. A same-token
-        lead's call (`early`) is built while the step before is evaluated, as a routed call
-        is (`__call__`): it resolves that step's next fill point, so the step's fills keep
-        pace with the build instead of waiting for the whole graph (engine.fill_points)."""
+        ARE its routing: nothing to verify). See PredictedFill.take for `early`. Inside the
+        decode loop it is built while the step before is evaluated, as a routed call is
+        (`__call__`): it resolves that step's next fill point, so the step's fills keep pace
+        with the build instead of waiting for the whole graph (engine.fill_points)."""
         try:
-            if early and self.points.active:
+            if self.points.active:
                 self.points.progress()
             if self.ahead_fill.queue:
                 raise StagingError(f"layer {self.layer}: a predicted call while sets are "
