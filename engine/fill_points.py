@@ -54,6 +54,7 @@ class FillPoint:
 
     fill: Fill
     start: Fill | None = None  # issues the reads ahead of `fill` (see FillPoints.begin)
+    issue: Fill | None = None  # a routed point's reads, started by begin when it resolves it
     wait_only: bool = False  # needs nothing this step computes (ids predicted a step ahead)
     early: bool = False  # same-token lead: `start` runs once the previous point resolves
     inds: mx.array | None = None  # the routed ids it waits on
@@ -132,11 +133,12 @@ class FillPoints:
         When every point after the head is wait-only (a prerouter's token lead: the first MoE
         layer routes itself, the others were predicted), the head is the step's only wait on
         its own compute, and it is resolved here: its router's ids come to the host in the
-        same sync as the predictions, its fill runs before the predicted reads are issued
-        (its layer runs first), and the first wait-only point is resolved behind them. The
-        evaluation then runs a layer ahead of the next step's build, where resolving the head
-        at the next step's first layer left the compute thread idle while the host finished
-        this token and built that layer (reports/io/warm-a)."""
+        same sync as the predictions, its reads are issued first (its layer runs first), then
+        the predicted layers', and only then are the head and the first wait-only point
+        resolved (their reads waited for, their gathers queued). The evaluation then runs a
+        layer ahead of the next step's build, where resolving the head at the next step's
+        first layer left the compute thread idle while the host finished this token and built
+        that layer (reports/io/lead-by-layer)."""
         self.backlog = deque(points)
         self.final = final
         early = bool(points) and not points[0].wait_only
@@ -152,10 +154,12 @@ class FillPoints:
             mx.eval(ids)
         for point in hints:  # first: its layer is the first to need them
             self._at_step(lambda _inds, p=point: p.hint(int(p.token.item())), point)
-        if head_now:
-            self._resolve_head()
+        if head_now and points[0].issue is not None:
+            self._at_step(points[0].issue, points[0])
         for point in starts:
             self._at_step(point.start, point)
+        if head_now:
+            self._resolve_head()
         if (head_now or not early) and self.backlog:
             self._resolve_head()
 

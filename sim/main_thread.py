@@ -158,6 +158,10 @@ class MainThread:
         self.stack_fill_s = m.bundle_bytes / (fill * 1e9) \
             if policy.fresh_stack and fill > 0 else 0.0
         self.lookahead = sc.lookahead
+        # lookahead loop: the fill points of the step being evaluated not yet resolved, in
+        # layer order, and the layers whose attention was queued ahead of their fill point
+        self.unresolved: list[int] = []
+        self.walked: set[int] = set()
         owners = [policy.head_owner(layer) for layer in range(m.layers)]  # fixed per run
         self.layer_build_s = [self.build_s + (self.head_build_s if o else 0.0) for o in owners]
         self.layer_attn_s = [self.attn_s + (self.head_s if o else 0.0) for o in owners]
@@ -435,7 +439,22 @@ class MainThread:
                 self.hits += 1
         return executed
 
-    def _router_layer(self, step: int, row: int, layer: int) -> Generator:
+    def _router_layer(self, step: int, row: int, layer: int,
+                      routed: tuple[list[int], list[Load]] | None = None) -> Generator:
+        """A routed layer's fill: `_route` (unless `routed` holds what it returned, its loads
+        issued earlier), then its loads waited for."""
+        executed, need = routed if routed is not None else (
+            yield from self._route(step, row, layer))
+        for load in need:
+            yield from self.wait(load)
+        if self.policy.slots:
+            for e in executed:
+                self.slots.landed(layer, e)
+        return executed
+
+    def _route(self, step: int, row: int, layer: int) -> Generator:
+        """Sync on `layer`'s router, then get every routed bundle (its slot, the bundle LRU,
+        else a demand load, issued here). Returns (executed experts, loads to wait for)."""
         policy, lru, slots = self.policy, self.lru, self.slots
         yield from self.gpu_sync()  # the router's indices must reach the host
         for target, predicted in policy.after_router(row, layer):
@@ -495,12 +514,7 @@ class MainThread:
                 self.hits += 1
         if held:
             self._hand_out(held)
-        for load in need:
-            yield from self.wait(load)
-        if policy.slots:
-            for e in executed:
-                slots.landed(layer, e)
-        return executed
+        return executed, need
 
     def _fill_stack(self, rows: int) -> Generator:
         """The exact path's stack for this call's `rows` distinct experts: zeroed by MLX on its
@@ -530,61 +544,89 @@ class MainThread:
                          next_row: int | None) -> Generator:
         """Decode step `step` (routing row `row`) in the lookahead loop: its window, during which
         step+1 (routing row `next_row`; None when the request ends here) is built. `built`: the
-        step's graph was built, and its layer 0 attention queued, in the previous window.
+        step's graph was built, and its begin (`begin`) done, in the previous window.
         Approximation: the engine builds a request's first decode step in the window of its last
         prefill token, which the sim's whole-layer prefill does not model; here that step builds
         its own graph at the start of its window (L x build once per request)."""
         start = self.env.now
         self.begin_step()
-        policy = self.policy
-        if not built:  # the first decode step of a request: build it, then queue it
+        if not built:  # the first decode step of a request: build it, then begin it
             for layer in range(self.layers):
                 yield from self.cpu(self._layer_build_s(layer))
-            yield from self.queue_attention_async(0)
-        if not built:  # begin(step) (engine.fill_points): its staged layers' reads start
-            yield from self.hint(step, row)
-            yield from self.stage_boundary(step, row)
+            yield from self.begin(step, row, queue_first=True)
         if built and self.sc.token_host_ms:  # the previous token's record (engine.recorder)
             yield from self.fill_cpu(self.sc.token_host_ms / 1e3, "other")
-        resolved = set()
         for layer in range(self.layers):
             if next_row is not None:  # step+1's layer, while this step computes
                 yield from self.cpu(self._layer_build_s(layer))
-            if layer not in resolved:
-                yield from self._execute_layer(step, row, layer, self.fill_cpu)  # fill point
-                # the wait-only points right after it are resolved at once: the main thread
-                # waits for their reads now, so compute never stops at a predicted layer
-                later = layer + 1
-                while later < self.layers and policy.staged_layer(later):
-                    yield from self._execute_layer(step, row, later, self.fill_cpu)
-                    resolved.add(later)
-                    later += 1
-            # the fill's gather, then the walk to the next router (engine.fill_points.progress),
-            # each prepared and dispatched on this thread first
-            yield from self.dispatch(self.dispatch_s)
-            yield from self.queue_async(self.expert_s)
-            if layer + 1 < self.layers:  # its dispatch was the walk's, just paid
-                yield from self.queue_attention_async(layer + 1, dispatched=self.dispatch_s)
-            elif self.unembed_s:
-                yield from self.queue_async(self.unembed_s)
+            if self.unresolved:  # one fill point a built layer (engine.fill_points.progress)
+                yield from self._resolve(step, row, self.unresolved.pop(0))
+        while self.unresolved:  # drain
+            yield from self._resolve(step, row, self.unresolved.pop(0))
         yield from self.gpu_sync()  # token `step` on the host
         if next_row is not None:
-            # begin(step+1) (engine.generate.finish): step+1's predicted ids come to the host
-            # in one sync and their reads start. The heads that computed them are a side
-            # output of this step's final evaluation (engine.generate: queued with its token),
-            # so they are on the host about when the token is, not once their owner layers
-            # have run (reports/io/token-lead: the engine starts those reads 0.9 ms before
-            # step+1's first router; starting them once this step's fills were done, the
-            # simulator had them start 1.9 ms before it).
-            # Then step+1's evaluation is handed over (in the engine its kick comes before the
-            # token; the stream runs in order, so the token never waits on it).
-            yield from self.hint(step + 1, next_row)  # the first layer's, before the rest
-            yield from self.stage_boundary(step + 1, next_row)
-            yield from self.queue_attention_async(0)
+            yield from self.begin(step + 1, next_row)
         self.record_step(step, request, "decode", 1, start)
 
+    def begin(self, step: int, row: int, queue_first: bool = False) -> Generator:
+        """begin(step) (engine.fill_points.begin, from engine.generate.finish): step's first
+        router is queued; its predicted ids come to the host in one sync (the heads that
+        computed them are a side output of the previous step's final evaluation, queued with
+        its token, so they are on the host about when the token is: reports/io/token-lead) and
+        their reads start, the first layer's hint before them. With a token lead (layer 0
+        routed, every later layer predicted) the routed head is the step's only wait on its
+        own compute and is resolved here: its router synced and its reads issued, then the
+        predicted layers' reads, then its reads waited for and its experts queued, then the
+        first predicted layer's. `self.unresolved`: the layers left to the next window's build (one
+        resolved a built layer, the rest drained). `queue_first`: the first router is queued
+        before the reads start (a request's first decode step, built in its own window);
+        else after, at the end of the previous step's window, where the in-order stream
+        runs it after that step's token either way."""
+        policy = self.policy
+        wait_only = [policy.staged_layer(layer) for layer in range(self.layers)]
+        head_now = bool(wait_only) and not wait_only[0] and all(wait_only[1:])
+        self.unresolved = list(range(self.layers))
+        self.walked = {0}  # layers whose attention is queued ahead of their fill point
+        if not head_now:
+            if queue_first:
+                yield from self.queue_attention_async(0)
+            yield from self.hint(step, row)  # the first layer's, before the rest
+            yield from self.stage_boundary(step, row)
+            if not queue_first:
+                yield from self.queue_attention_async(0)
+            return
+        yield from self.queue_attention_async(0)  # the walk to the routed head's router
+        yield from self.hint(step, row)
+        routed = yield from self._route(step, row, 0)  # its reads first
+        yield from self.stage_boundary(step, row)
+        yield from self._resolve(step, row, self.unresolved.pop(0), routed)
+        if self.unresolved:
+            yield from self._resolve(step, row, self.unresolved.pop(0))
+
+    def _resolve(self, step: int, row: int, layer: int,
+                 routed: tuple[list[int], list[Load]] | None = None) -> Generator:
+        """Fill point `layer` of `step` (engine.fill_points._resolve_head): its experts in place
+        (a routed layer syncs on its router), then its gather handed over, then the walk on to
+        the next routed layer's router (a predicted layer's attention goes with its own
+        gather), each prepared and dispatched on this thread first; after the last layer, the
+        unembedding. `routed`: a routed layer's `_route`, done earlier (its loads issued)."""
+        yield from self._execute_layer(step, row, layer, self.fill_cpu, routed)
+        yield from self.dispatch(self.dispatch_s)
+        dispatched = self.dispatch_s  # the gather's and the walk's: one dispatch charge
+        if self.policy.staged_layer(layer) and layer not in self.walked:
+            yield from self.queue_attention_async(layer, dispatched=dispatched)
+            dispatched = 0.0
+        yield from self.queue_async(self.expert_s)
+        nxt = layer + 1
+        if nxt < self.layers and not self.policy.staged_layer(nxt):
+            yield from self.queue_attention_async(nxt, dispatched=dispatched)
+            self.walked.add(nxt)
+        elif nxt >= self.layers and self.unembed_s:
+            yield from self.queue_async(self.unembed_s)
+
     def _execute_layer(self, step: int, row: int, layer: int,
-                       charge: Callable[[float], Generator]) -> Generator:
+                       charge: Callable[[float], Generator],
+                       routed: tuple[list[int], list[Load]] | None = None) -> Generator:
         """Get `layer`'s executed experts in place (staged slots, or a sync on the router then
         the caches and demand loads), charge the slot rewrites to `charge` (graph building in
         the synchronous loop, fill work in the lookahead loop) and log the set. After a cold
@@ -594,7 +636,7 @@ class MainThread:
         if self.policy.staged_layer(layer):
             executed = yield from self._staged_layer(step, row, layer)
         else:
-            executed = yield from self._router_layer(step, row, layer)  # syncs on the router
+            executed = yield from self._router_layer(step, row, layer, routed)  # router sync
         if self.cold_waits > cold and self.sc.cold_fill_compute_ms > 0:
             self.compute.wake_after(self.sc.cold_fill_compute_ms / 1e3)
         if self.policy.slots and self.slot_update_s:

@@ -372,9 +372,10 @@ def test_the_predicted_ids_come_to_the_host_in_one_sync(monkeypatch):
 def test_a_token_lead_step_is_handed_over_layer_by_layer_from_begin(monkeypatch):
     """A prerouter's token lead: the first MoE layer routes itself, the rest were predicted
     (wait-only). begin() queues the head's router, brings every id to the host in one sync,
-    resolves the head (its fill before the predicted reads start, its gather queued), then
-    the first predicted layer; each progress() then resolves one predicted layer (its reads
-    waited for, its gather queued), and the step's result is queued after the last. No layer
+    starts the head's reads, then the predicted layers', then resolves the head (its reads
+    waited for, its gather queued) and the first predicted layer; each progress() then
+    resolves one predicted layer (its reads waited for, its gather queued), and the step's
+    result is queued after the last. Every read starts before any is waited for, no layer
     waits for a later layer's reads, and the evaluation runs a layer ahead of the build."""
     import engine.fill_points as fp
 
@@ -398,14 +399,15 @@ def test_a_token_lead_step_is_handed_over_layer_by_layer_from_begin(monkeypatch)
             arrays += [inds, gather]
             names[id(inds)], names[id(gather)] = f"ids{n}", f"gather{n}"
             if n == 0:
-                point = fp.FillPoint(lambda _i: log.append("fill 0"))
+                point = fp.FillPoint(lambda _i: log.append("fill 0"),
+                                     issue=lambda _i: log.append("issue 0"))
             else:
                 point = fp.FillPoint(lambda _i, n=n: log.append(f"fill {n}"), wait_only=True,
                                      start=lambda _i, n=n: log.append(f"start {n}"))
             fills.defer(point, inds, gather=gather)
     fills.begin(fills.take(), final)
-    assert log == ["queue ids0", "sync ids1,ids2,ids3,ids0", "fill 0", "queue gather0",
-                   "start 1", "start 2", "start 3", "fill 1", "queue gather1"]
+    assert log == ["queue ids0", "sync ids1,ids2,ids3,ids0", "issue 0", "start 1", "start 2",
+                   "start 3", "fill 0", "queue gather0", "fill 1", "queue gather1"]
     log.clear()
     fills.progress()
     assert log == ["fill 2", "queue gather2"]

@@ -217,14 +217,22 @@ def test_predicted_layers_are_filled_while_the_next_step_is_built(tiny_random_co
 
     monkeypatch.setattr(fp.FillPoints, "_resolve_head", spy)
     n = 8
+    generate(eng.model, eng.tokenizer, PROMPT, 4, stop_at_eos=False, runtime=eng.runtime)
+    before = eng.runtime.stats.snapshot()
+    resolved.clear()
     generate(eng.model, eng.tokenizer, PROMPT, n, stop_at_eos=False, runtime=eng.runtime)
-    layers = len(eng.store.manifest.moe_layers)
+    d = eng.runtime.stats.delta(eng.runtime.stats.snapshot(), before)
+    layers, k = len(eng.store.manifest.moe_layers), eng.store.manifest.top_k
     eng.close()
     # n steps (the last prompt token's and n - 1 decode steps), each of `layers` points:
     # begin() resolves two of each (the routed head, the first predicted layer) outside any
     # build; the rest are resolved inside the next step's build, but the last step's by drain
     assert resolved.count(True) == (n - 1) * (layers - 2)
     assert resolved.count(False) == 2 * n + (layers - 2)
+    # the routed head's reads, started by begin and waited for by its fill, are one host
+    # sync and K lookups a step, as a fill of its own would be
+    assert d["route_syncs"] == 0 and d["deferred_syncs"] == n
+    assert d["cache_hits"] + d["cache_misses"] == n * layers * k
 
 
 def test_sim_compare_replays_a_prerouter_trace(tiny_random_converted, tmp_path):

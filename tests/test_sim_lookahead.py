@@ -220,38 +220,50 @@ def test_lookahead_compute_is_never_lazy():
 
 def test_prerouter_staged_layers_skip_the_sync_and_stage_at_their_step():
     """Layers 1-3 consume predictions (no router sync), heads owned by layers 0-2: head compute
-    h = 200 kB / 1 GB/s = 0.2 ms, head building 0.1 ms, b = 0.4. Middle window: layer 0's
-    router sync waits for its attention + head (a + h > b + 0.1) + s; the rest is queued
-    without waiting: (x + a + h) twice, (x + a), x, then the token sync s:
-      window = 4 c + 3 h + 2 s = 6.8 ms.
+    h = 200 kB / 1 GB/s = 0.2 ms, head building 0.1 ms, b = 0.4. A token lead's step is begun
+    at the end of the window before it (engine.fill_points.begin): layer 0's attention + head
+    queued, its router synced (a + h + s) and its reads issued, the step's predicted sets
+    staged (prefetches issued), its experts queued, then layer 1 resolved (its attention + head
+    and experts queued); each
+    later layer is resolved as a layer of the next step is built, the unembedding queued after
+    the last. The previous step's heads computed the predictions as a side output of its final
+    evaluation, queued with its token, so they reach the host with it (reports/io/token-lead).
+    Unbounded queue: the accelerator never waits on the host, so a middle window holds the
+    same work as when every predicted layer was resolved at layer 0's fill point:
+      window = 4 c + 3 h + 2 s = 6.8 ms (the token's sync and router 0's),
+    the last (its begin was in the window before, and it begins no step) 6.8 - (a + h + s) =
+    5.5, and every prefetch is issued at the end of the window before its step.
     Synchronous loop, lazy: every build is on the critical path: 3 (b + 0.1) + b + 6.8 = 8.7.
-    In the lookahead loop a step's sets are staged (prefetches issued) as its evaluation
-    begins, and waited for right after layer 0's fill point. The previous step's heads
-    computed them as a side output of its final evaluation, queued with its token, so they
-    reach the host with the token: every prefetch of step t is issued when step t-1's token
-    is on the host: the end of its window with an unbounded queue; with a bounded one
-    (q = 0.3 ms) a + h - q before it, where handing step t's first piece over waits
-    (reports/io/token-lead: issuing them once the previous step's fills were done gave the
-    simulated reads twice the measured lead over a step's first router)."""
+    Bounded queue (q = 0.3 ms): each hand-over returns once q is left, so building a layer
+    (0.5 > q) idles the accelerator. Middle window, from its start (q of layer 1's experts left):
+      0.5  layer 0 of the next step built; layer 2's a + h, x handed over, host back at 1.9
+      2.4  layer 1 built; layer 3's a, x handed over (accelerator to 3.9), host back at 3.6
+      4.5  layers 2 and 3 built; the token on the host (the accelerator idle: no s)
+           begin: a + h queued, back at 5.4; router 0 synced at 5.7 + s = 5.8: the
+           prefetches issued; x queued, back at 6.0; layer 1's a + h, x handed over: back
+           at 7.7
+    so a window is 7.7 ms and its prefetches are issued (x - q) + a + h + x = 1.9 ms before
+    its end; the
+    last window 3.6 (layers 2, 3 handed over from q left, then the token's sync: 3.5 + s)."""
     m = _model(0.4, consumer_first=1, consumer_last=3, heads=3, head_bytes=200_000,
                head_build_ms=0.1)
     la = _run(0.4, True, m=m, lead="token", router=_cycling())
     window = 4 * C + 3 * 0.2 + 2 * S
-    assert _rows_ms(la)[1:] == pytest.approx([window] * (STEPS - 1), abs=1e-6)
+    assert _rows_ms(la)[1:] == pytest.approx(
+        [window] * (STEPS - 2) + [window - (A + 0.2 + S)], abs=1e-6)
     sync = _run(0.4, False, m=m, lead="token", router=_cycling())
     assert _rows_ms(sync) == pytest.approx([3 * 0.5 + 0.4 + window] * STEPS, abs=1e-6)
     bounded = _run(0.4, True, m=m, lead="token", router=_cycling(),
                    hardware_over=dict(queue_ahead_ms=0.3))
-    # the token is on the host at the window's end, or, with the bounded queue, before handing
-    # the next layer 0's attention + head over waits until q of it is left (a + h - q)
-    for run, after_token in ((la, 0.0), (bounded, A + 0.2 - 0.3)):
+    assert _rows_ms(bounded)[1:] == pytest.approx([7.7] * (STEPS - 2) + [3.6], abs=1e-6)
+    for run, before_end in ((la, 0.0), (bounded, (X - 0.3) + A + 0.2 + X)):
         steps = run.trace.steps.filter(pl.col("phase") == "decode")
         ends = dict(zip(steps["step"].to_list(), steps["end_ns"].to_list(), strict=True))
         pre = run.trace.loads.filter(pl.col("source") == "prefetch")
         assert pre.height == STEPS * 3 * 2  # 3 consumer layers x K, every step
         later = pre.filter(pl.col("step") > 0)
         for s, issued in later.select("step", "issued_ns").iter_rows():
-            assert (ends[s - 1] - issued) / 1e6 == pytest.approx(after_token, abs=1e-6)
+            assert (ends[s - 1] - issued) / 1e6 == pytest.approx(before_end, abs=1e-6)
     routing = la.trace.routing.filter(pl.col("layer") >= 1)
     assert set(routing["source"]) == {"prediction"}
     got = np.stack(routing.sort("step", "layer")["experts"].to_list())
@@ -364,13 +376,17 @@ def test_first_layer_hint_reads_at_the_token_beside_the_router():
     """The prerouter model above, cold reads of 0.5 ms (latency, no transfer time, 8 in
     flight), 4 readers; the page cache holds every set from step 3 on (warm reads are free).
     The first MoE layer (0) has no head: without a hint its two experts a step are demand
-    loads issued after its router, and in the cold steps 1 and 2 the main thread waits 0.5 ms
-    for them: windows of 6.8 + 0.5 ms (6.8: the prerouter test's window). With the trace's
-    hinted sets (engine.first_layer_hint) replayed they are prefetches issued when the previous
-    step's token is on the host, with the consumer layers' (the window's end: unbounded
-    queue), done 0.5 ms later, before layer 0's router (a + h = 1.2 ms after the token): no
-    wait, windows of 6.8. A wrong hint of four experts reads two (4 slots less K: the call's
-    own misses keep room) and the router's two still load on demand."""
+    loads issued once its router's ids are on the host, and in the cold steps 0-2 the main
+    thread waits 0.5 ms for them. With the trace's hinted sets (engine.first_layer_hint)
+    replayed they are prefetches issued when the previous step's token is on the host, before
+    layer 0's router is synced (a + h + s = 1.3 ms later), and are done by then. Layer 1's
+    reads are issued after router 0's sync (the prerouter test: begin at the end of the window
+    before, 1.3 ms after the token, + 0.5 when cold). With the hint a cold step waits 0.5 ms
+    for layer 1 alone, while layer 0's experts compute; without it, for layer 0's demand
+    loads, while nothing computes (layer 1's reads, issued beside them, are done after): the
+    same blocked time, but the run is 3 x 0.5 ms longer.
+    A wrong hint of four experts reads two (4 slots less K: the call's own misses keep room)
+    and the router's two still load on demand."""
     from sim.routing_input import RoutingInput
 
     m = _model(0.4, consumer_first=1, consumer_last=3, heads=3, head_bytes=200_000,
@@ -396,17 +412,22 @@ def test_first_layer_hint_reads_at_the_token_beside_the_router():
     steps = hinted.trace.steps.filter(pl.col("phase") == "decode")
     ends = dict(zip(steps["step"].to_list(), steps["end_ns"].to_list(), strict=True))
     for s, issued, waited in loads.select("step", "issued_ns", "wait_ns").iter_rows():
-        assert (ends[s - 1] - issued) / 1e6 == pytest.approx(0.0, abs=1e-6)
+        cold_layer_1 = 0.5 if s < 3 else 0.0
+        assert (ends[s - 1] - issued) / 1e6 == pytest.approx(A + 0.2 + S + cold_layer_1,
+                                                            abs=1e-6)
         assert waited == 0
     assert layer0(plain)[1] == [("demand", 2 * (STEPS - 1))]
     assert layer0(plain)[0]["wait_ns"].sum() > 0
     assert layer0(wrong)[1] == [("demand", 2 * (STEPS - 1)), ("prefetch", 2 * (STEPS - 1))]
     got = hinted.trace.routing.filter(pl.col("hinted_experts").is_not_null())
     assert got.height == STEPS and set(got["layer"]) == {0}  # the simulated trace records them
-    window = 4 * C + 3 * 0.2 + 2 * S
-    assert _rows_ms(hinted)[1:] == pytest.approx([window] * (STEPS - 1), abs=1e-6)
-    assert _rows_ms(plain)[1:] == pytest.approx([window + 0.5] * 2 + [window] * (STEPS - 3),
-                                                 abs=1e-6)
+    assert sum(_rows_ms(plain)) - sum(_rows_ms(hinted)) == pytest.approx(3 * 0.5, abs=1e-6)
+    assert sum(_rows_ms(plain, "blocked_ns")) == pytest.approx(
+        sum(_rows_ms(hinted, "blocked_ns")), abs=1e-6)
+    window = 4 * C + 3 * 0.2 + 2 * S  # warm from step 3: the prerouter test's windows
+    for run in (hinted, plain):
+        assert _rows_ms(run)[3:] == pytest.approx([window] * 2 + [window - (A + 0.2 + S)],
+                                                  abs=1e-6)
 
 
 def test_token_host_work_runs_after_the_token_beside_compute():

@@ -99,6 +99,7 @@ class StagedPath(ExpertPath):
         """Forget queued sets and settle reads in flight (after a failed request), so the
         path is consistent for the next request."""
         self.ahead_fill.reset()
+        self.demand_fill.issued = None
         self.slot_table.settle_all()
 
     def forget(self) -> None:

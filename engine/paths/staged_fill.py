@@ -38,6 +38,8 @@ from traces.schema import DEMAND, PREFETCH
 class DemandFill:
     def __init__(self, table: SlotTable, stats: PathStats):
         self.table, self.stats = table, stats
+        # (ids, tickets) of the reads `issue` started for the fill still to come
+        self.issued: tuple[mx.array, list[Ticket]] | None = None
 
     def point(self, hint: FirstLayerHint | None = None, token: mx.array | None = None,
               report: Callable[[list[int]], None] | None = None) -> FillPoint:
@@ -46,23 +48,39 @@ class DemandFill:
         reading when the token is on the host (engine.first_layer_hint); `report` is told
         which."""
         if hint is None or token is None:
-            return FillPoint(self.fill)
+            return FillPoint(self.fill, issue=self.issue)
 
         def start_hinted(token_id: int) -> None:
             experts = hint.experts(token_id)
             if report is not None:
                 report(experts)
             self.table.hint(experts)
-        return FillPoint(self.fill, hint=start_hinted, token=token)
+        return FillPoint(self.fill, issue=self.issue, hint=start_hinted, token=token)
+
+    def issue(self, inds: mx.array) -> None:
+        """Start reading the routed experts that are missing, without waiting: the decode
+        loop does this for a fill point it resolves as the step begins (a token lead's routed
+        head, engine.fill_points.begin), so that its reads go ahead of the predicted layers'
+        and those start before anything is waited for."""
+        self.issued = (inds, self._place(inds))
 
     def fill(self, inds: mx.array) -> None:
         """The fill point: the router's ids to the host, missing experts read into free slots
-        and published. It runs while the compute thread waits, so the usual case (every routed
-        expert already published: nothing to read) takes a short path."""
+        and published (or the reads `issue` started waited for). It runs while the compute
+        thread waits, so the usual case (every routed expert already published: nothing to
+        read) takes a short path."""
+        issued, self.issued = self.issued, None
+        tickets = issued[1] if issued is not None and issued[0] is inds else self._place(inds)
+        if tickets:
+            self.table.settle(tickets)
+        self.table.reap()  # hinted reads the router did not pick, once they land
+
+    def _place(self, inds: mx.array) -> list[Ticket]:
+        """Slots for the routed experts; the tickets of the missing ones' reads."""
         experts = set(host_routed(inds, self.stats, deferred=True).ravel().tolist())
         if self.table.all_published(experts) is None:
-            self.table.settle(self.table.place(sorted(experts), set(), source=DEMAND))
-        self.table.reap()  # hinted reads the router did not pick, once they land
+            return self.table.place(sorted(experts), set(), source=DEMAND)
+        return []
 
     def fill_now(self, inds: mx.array) -> bool:
         """Outside the decode loop: sync at build and fill. False (counted as a fallback) when

@@ -3,12 +3,14 @@
 # streaming arm with this checkout's engine and again, as ARM@before, with the engine of BASE
 # (a git worktree of that commit: `--before-code`), on the same model, in the same rounds, arm
 # order rotated, paired within rounds. Then reports/io/summarize.py writes README.md's tables
-# and io.json here, with the device latency of HARDWARE (the machine it ran on).
-# Needs the models reports/io/run.sh prepares and root for the read throttle.
-# Usage: BASE=<commit> HARDWARE=<profile.toml> bash reports/io/reader-costs/run.sh [model]...
+# and io.json here (or in OUT: another before/after of the engine), with the device latency of
+# HARDWARE (the machine it ran on). Needs the models reports/io/run.sh prepares and root for
+# the read throttle.
+# Usage: BASE=<commit> [HARDWARE=<profile.toml>] [OUT=<folder>] \
+#            bash reports/io/reader-costs/run.sh [model]...
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-out=reports/io/reader-costs
+out=${OUT:-reports/io/reader-costs}
 base=${BASE:?set BASE to the commit to compare against}
 hardware=${HARDWARE:-scenarios/hardware/this-machine.toml}
 models=${*:-tiny-trained tiny-trained-wide}
