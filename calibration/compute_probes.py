@@ -41,7 +41,9 @@ simulator's compute and graph-building figures for this machine come from measur
                    one operation); the median time still left after it returned (the rest of
                    the walk, and the waiter's wake-up) is `queue_ahead_ms`, and the main
                    thread's CPU time inside async_eval (MLX prepares and dispatches each
-                   operation on the calling thread) is `dispatch_ms`, per router
+                   operation on the calling thread) is `dispatch_ms`, per router; and each
+                   layer's experts handed over the same way after their router's sync (as a
+                   fill point hands its gather over): the compute left, `gather_queue_ahead_ms`
 
 The decode configurations are loaded side by side and take turns, one step each (round robin),
 so they see the same machine load. Every timing is the 10th percentile of its repeats
@@ -123,6 +125,29 @@ class AsyncProbePath(ResidentPath):
             t2 = time.perf_counter_ns()
             self.samples.append(((t1 - t0) / 1e6, (t2 - t1) / 1e6, (c1 - c0) / 1e6))
         return switch_glu(x, self.stack, inds, self.quant)
+
+
+class GatherProbePath(ResidentPath):
+    """ResidentPath whose experts are handed over as the engine's fill points hand a layer's
+    gather over: the router's ids on the host first (the queue empties), then the experts
+    with mx.async_eval (how long it blocked), then waited for (the compute still left when it
+    returned: a few large operations, where a walk to a router leaves many small ones)."""
+
+    def __init__(self, store: ExpertStore, layer: int, stacks: dict,
+                 samples: list[tuple[float, float]]):
+        super().__init__(store, layer, True, stacks)
+        self.samples = samples  # (ms blocked in async_eval, ms left after it) per layer
+
+    def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
+        out = super().__call__(x, inds)
+        if inds.size == inds.shape[-1]:  # one token (a decode step; prompts are not timed)
+            t0 = time.perf_counter_ns()
+            mx.async_eval(out)
+            t1 = time.perf_counter_ns()
+            mx.eval(out)
+            t2 = time.perf_counter_ns()
+            self.samples.append(((t1 - t0) / 1e6, (t2 - t1) / 1e6))
+        return out
 
 
 class ZeroPath(ExpertPath):
@@ -599,6 +624,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
     glu, glu_cpu = glu_times(converted, ks, glu_reps)
     stacks: dict = {}
     queue_samples: list[tuple[float, float, float]] = []
+    gather_samples: list[tuple[float, float]] = []
     runners = {
         "resident": Runner(converted, path_factory=lambda s, i: ResidentPath(s, i, False, stacks)),
         "resident_synced": Runner(converted,
@@ -607,6 +633,8 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         "exact": Runner(converted, path_factory=lambda s, i: TimedExact(s, i)),
         "async_probe": Runner(converted, path_factory=lambda s, i: AsyncProbePath(
             s, i, stacks, queue_samples)),
+        "gather_probe": Runner(converted, path_factory=lambda s, i: GatherProbePath(
+            s, i, stacks, gather_samples)),
     }
     for preset in presets:
         runners[preset] = Runner(converted, preset=preset)
@@ -717,6 +745,9 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         async_blocked_ms=float(np.median([blocked for blocked, _, _ in queue_samples])),
         dispatch_ms=float(np.median([cpu for _, _, cpu in queue_samples])),
         queue_ahead_reps=len(queue_samples),
+        gather_queue_ahead_ms=float(np.median([left for _, left in gather_samples]))
+        if gather_samples else float("nan"),
+        gather_queue_ahead_reps=len(gather_samples),
         zero_fill_curve=fill_curve,
         primitives_per_step=step_primitives,
         cross_core_op_us=cross.wall_us if cross else float("nan"),

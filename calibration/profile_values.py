@@ -160,6 +160,9 @@ class ComputeResult:
     dispatch_ms: float = float("nan")  # median main-thread CPU inside that async_eval: MLX
     # prepares and dispatches a layer's operations on the calling thread (nan: not measured)
     queue_ahead_reps: int = 0  # routers timed
+    gather_queue_ahead_ms: float = float("nan")  # median compute left when mx.async_eval of
+    # a layer's experts returned, after their router's sync (nan: not measured)
+    gather_queue_ahead_reps: int = 0  # layers timed
     # calibration.zero_fill_probe: (rotation MiB, alloc_stack's ms per MiB filled), the
     # rotation ascending (empty: not measured)
     zero_fill_curve: list[tuple[float, float]] = field(default_factory=list)
@@ -422,6 +425,13 @@ def compute_values(c: ComputeResult, active_params: float | None = None
             f"{c.async_blocked_ms:.3f} ms): MLX blocks the caller while more than 10 tasks are "
             "in flight, one operation each on its CPU backend (the sim's bounded queue, "
             "sim.compute_stream)"))
+    if c.gather_queue_ahead_ms == c.gather_queue_ahead_ms:  # not nan
+        out["gather_queue_ahead_ms"] = (round(max(c.gather_queue_ahead_ms, 0.0), 4), (
+            f"median over {c.gather_queue_ahead_reps} layers of a resident decode step, each "
+            "layer's experts handed over with mx.async_eval after its router's ids came to "
+            "the host, as the engine's fill points hand a gather over: the compute still "
+            "left when it returned (the same bound as queue_ahead_ms, ending in the experts' "
+            "few large operations)"))
     if c.zero_fill_curve:
         rotations = [mib for mib, _ in c.zero_fill_curve]
         rates = [round(2**20 / (ms * 1e6), 3) for _, ms in c.zero_fill_curve]

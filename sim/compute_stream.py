@@ -13,7 +13,10 @@ order, one item at a time.
                               eval blocks the caller while more than MAX_ACTIVE_TASKS (10) tasks
                               are in flight, and on its CPU backend a task is one operation, so
                               the host runs only a few operations ahead (on Metal a task is a
-                              command buffer of many: unbounded, `queue_ahead_s` None)
+                              command buffer of many: unbounded, `queue_ahead_s` None). The
+                              compute left is what those operations take: a hand-over may
+                              give its own (`ahead`: a layer's experts end in a few large
+                              operations, a walk to a router in many small ones)
 
   dispatch wait           on a CPU backend the first `wait` seconds of an item (`submit`'s
                               `wait`) are the compute thread waiting for operations the main
@@ -37,6 +40,7 @@ give the same run.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import simpy
@@ -86,14 +90,20 @@ class ComputeStream:
         else:
             self.last = self._hand_over(seconds, wait)
 
-    def submit_async(self, seconds: float, wait: float = 0.0) -> simpy.Event | None:
+    def submit_async(self, seconds: float, wait: float = 0.0,
+                     ahead: float | None = None) -> simpy.Event | None:
         """Queue `seconds` now (never lazy; the first `wait` of them waiting for dispatch), as
         async_eval does: the event the host waits on until at most `queue_ahead_s` of
-        everything queued is left, or None (no wait)."""
+        everything queued is left, or None (no wait). `ahead`: that bound for this hand-over
+        (MLX counts operations, so the compute left depends on what the hand-over ends
+        with; inf: the host hands more over before it waits); not where the queue is
+        unbounded."""
         q = self.queue_ahead_s
-        if q is None:
+        if q is None or (ahead is not None and math.isinf(ahead)):
             self.last = self._hand_over(seconds, wait)
             return None
+        if ahead is not None:
+            q = ahead
         if self.timeline:
             self._hand_over(seconds)
             left = self.free_at - q - self.env.now

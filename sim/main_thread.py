@@ -61,6 +61,7 @@ rewrites).
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Generator
 from typing import Any
@@ -158,6 +159,10 @@ class MainThread:
         self.stack_fill_s = m.bundle_bytes / (fill * 1e9) \
             if policy.fresh_stack and fill > 0 else 0.0
         self.lookahead = sc.lookahead
+        # the bounded queue's compute left after a hand-over ending in a layer's experts
+        # (None: the hardware's queue_ahead_ms; sim.compute_stream)
+        self.gather_ahead_s = hw.gather_queue_ahead_ms / 1e3 \
+            if hw.gather_queue_ahead_ms >= 0 else None
         # lookahead loop: the fill points of the step being evaluated not yet resolved, in
         # layer order, and the layers whose attention was queued ahead of their fill point
         self.unresolved: list[int] = []
@@ -614,9 +619,10 @@ class MainThread:
         yield from self.dispatch(self.dispatch_s)
         dispatched = self.dispatch_s  # the gather's and the walk's: one dispatch charge
         if self.policy.staged_layer(layer) and layer not in self.walked:
-            yield from self.queue_attention_async(layer, dispatched=dispatched)
+            # one async_eval with the experts: the host waits only at its end
+            yield from self.queue_attention_async(layer, dispatched=dispatched, ahead=math.inf)
             dispatched = 0.0
-        yield from self.queue_async(self.expert_s)
+        yield from self.queue_async(self.expert_s, ahead=self.gather_ahead_s)
         nxt = layer + 1
         if nxt < self.layers and not self.policy.staged_layer(nxt):
             yield from self.queue_attention_async(nxt, dispatched=dispatched)
@@ -660,18 +666,24 @@ class MainThread:
         self._owe_dispatch()
         self.compute.submit(self._attention_s(layer), wait=self.compute_wait_s)
 
-    def queue_attention_async(self, layer: int, dispatched: float = 0.0) -> Generator:
+    def queue_attention_async(self, layer: int, dispatched: float = 0.0,
+                              ahead: float | None = None) -> Generator:
         """Hand `layer`'s attention over, async_eval, owing its operations' dispatch less
         `dispatched`: what the serial `dispatch` before it already charged for them (the
-        lookahead loop's walk to the next router is dispatched once, by that async_eval)."""
+        lookahead loop's walk to the next router is dispatched once, by that async_eval).
+        `ahead`: as queue_async's."""
         self.dispatch_owed += max(0.0, self.dispatch_cpu_s - dispatched)
-        yield from self.queue_async(self._attention_s(layer), wait=self.compute_wait_s)
+        yield from self.queue_async(self._attention_s(layer), wait=self.compute_wait_s,
+                                    ahead=ahead)
 
-    def queue_async(self, seconds: float, wait: float = 0.0) -> Generator:
+    def queue_async(self, seconds: float, wait: float = 0.0,
+                    ahead: float | None = None) -> Generator:
         """Hand `seconds` to the compute stream as async_eval does (the lookahead loop): where
         the stream's queue is bounded the host waits until little is left queued, which is
-        waiting on compute (eval time)."""
-        done = self.compute.submit_async(seconds, wait)
+        waiting on compute (eval time). `ahead`: the compute left when this hand-over returns
+        (sim.compute_stream: a layer's experts leave more than a walk; inf: no wait, more is
+        handed over in the same async_eval), else the hardware's queue_ahead_ms."""
+        done = self.compute.submit_async(seconds, wait, ahead)
         start = self.env.now
         if done is not None:  # the host waits: what it owes of the dispatch runs meanwhile
             yield from self._dispatching(done)

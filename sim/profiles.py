@@ -86,6 +86,8 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "page_cache_floor_gib": (_nonneg, "must be >= 0"),
     "os_floor_gib": (lambda v: v == -1 or v >= 0, "must be -1 (does not give way) or >= 0"),
     "queue_ahead_ms": (_nonneg, "must be >= 0 (inf = the host never waits)"),
+    "gather_queue_ahead_ms": (lambda v: v == -1 or v >= 0,
+                              "must be -1 (not measured) or >= 0"),
     "refused_warm_ms": (_nonneg, "must be >= 0"),
     "zero_fill_gbps": (_nonneg, "must be >= 0 (0 = not charged)"),
     "zero_fill_rotation_mib": (lambda v: all(x > 0 for x in v) and v == sorted(set(v)),

@@ -278,6 +278,13 @@ class Hardware:
               "its CPU backend); inf = the host never waits (Metal command buffers)"),
         obtain=("measured by `ssdmoe calibrate` (MLX's CPU backend blocks with ~10 tasks queued; "
                 "inf on Metal)"))
+    gather_queue_ahead_ms: float = key(-1.0,
+        help=("compute left queued when a non-blocking eval of a layer's experts (its gather, "
+              "the engine's fill points) returns: the same bound as queue_ahead_ms, ending in "
+              "the experts' few large operations instead of a walk's many small ones; -1 = not "
+              "measured, queue_ahead_ms stands in"),
+        obtain=("measured by `ssdmoe calibrate` (calibration.compute_probes: a resident decode "
+                "step's experts handed over with mx.async_eval after their router's sync)"))
 
     @property
     def threads_share_one_core(self) -> bool:
@@ -669,6 +676,7 @@ HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "l
                      "throttle_kind", "page_cache_policy", "compute_factor", "cpu_cores",
                      "compute_on_cpu",
                      "background_cores", "page_cache_floor_gib", "os_floor_gib", "queue_ahead_ms",
+                     "gather_queue_ahead_ms",
                      "refused_warm_ms", "fill_host_ms_per_load", "zero_fill_gbps",
                      "zero_fill_rotation_mib",
                      "zero_fill_rotation_gbps", "page_drop_us_per_page", "reclaim_us_per_page",

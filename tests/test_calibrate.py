@@ -121,6 +121,10 @@ def test_short_real_calibrate_gives_positive_numbers(tiny_random_converted, tmp_
     assert c.queue_ahead_reps == 6 * c.layers
     assert 0 <= c.queue_ahead_ms and 0 <= c.async_blocked_ms
     assert cal.hardware["queue_ahead_ms"][0] == pytest.approx(c.queue_ahead_ms, abs=1e-4)
+    # the same after a layer's experts are handed over (a fill point's gather): every layer
+    assert c.gather_queue_ahead_reps == 6 * c.layers and c.gather_queue_ahead_ms >= 0
+    assert cal.hardware["gather_queue_ahead_ms"][0] == pytest.approx(c.gather_queue_ahead_ms,
+                                                                     abs=1e-4)
     # the exact path's zeroed stack against the rotation (calibration.zero_fill_probe): the
     # rotations ascending, each a positive time per MiB, the profile's curve one rate each
     rotations = [mib for mib, _ in c.zero_fill_curve]

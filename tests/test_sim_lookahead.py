@@ -244,7 +244,15 @@ def test_prerouter_staged_layers_skip_the_sync_and_stage_at_their_step():
            at 7.7
     so a window is 7.7 ms and its prefetches are issued (x - q) + a + h + x = 1.9 ms before
     its end; the
-    last window 3.6 (layers 2, 3 handed over from q left, then the token's sync: 3.5 + s)."""
+    last window 3.6 (layers 2, 3 handed over from q left, then the token's sync: 3.5 + s).
+    A layer's experts, a few large operations, leave more queued when handed over than a
+    walk's many small ones: with g = 0.5 ms (gather_queue_ahead_ms) the host takes back each
+    hand-over that ends in experts as they start. Begin, from the token: a + h queued (back
+    at 0.9), router 0 synced at 1.3 (the prefetches issued), x queued (no wait), layer 1's
+    a + h, x handed over, back at 3.0; the window: layer 0 built (0.5), layer 2's a + h, x
+    handed over (back at 1.7), layer 1 built (2.2), layer 3's (back at 3.2), layers 2, 3 built
+    (4.1): window 4.1 + 3.0 = 7.1 ms, prefetches 3.0 - 1.3 = 1.7 ms before its end; the last
+    3.8 (from g left: layers 2, 3 handed over, 3.7, + s)."""
     m = _model(0.4, consumer_first=1, consumer_last=3, heads=3, head_bytes=200_000,
                head_build_ms=0.1)
     la = _run(0.4, True, m=m, lead="token", router=_cycling())
@@ -256,7 +264,10 @@ def test_prerouter_staged_layers_skip_the_sync_and_stage_at_their_step():
     bounded = _run(0.4, True, m=m, lead="token", router=_cycling(),
                    hardware_over=dict(queue_ahead_ms=0.3))
     assert _rows_ms(bounded)[1:] == pytest.approx([7.7] * (STEPS - 2) + [3.6], abs=1e-6)
-    for run, before_end in ((la, 0.0), (bounded, (X - 0.3) + A + 0.2 + X)):
+    gather = _run(0.4, True, m=m, lead="token", router=_cycling(),
+                  hardware_over=dict(queue_ahead_ms=0.3, gather_queue_ahead_ms=0.5))
+    assert _rows_ms(gather)[1:] == pytest.approx([7.1] * (STEPS - 2) + [3.8], abs=1e-6)
+    for run, before_end in ((la, 0.0), (bounded, (X - 0.3) + A + 0.2 + X), (gather, 1.7)):
         steps = run.trace.steps.filter(pl.col("phase") == "decode")
         ends = dict(zip(steps["step"].to_list(), steps["end_ns"].to_list(), strict=True))
         pre = run.trace.loads.filter(pl.col("source") == "prefetch")
