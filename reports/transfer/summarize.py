@@ -212,6 +212,9 @@ def main() -> None:
             f"{summary['decode_abs_error_max_pct']:.1f}%." if held else "No points yet."]
     readme = where / "README.md"
     text = readme.read_text() if readme.is_file() else f"{BEGIN}\n{END}\n"
+    if text.find(BEGIN) < 0 or text.find(END) < text.find(BEGIN):
+        sys.exit(f"reports/transfer: {readme}: its table markers are missing or out of order "
+                 f"(the tables go between {BEGIN} and {END})")
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
     readme.write_text(head + BEGIN + "\n" + "\n".join(body) + "\n" + END + tail)
