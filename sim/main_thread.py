@@ -21,14 +21,18 @@ t's fill points. Per decode step t (a window of wall time, as the engine's trace
             its predicted sets staged (the first decode step of a request builds its own graph
             and stages its sets first); the main thread does token t-1's host work
             (`token_host_ms`: the recorder's row), holding the GIL, as eval time
-  per layer build layer l of step t+1 (+ its head), then step t's fill point l: sync on router
-            l (unless staged: then only the staged loads are waited for), the loads as above,
-            then queue layer l's experts and layer l+1's attention (+ head)
-  end       sync on step t's token; step t+1's predicted sets are staged (their reads
-            start): the heads computed them as a side output of step t's final evaluation,
-            so their ids reach the host with its token (engine.generate.finish: one sync in
-            fill_points.begin); step t+1's layer 0 attention is queued (the engine queues it
-            before the token; the in-order stream runs it after the token either way)
+  per layer build layer l of step t+1 (+ its head), then step t's next unresolved fill point
+            (the rest after the build): sync on its router (unless staged: then only the
+            staged loads are waited for), the loads as above, then queue its experts and the
+            walk to the next routed layer's attention (+ head); a predicted layer's attention
+            goes with its own experts
+  end       sync on step t's token; begin(t+1) (`begin`): step t+1's predicted sets are
+            staged (their reads start): the heads computed them as a side output of step t's
+            final evaluation, so their ids reach the host with its token
+            (engine.generate.finish: one sync in fill_points.begin); step t+1's layer 0
+            attention is queued (the in-order stream runs it after the token); with a token
+            lead (layer 0 routed, every later layer predicted) step t+1's layer 0 and layer 1
+            fill points are resolved here too, so the window's builds resolve layers 2..
   Work is handed over as async_eval does (`queue_async`): where the stream's queue is bounded
   (hardware queue_ahead_ms: MLX's CPU backend) the main thread waits, as eval, until little is
   left queued, so it builds only beside that little. Before each layer's hand-over the main
@@ -164,9 +168,12 @@ class MainThread:
         self.gather_ahead_s = hw.gather_queue_ahead_ms / 1e3 \
             if hw.gather_queue_ahead_ms >= 0 else None
         # lookahead loop: the fill points of the step being evaluated not yet resolved, in
-        # layer order, and the layers whose attention was queued ahead of their fill point
+        # layer order
         self.unresolved: list[int] = []
-        self.walked: set[int] = set()
+        # a token lead's steps (layer 0 routed, every later layer predicted) resolve their
+        # routed head as they begin (engine.fill_points.begin); fixed per run
+        staged = [policy.staged_layer(layer) for layer in range(m.layers)]
+        self.head_at_begin = bool(staged) and not staged[0] and all(staged[1:])
         owners = [policy.head_owner(layer) for layer in range(m.layers)]  # fixed per run
         self.layer_build_s = [self.build_s + (self.head_build_s if o else 0.0) for o in owners]
         self.layer_attn_s = [self.attn_s + (self.head_s if o else 0.0) for o in owners]
@@ -587,12 +594,8 @@ class MainThread:
         before the reads start (a request's first decode step, built in its own window);
         else after, at the end of the previous step's window, where the in-order stream
         runs it after that step's token either way."""
-        policy = self.policy
-        wait_only = [policy.staged_layer(layer) for layer in range(self.layers)]
-        head_now = bool(wait_only) and not wait_only[0] and all(wait_only[1:])
         self.unresolved = list(range(self.layers))
-        self.walked = {0}  # layers whose attention is queued ahead of their fill point
-        if not head_now:
+        if not self.head_at_begin:
             if queue_first:
                 yield from self.queue_attention_async(0)
             yield from self.hint(step, row)  # the first layer's, before the rest
@@ -618,15 +621,15 @@ class MainThread:
         yield from self._execute_layer(step, row, layer, self.fill_cpu, routed)
         yield from self.dispatch(self.dispatch_s)
         dispatched = self.dispatch_s  # the gather's and the walk's: one dispatch charge
-        if self.policy.staged_layer(layer) and layer not in self.walked:
-            # one async_eval with the experts: the host waits only at its end
+        # a predicted layer's attention was not walked to (only routers are; layer 0's was
+        # queued by begin): it goes in one async_eval with the experts, which waits at its end
+        if layer > 0 and self.policy.staged_layer(layer):
             yield from self.queue_attention_async(layer, dispatched=dispatched, ahead=math.inf)
             dispatched = 0.0
         yield from self.queue_async(self.expert_s, ahead=self.gather_ahead_s)
         nxt = layer + 1
         if nxt < self.layers and not self.policy.staged_layer(nxt):
             yield from self.queue_attention_async(nxt, dispatched=dispatched)
-            self.walked.add(nxt)
         elif nxt >= self.layers and self.unembed_s:
             yield from self.queue_async(self.unembed_s)
 
