@@ -98,6 +98,8 @@ def load() -> tuple[ctypes.CDLL | None, str]:
         lib.rp_create.argtypes = [ctypes.c_int]
         lib.rp_submit.restype = None
         lib.rp_submit.argtypes = [ctypes.c_void_p, ctypes.POINTER(Job)]
+        lib.rp_help.restype = ctypes.c_int
+        lib.rp_help.argtypes = [ctypes.c_void_p, ctypes.POINTER(Job)]
         lib.rp_wait.restype = None
         lib.rp_wait.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         lib.rp_cpu_ns.restype = ctypes.c_int64
@@ -137,6 +139,11 @@ class NativePool:
             job.keep_drops = flat  # type: ignore[attr-defined]
         self.lib.rp_submit(self._pool, ctypes.byref(job))
         return job
+
+    def help(self, job: Job) -> bool:
+        """Run `job` on this thread if no pool thread has started it (taken off the queue);
+        False when one has. The interpreter lock is released while it reads."""
+        return bool(self.lib.rp_help(self._pool, ctypes.byref(job)))
 
     def wait(self, jobs: list[Job]) -> None:
         """Return once every job of `jobs` is done (the interpreter lock released meanwhile)."""

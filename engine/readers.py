@@ -20,8 +20,10 @@ queued bundle read goes to native threads instead: one `preadv` with no Python o
 path, so it starts as soon as a thread is free, not when the main thread next lets go of the
 interpreter lock. The main thread plans it (charging the page-cache budget, whose victims the
 native thread drops after the read) and makes its row when it waits: the Python a reader did
-moves to the main thread. Whole-layer reads, O_DIRECT and bundles of several runs stay on
-the Python threads."""
+moves to the main thread. With `help_main`, a native read no pool thread has started when the
+main thread waits for it is taken off the pool's queue and run on the main thread (in C, the
+interpreter lock released), as a Python reader's unstarted read is. Whole-layer reads,
+O_DIRECT and bundles of several runs stay on the Python threads."""
 
 from __future__ import annotations
 
@@ -36,13 +38,13 @@ from contract.thresholds import INLINE_WARM_BYTES  # the policy, shared with the
 from engine import native_reads
 from engine.paths.stats import PathStats
 from engine.step_clock import StepClock
-from engine.store import ExpertStore, NativeRead
+from engine.store import NATIVE_THREAD, ExpertStore, NativeRead
 from traces.schema import DEMAND, WHOLE_LAYER
 
 
 class Ticket:
     __slots__ = ("layer", "expert", "source", "issued_ns", "event", "row", "error", "emitted",
-                 "into", "whole", "claimed", "queued", "cold", "job", "native")
+                 "into", "whole", "claimed", "queued", "cold", "job", "native", "helped")
 
     def __init__(self, layer: int, expert: int, source: str, into, whole: bool):
         self.layer, self.expert, self.source = layer, expert, source
@@ -57,6 +59,7 @@ class Ticket:
         self.cold = False  # known not cached (a warm-only attempt was refused)
         self.job: native_reads.Job | None = None  # handed to the native pool
         self.native: NativeRead | None = None
+        self.helped = False  # a native read the main thread ran itself (help_main)
 
     def done(self) -> bool:
         """Landed (a native read may be done before anyone has waited for it)."""
@@ -166,7 +169,8 @@ class ReaderPool:
         for t in mine:
             try:
                 t.row = self.store.finish_native(t.layer, t.expert, t.native, t.job,
-                                                 source=t.source, issued_ns=t.issued_ns)
+                                                 source=t.source, issued_ns=t.issued_ns,
+                                                 thread="main" if t.helped else NATIVE_THREAD)
             except BaseException as err:  # noqa: BLE001 - raised by wait, like a reader's
                 t.error = err
             t.into = t.native = t.job = None
@@ -197,6 +201,8 @@ class ReaderPool:
             for t in tickets:
                 if not t.claimed and self._claim(t):
                     self._execute(t, "main")
+                elif t.job is not None and t.job.state == 0 and self._native.help(t.job):
+                    t.helped = True  # a native read no pool thread had started: read here
         self._finish_native(tickets)
         for t in tickets:
             t.event.wait()

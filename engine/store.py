@@ -633,11 +633,12 @@ class ExpertStore:
         return NativeRead(f, run, iovecs, bundle.ranges, views, drops)
 
     def finish_native(self, layer: int, expert: int, read: NativeRead, job, *, source: str,
-                      issued_ns: int, step: int = -1) -> dict:
+                      issued_ns: int, step: int = -1, thread: str = NATIVE_THREAD) -> dict:
         """The load row of a native read that is done (`job`: engine.native_reads.Job). A
         failed read raises ExpertReadError naming the file; a short one is finished here, or
         named, as `read_buffered` does. The page-cache budget was charged when the read was
-        planned (`native_read`), and its victims dropped by the native thread."""
+        planned (`native_read`), and its victims dropped by the thread that read (`thread`:
+        a native one, or the main thread that ran the job itself)."""
         f, run = read.file, read.run
         finished = job.finished_ns
         if job.result < 0:
@@ -649,7 +650,7 @@ class ExpertStore:
         if self.verify_cold and cold:
             self._check_crc(layer, expert, read.views)
         return self._row(layer, expert, read.ranges, job.started_ns, issued_ns, source,
-                         NATIVE_THREAD, cold, False, step, finished_ns=finished, charged=True)
+                         thread, cold, False, step, finished_ns=finished, charged=True)
 
     def _fail(self, f: _File, layer: int, expert: int, what: str) -> ExpertReadError:
         who = "whole layer" if expert == WHOLE_LAYER_EXPERT else f"expert {expert}"

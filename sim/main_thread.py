@@ -340,9 +340,8 @@ class MainThread:
             yield from self._collect(load)
             return
         # no reader has started it: the main thread reads it (the reader that finds it skips
-        # it), unless a native reader has it (engine.readers: claimed when queued)
-        native = self.sc.native_reads and load.queued
-        if self.readers is not None and load.started < 0 and self.sc.help_reads and not native:
+        # it; engine.readers takes a native read off the pool's queue the same way)
+        if self.readers is not None and load.started < 0 and self.sc.help_reads:
             yield from self._perform_here(load)
             return
         start = self.env.now

@@ -73,6 +73,10 @@ def bench(
         "--before-code", help="Another checkout of ssdmoe (e.g. git worktree add DIR COMMIT): "
         "each streaming arm also runs its engine as ARM@before (on --before's model when "
         "given), rotated and paired in the same rounds.")] = None,
+    before_native_reads: Annotated[bool | None, typer.Option(
+        "--before-native-reads/--before-python-reads", help="Each streaming arm also runs as "
+        "ARM@before with these reader threads (with --before/--before-code, there), rotated "
+        "and paired in the same rounds. Default: the same readers as ARM.")] = None,
     readers: Readers = None,
     native_reads: NativeReads = False,
     cache_policy: CachePolicy = None,
@@ -177,7 +181,8 @@ def bench(
                      read_iops=throttle.read_iops, mem_limit=limits.mem_limit, cpus=limits.cpus,
                      cpu_quota=limits.cpu_quota, readers=readers, native_reads=native_reads,
                      cache_policy=cache_policy, before=None if before is None else str(before),
-                     before_code=None if before_code is None else str(before_code))
+                     before_code=None if before_code is None else str(before_code),
+                     before_native_reads=before_native_reads)
     name = Path(model).name + ("" if budget is None else f"-budget{round(100 * budget / total)}")
     name += "" if throttle.read_mbps is None else f"-{throttle.read_mbps:g}mbps"
     name += "" if limits.mem_limit is None else f"-mem{limits.mem_limit >> 20}m"

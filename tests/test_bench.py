@@ -50,6 +50,28 @@ def test_summary_medians_and_bound():
     assert summary["resident"]["bound_tok_s"] == pytest.approx(20)  # compute bound
 
 
+def test_cold_reads_covered_at_queue_depth():
+    """Reads in flight together: each one's span includes the others' transfer, the time some
+    read was in flight does not. Spans (ns) worked by hand: [0, 10) and [4, 12) overlap -> 12
+    covered; [20, 25) alone -> 5; [30, 40) holds [32, 35) -> 10: 27 ns covered for 5 cold
+    loads whose own spans sum to 10 + 8 + 5 + 10 + 3 = 36 ns (36 / 27 in flight)."""
+    from engine.bench.arm import covered_ns
+
+    spans = [(20, 25), (4, 12), (0, 10), (32, 35), (30, 40)]
+    assert covered_ns(spans) == 27
+    assert covered_ns([]) == 0 and covered_ns([(5, 9)]) == 4
+    assert covered_ns([(0, 10), (10, 20)]) == 20  # back to back: no gap, no double count
+    run = _run(1.0, 10, 0, 0)
+    run["prompts"][0].update(decode_cold_loads=5, cold_reading_ns=covered_ns(spans),
+                             cold_load_ms=[(end - start) / 1e6 for start, end in spans])
+    s = summarize_arm([run])
+    assert s["cold_load_covered_ms"] == pytest.approx(27e-6 / 5)
+    assert s["cold_reads_in_flight"] == pytest.approx(36 / 27)
+    run["prompts"][0].pop("cold_reading_ns")  # a JSON from before the figure: unknown (nan)
+    s = summarize_arm([run])
+    assert s["cold_load_covered_ms"] != s["cold_load_covered_ms"]
+
+
 def test_an_arm_the_memory_limit_killed():
     """Resident killed in every round (what a memory limit below the model does to mlx-lm): its
     summary says so and carries no figures; the streaming arm's ratios to it are absent rather
@@ -221,6 +243,17 @@ def test_native_reads_reach_the_arms_workers(tiny_random_converted, tmp_path, ss
         kinds[flag] = res["runs"]["staged"][0]["config"]["readers_kind"]
         assert res["native_reads"] is (flag == "--native-reads")
     assert kinds["--no-native-reads"] == "python: native reads off"
+    # --before-python-reads alone: each streaming arm again as ARM@before, Python readers
+    out = tmp_path / "paired.json"
+    r = ssdmoe("bench", str(tiny_random_converted), "--arms", "staged", "--rounds", "1",
+               "--max-tokens", "3", "--num-prompts", "1", "--native-reads",
+               "--before-python-reads", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["order"] == [["staged", "staged@before"]]
+    assert res["runs"]["staged"][0]["config"]["readers_kind"] == kinds["--native-reads"]
+    assert res["runs"]["staged@before"][0]["config"]["readers_kind"] == \
+        "python: native reads off"
     if lib is not None:
         assert kinds["--native-reads"] == "native"
     else:  # no compiler here: the arm fell back, and says why

@@ -154,6 +154,46 @@ def test_reader_pool_native_rows_and_bytes_equal_the_python_readers(store):
 
 
 @needs_pool
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
+def test_the_main_thread_runs_a_native_read_no_pool_thread_has_started(store):
+    """help_main with native readers: while the pool's one thread is busy (4 GiB of
+    /dev/zero), a queued bundle read is taken off the queue and run by the thread that waits
+    for it: the file's bytes, its row on "main", the pool thread still busy when it returns.
+    A read a pool thread has started is left to it."""
+    import os
+
+    from engine.range_reads import iovec_array
+
+    layer = store.manifest.moe_layers[0]
+    pool = ReaderPool(store, 1, native=True)
+    zero = os.open("/dev/zero", os.O_RDONLY)
+    buf = np.empty(4 << 20, np.uint8)
+    busy_iov = iovec_array([buf] * native_reads.MAX_IOV)  # 4 GiB into one 4 MiB buffer
+    try:
+        first = pool.submit_bundle(layer, 0, expert_buffers(store, layer))
+        pool.wait([first])  # the pool is started, its thread idle
+        busy = pool._native.submit(zero, 0, buf.nbytes * native_reads.MAX_IOV, busy_iov)
+        end = time.perf_counter() + 5
+        while busy.state == 0 and time.perf_counter() < end:
+            time.sleep(0.0005)
+        assert busy.state == 1  # the pool thread has it
+        assert pool._native.help(busy) is False
+        store.rows.clear()
+        into = expert_buffers(store, layer)
+        queued = pool.submit_bundle(layer, 3, into)
+        assert queued.job is not None and queued.job.state == 0
+        pool.wait([queued])
+        assert busy.state == 1  # still reading zeros: the bundle was read here
+        assert [r["thread"] for r in store.rows] == ["main"]
+        assert _got(into, store, layer) == _file_bytes(store, layer, 3)
+        pool._native.wait([busy])
+        assert busy.result == buf.nbytes * native_reads.MAX_IOV
+    finally:
+        pool.close()
+        os.close(zero)
+
+
+@needs_pool
 def test_a_native_read_cut_short_is_named_with_its_file(tiny_random_converted, tmp_path):
     import shutil
 

@@ -89,10 +89,12 @@ def test_a_reader_with_work_queued_starts_the_next_load_at_once():
     assert (second["started_ns"] == first["finished_ns"]).all()
 
 
-def test_a_load_needed_while_its_reader_wakes_is_read_by_the_main_thread():
+@pytest.mark.parametrize("native", [False, True])
+def test_a_load_needed_while_its_reader_wakes_is_read_by_the_main_thread(native):
     """help_reads: the token lead's prefetches go to an idle reader at the step boundary; with a
     wake-up longer than the run (1 s), the main thread reaches every unclaimed load first and
-    reads it itself (the engine's claim); with no wake-up the reader has each of them."""
+    reads it itself (the engine's claim; a native read it takes off the pool's queue); with no
+    wake-up the reader has each of them."""
     m = model(layers=3, experts=32, k=1, build_ms_per_layer=0.05, consumer_first=1,
               consumer_last=2, heads=2, head_bytes=0)
     router = uniform_routing(20, 3, 32, 1, seed=8)
@@ -100,7 +102,7 @@ def test_a_load_needed_while_its_reader_wakes_is_read_by_the_main_thread():
     for wake in (0.0, 1000.0):
         sc = scenario(hw=hardware(reader_wake_ms=wake, **dict(IO, queue_depth=2)), m=m,
                       path="staged", lead="token", readers=1, o_direct=True, decode_steps=20,
-                      help_reads=True)
+                      help_reads=True, native_reads=native)
         loads = run_scenario(sc, routing=routing_input(router)).trace.loads
         threads[wake] = loads.filter(pl.col("source") == "prefetch")["thread"].to_list()
     assert threads[0.0] and set(threads[0.0]) == {"reader0"}

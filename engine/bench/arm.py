@@ -37,6 +37,18 @@ def read_syscalls() -> int:
     return -1
 
 
+def covered_ns(spans: list[tuple[int, int]]) -> int:
+    """Nanoseconds inside at least one of `spans` ([start, end) pairs): the time the readers
+    had a cold read in flight, however many at once."""
+    total, reach = 0, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            total, reach = total + end - start, end
+        elif end > reach:
+            total, reach = total + end - reach, end
+    return total
+
+
 def device_reads(path: str) -> int:
     """Reads completed by the block device holding `path` (/sys/dev/block/MAJ:MIN/stat, the
     first field), every process's: -1 where unknown. A partition counts its own."""
@@ -208,6 +220,10 @@ def run_arm(spec: dict) -> dict:
         r["decode_cold_loads"] = sum(1 for x in rows if x["cold"])
         r["cold_load_ms"] = [(x["finished_ns"] - x["started_ns"]) / 1e6 for x in rows
                              if x["cold"]]
+        # at a queue depth above 1 a load's own span includes the reads beside it: the span
+        # the cold reads covered together, per cold load, is the time each one cost
+        r["cold_reading_ns"] = covered_ns([(x["started_ns"], x["finished_ns"]) for x in rows
+                                           if x["cold"]])
         r["decode_bytes"] = sum(x["bytes"] for x in rows)
         results.append(r)
     stats = rt.stats.delta(rt.stats.snapshot(), before) if rt else {}

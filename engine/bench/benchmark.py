@@ -45,9 +45,10 @@ routing is realistic; greedy decoding of the tiny fixtures loops and every cache
 kernel's block-I/O read throttle (engine.throttle), and the bound's bandwidth is the throttle's
 rate where that is lower than the disk's.
 
-`--before DIR` runs every streaming arm again on the same model converted otherwise, and
+`--before DIR` runs every streaming arm again on the same model converted otherwise,
 `--before-code DIR` from another checkout of this project (an earlier engine, e.g. `git
-worktree add DIR COMMIT`), as ARM@before, in the same rounds: both sides of a change measured
+worktree add DIR COMMIT`), and `--before-native-reads/--before-python-reads` with the other
+kind of reader threads, as ARM@before, in the same rounds: both sides of a change measured
 in one run and paired round by round.
 
 Warm: the parent reads every expert file before each streaming arm (page cache warm).
@@ -95,7 +96,7 @@ def all_arms(spec: BenchSpec) -> list[str]:
     """The arms a run times: the given ones, then with `before` or `before_code` each
     streaming one again on that model or with that engine."""
     extra = [a + BEFORE for a in spec.arms if a in STREAMING] \
-        if spec.before or spec.before_code else []
+        if spec.before or spec.before_code or spec.before_native_reads is not None else []
     return list(spec.arms) + extra
 
 
@@ -127,6 +128,8 @@ class BenchSpec:
     before: str | None = None
     # another checkout of this project: ARM@before runs its engine (with `before`, on that model)
     before_code: str | None = None
+    # ARM@before's reader threads (None: native_reads); set, it makes the @before arms alone
+    before_native_reads: bool | None = None
 
 
 # ---------------------------------------------------------------- helpers (no MLX)
@@ -237,6 +240,7 @@ def summarize_arm(runs: list[dict]) -> dict:
         syscalls = [p.get("decode_read_syscalls", -1) for p in ps]
         device = [p.get("decode_device_reads", -1) for p in ps]
         cold_ms = [t for p in ps for t in p.get("cold_load_ms", [])]
+        covered_ms = sum(p.get("cold_reading_ns", 0) for p in ps) / 1e6
         dec_s = sum(p["decode_s"] for p in ps)
         return {
             "decode_tok_s": steps / dec_s if dec_s > 0 else 0.0,
@@ -258,6 +262,10 @@ def summarize_arm(runs: list[dict]) -> dict:
             "device_reads_per_cold_load": sum(device) / cold
             if cold and min(device, default=-1) >= 0 else float("nan"),
             "cold_load_ms": statistics.median(cold_ms) if cold_ms else float("nan"),
+            # the time some cold read was in flight, per cold load (engine.bench.arm), and how
+            # many were in flight on average while any was
+            "cold_load_covered_ms": covered_ms / cold if cold and covered_ms else float("nan"),
+            "cold_reads_in_flight": sum(cold_ms) / covered_ms if covered_ms else float("nan"),
         }
     live = [r for r in runs if not r.get("killed")]
     killed = {"killed_rounds": len(runs) - len(live),
@@ -364,7 +372,7 @@ def run_bench(spec: BenchSpec, progress=None) -> dict:
         if spec.before else None,
         "before_code": None if spec.before_code is None else checkout(spec.before_code),
         "code": checkout(str(Path(__file__).resolve().parents[2])), "readers": spec.readers,
-        "native_reads": spec.native_reads,
+        "native_reads": spec.native_reads, "before_native_reads": spec.before_native_reads,
         "cache_policy": spec.cache_policy or "lru",
         "max_tokens": spec.max_tokens, "prompts": spec.prompts,
         "page_cache_budget": spec.page_cache_budget, "expert_bytes": expert_bytes(model),
@@ -435,7 +443,8 @@ def _spawn(arm: str, spec: BenchSpec, tmp: Path) -> dict:
     spec_file.write_text(json.dumps({
         "arm": base_arm(arm), "model": absolute(model), "prompts": spec.prompts,
         "max_tokens": spec.max_tokens, "readers": spec.readers,
-        "native_reads": spec.native_reads, "cache_policy": spec.cache_policy,
+        "native_reads": spec.native_reads if not before or spec.before_native_reads is None
+        else spec.before_native_reads, "cache_policy": spec.cache_policy,
         "page_cache_budget": spec.page_cache_budget, "warmup_tokens": spec.warmup_tokens,
         "temp": spec.temp, "seed": spec.seed, "limits": limits_of(spec).to_dict(),
         "prerouter": absolute(spec.prerouter or str(Path(spec.model) / "prerouter")),
@@ -499,6 +508,8 @@ def table_rows(result: dict) -> list[list[str]]:
             _num(s.get("read_syscalls_per_load"), ".2f"),
             _num(s.get("device_reads_per_cold_load"), ".2f"),
             _num(s.get("cold_load_ms"), ".3f"),
+            _num(s.get("cold_load_covered_ms"), ".3f"),
+            _num(s.get("cold_reads_in_flight"), ".2f"),
             _num(s.get("over_before_paired"), ".2f", "x"),
         ])
     return rows
@@ -507,7 +518,7 @@ def table_rows(result: dict) -> list[list[str]]:
 HEADERS = ["arm", "decode tok/s", "prefill tok/s", "vs resident", "paired", "blocked ms/step",
            "CPU ms/step", "loads/step", "cold MiB/step", "MLX peak MiB", "RSS peak MiB",
            "bound tok/s", "of bound", "read calls/load", "device reads/cold load",
-           "cold load ms", "vs @before"]
+           "cold load ms", "covered ms/cold load", "cold reads in flight", "vs @before"]
 
 
 def _num(v, fmt: str, unit: str = "") -> str:

@@ -148,6 +148,27 @@ void rp_submit(pool_t *p, job_t *j) {
     pthread_mutex_unlock(&p->lock);
 }
 
+/* Run `j` on the calling thread if no pool thread has taken it yet (it is taken off the
+   queue): 1 when it ran here, 0 when a pool thread has it or had it. The main thread, about
+   to wait for a read no reader has started, reads it itself instead of sleeping through a
+   thread's hand-off (engine.readers' help_main), with the interpreter lock released. */
+int rp_help(pool_t *p, job_t *j) {
+    pthread_mutex_lock(&p->lock);
+    job_t *prev = NULL, *at = p->head;
+    while (at && at != j) { prev = at; at = at->next; }
+    if (!at || j->state != 0) { pthread_mutex_unlock(&p->lock); return 0; }
+    if (prev) prev->next = j->next; else p->head = j->next;
+    if (p->tail == j) p->tail = prev;
+    j->state = 1;
+    pthread_mutex_unlock(&p->lock);
+    run(j);
+    pthread_mutex_lock(&p->lock);
+    j->state = 2;
+    pthread_cond_broadcast(&p->done);
+    pthread_mutex_unlock(&p->lock);
+    return 1;
+}
+
 /* Wait until every job of `jobs` is done (the queue's jobs are run even after rp_destroy is
    asked, so a caller never waits on a job no thread will take). */
 void rp_wait(pool_t *p, job_t **jobs, int n) {
