@@ -103,21 +103,26 @@ out:
     }
 }
 
+/* Take `j` (after `prev`, NULL at the head) off the queue and run it; called and returning
+   with the pool's lock held, which the read itself does not hold. */
+static void take_and_run(pool_t *p, job_t *prev, job_t *j) {
+    if (prev) prev->next = j->next; else p->head = j->next;
+    if (p->tail == j) p->tail = prev;
+    j->state = 1;
+    pthread_mutex_unlock(&p->lock);
+    run(j);
+    pthread_mutex_lock(&p->lock);
+    j->state = 2;
+    pthread_cond_broadcast(&p->done);
+}
+
 static void *worker(void *arg) {
     pool_t *p = arg;
     pthread_mutex_lock(&p->lock);
     for (;;) {
         while (!p->head && !p->stop) pthread_cond_wait(&p->work, &p->lock);
         if (!p->head) break;
-        job_t *j = p->head;
-        p->head = j->next;
-        if (!p->head) p->tail = NULL;
-        j->state = 1;
-        pthread_mutex_unlock(&p->lock);
-        run(j);
-        pthread_mutex_lock(&p->lock);
-        j->state = 2;
-        pthread_cond_broadcast(&p->done);
+        take_and_run(p, NULL, p->head);
     }
     pthread_mutex_unlock(&p->lock);
     return NULL;
@@ -156,17 +161,10 @@ int rp_help(pool_t *p, job_t *j) {
     pthread_mutex_lock(&p->lock);
     job_t *prev = NULL, *at = p->head;
     while (at && at != j) { prev = at; at = at->next; }
-    if (!at || j->state != 0) { pthread_mutex_unlock(&p->lock); return 0; }
-    if (prev) prev->next = j->next; else p->head = j->next;
-    if (p->tail == j) p->tail = prev;
-    j->state = 1;
+    int here = at != NULL;  /* still queued: no pool thread has it */
+    if (here) take_and_run(p, prev, j);
     pthread_mutex_unlock(&p->lock);
-    run(j);
-    pthread_mutex_lock(&p->lock);
-    j->state = 2;
-    pthread_cond_broadcast(&p->done);
-    pthread_mutex_unlock(&p->lock);
-    return 1;
+    return here;
 }
 
 /* Wait until every job of `jobs` is done (the queue's jobs are run even after rp_destroy is
