@@ -158,7 +158,9 @@ class Recorder:
         page_cache_fraction: float = 0.002,
         reset_peak: bool = True,
     ) -> None:
-        """`flush_every` steps but at most every `flush_interval_s` (and at most
+        """Rows are written between requests (before a prefill step starts) once
+        `flush_every` steps are held, and inside a request only past the writer's
+        `max_held_steps`, then at most every `flush_interval_s` (and at most
         `max_flush_fraction` of wall time); `page_cache_every` N steps (None: adaptive, at most
         `page_cache_fraction` of wall time; 0: never)."""
         self.writer = TraceWriter(directory, run, flush_every=flush_every,
@@ -179,6 +181,7 @@ class Recorder:
         self._routing: dict[int, list[tuple]] = {}  # step -> its blocks' lazy routing
         self._hints: dict[int, dict[int, list[int]]] = {}  # step -> {layer: hinted experts}
         self._building = -1  # the step whose graph is being built (gets on_routing calls)
+        self._last_phase = ""  # of the last step recorded ("decode" before a new request)
         self._stats = None  # the engine's engine.paths.stats.PathStats
         self._last_counts: dict[str, int] = {}
         self._pc_cost_ns = 0
@@ -243,6 +246,8 @@ class Recorder:
         self._hints.setdefault(step, {})[layer] = list(experts)
 
     def on_step_start(self, step: int, phase: str, tokens: int) -> None:
+        if phase == "prefill" and self._last_phase != "prefill":
+            self.writer.flush_if_due()  # a new request: none of its steps is timed yet
         self._building = step
         self._routing[step] = []  # a step built ahead and dropped (EOS) left its number free
         self._hints.pop(step, None)  # (and maybe a hint)
@@ -297,7 +302,8 @@ class Recorder:
         }
         for r in mine:  # loads first: an interrupt (Ctrl-C) never leaves a step without them
             self.writer.add_load(r)
-        self.writer.add_step(out)
+        self.writer.add_step(out, hold=True)
+        self._last_phase = out["phase"]
         self._write_routing(step)
         self.steps += 1
         self.overhead_ns += time.perf_counter_ns() - t0

@@ -271,6 +271,40 @@ def test_writer_flush_waits_for_min_interval(tmp_path):
     assert w.flushes == 2  # the empty one at creation and this one
 
 
+def test_held_steps_are_written_between_requests_or_past_the_cap(tmp_path):
+    """hold=True (the recorder's steps): no flush at flush_every however due, one at
+    flush_if_due (a request boundary) once flush_every are held, and one past max_held_steps."""
+    w = TraceWriter(tmp_path / "t", _run(), flush_every=2, max_held_steps=5)
+    for s in range(5):
+        w.add_step({"step": s, "phase": "decode", "tokens": 1}, hold=True)
+    assert w.flushes == 1 and read_trace(tmp_path / "t").steps.height == 0
+    w.add_step({"step": 5, "phase": "decode", "tokens": 1}, hold=True)  # 5 held: the cap
+    assert w.flushes == 2 and read_trace(tmp_path / "t").steps.height == 5
+    w.flush_if_due()  # one held, fewer than flush_every
+    assert w.flushes == 2
+    w.add_step({"step": 6, "phase": "decode", "tokens": 1}, hold=True)
+    w.flush_if_due()
+    assert w.flushes == 3 and read_trace(tmp_path / "t").steps.height == 7
+
+
+def test_the_recorder_writes_between_requests_never_inside_one(tiny_random_converted, tmp_path):
+    """Two prompts, a flush due after every step: the only flushes (besides the empty trace
+    at the start and close) come before the second request's first step, when every step of
+    the first is held, so no timed step (prefill chunk or decode) ever contains one."""
+    eng = load_streaming(tiny_random_converted)
+    rec = start_recorder(tmp_path / "t", eng, flush_every=1, flush_interval_s=0,
+                         max_flush_fraction=0)
+    at = []
+    flush = rec.writer.flush
+    rec.writer.flush = lambda *a, **k: (at.append(rec.steps), flush(*a, **k))[1]
+    capture(eng, PROMPTS, MAX_TOKENS, recorder=rec, prefill_step_size=CHUNK)
+    first = len(_plan(eng.tokenizer, PROMPTS[0]))
+    rec.close()
+    eng.close()
+    assert at[:-1] == [first]  # then close's
+    assert read_trace(tmp_path / "t").steps.height == rec.steps
+
+
 def test_writer_bulk_routing_rows_and_nested_lists(tmp_path):
     w = TraceWriter(tmp_path / "t", _run())
     w.add_routing_columns({"step": [0, 0], "layer": [1, 1], "token": [0, 1],

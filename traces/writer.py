@@ -141,14 +141,20 @@ class _Table:
 
 
 class TraceWriter:
+    """`add_step(row, hold=True)` keeps the rows in memory (a step being measured is not the
+    place for a flush: the recorder's first one took ~60 ms of a 5 ms decode step) until
+    `flush_if_due` at a request boundary, or until `max_held_steps` are held."""
+
     def __init__(self, directory: str | Path, run: RunInfo, flush_every: int = 16,
-                 min_interval_s: float = 0.0, max_flush_fraction: float | None = None) -> None:
+                 min_interval_s: float = 0.0, max_flush_fraction: float | None = None,
+                 max_held_steps: int = 4096) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.run = run
         self.flush_every = flush_every
         self.min_interval_s = min_interval_s
         self.max_flush_fraction = max_flush_fraction
+        self.max_held_steps = max_held_steps
         self.flushes = 0
         self.flush_s = 0.0  # total time spent in flush()
         self._last_flush_cost = 0.0
@@ -162,10 +168,11 @@ class TraceWriter:
         self.closed = False
         self.flush(always=True)  # an empty but valid trace exists from the start
 
-    def add_step(self, row: dict[str, Any]) -> None:
+    def add_step(self, row: dict[str, Any], hold: bool = False) -> None:
         # Flush when the NEXT step arrives, not right after this one: routing and load rows a
         # recorder adds after a step's row then land in the same flush as that step.
-        if self._steps_since_flush >= self.flush_every and self._due():
+        limit = self.max_held_steps if hold else self.flush_every
+        if self._steps_since_flush >= limit and self._due():
             self.flush()
         self.steps.add(row)
         self._steps_since_flush += 1
@@ -179,6 +186,12 @@ class TraceWriter:
     def add_routing_columns(self, columns: dict[str, list[Any]], n: int) -> None:
         """Add n routing rows given column-wise (cheaper than n dicts for wide prefills)."""
         self.routing.extend(columns, n)
+
+    def flush_if_due(self) -> None:
+        """At a boundary between requests, where no step is being timed: write the held rows
+        once `flush_every` steps are held."""
+        if self._steps_since_flush >= self.flush_every:
+            self.flush()
 
     def _due(self) -> bool:
         if self.min_interval_s <= 0 and not self.max_flush_fraction:
