@@ -7,7 +7,9 @@ new, not what the trace holds. `close()` merges each table's parts into one.
 `min_interval_s` and `max_flush_fraction` bound the time spent flushing: a flush that is due by
 step count waits until at least max(min_interval_s, last flush cost / max_flush_fraction) has
 passed since the previous one ended (defaults 0 / None: flush strictly every `flush_every`
-steps)."""
+steps). Steps added with `hold=True` (the recorder's) are flushed at `flush_if_due`, between
+requests, and inside one only past `max_held_steps`: a crash then loses the request in
+progress."""
 
 from __future__ import annotations
 
