@@ -93,8 +93,9 @@ def base_arm(arm: str) -> str:
 
 
 def all_arms(spec: BenchSpec) -> list[str]:
-    """The arms a run times: the given ones, then with `before` or `before_code` each
-    streaming one again on that model or with that engine."""
+    """The arms a run times: the given ones, then with `before`, `before_code` or
+    `before_native_reads` each streaming one again on that model, with that engine or with
+    those reader threads."""
     extra = [a + BEFORE for a in spec.arms if a in STREAMING] \
         if spec.before or spec.before_code or spec.before_native_reads is not None else []
     return list(spec.arms) + extra
