@@ -5,6 +5,8 @@ simulator's compute and graph-building figures for this machine come from measur
                    all resident), `chain` calls per mx.eval (as inside a step: one eval per
                    step, not per op); its wall time and the compute thread's CPU
                    (`glu_cpu_ms`)
+  expert sizes     the same kernel on synthetic stacks of wider experts (calibration.
+                   expert_size_probe): its rate against a bundle's size
   resident step    a decode step with every expert resident behind the same kernel (a path that
                    gathers from the full stack): graph-build time (model call, no eval) and
                    eval time; build / layers is the pure graph-building cost per layer
@@ -68,6 +70,7 @@ import numpy as np
 
 from calibration import handover_probe
 from calibration.bundle_views import one_row_views
+from calibration.expert_size_probe import CHAIN, KS, chained_glu_ms, expert_size_curve
 from calibration.fill_probe import fill_host_ms
 from calibration.profile_values import ComputeResult, cost, expected, expert_rate_gbps
 from calibration.zero_fill_probe import zero_fill_curve
@@ -187,11 +190,10 @@ class StepTimes:
     loads: list[dict] = field(default_factory=list)
 
 
-def glu_times(converted: Path, ks: tuple[int, ...], reps: int, chain: int = 8
+def glu_times(converted: Path, ks: tuple[int, ...], reps: int, chain: int = CHAIN
               ) -> tuple[dict[int, float], dict[int, float]]:
     """ms per switch_glu call (1 token) at each K over layer 0's full expert stack: the wall
-    time, and the compute thread's CPU time (the process's less the main thread's: its wall
-    less the waits for the main thread's dispatch)."""
+    time, and the compute thread's CPU time (calibration.expert_size_probe.chained_glu_ms)."""
     from engine.loader import open_manifest
 
     manifest = open_manifest(converted, verify=False)
@@ -206,23 +208,15 @@ def glu_times(converted: Path, ks: tuple[int, ...], reps: int, chain: int = 8
     cpu: dict[int, list[float]] = {k: [] for k in ks}
     for rep in range(reps + 2):
         for k in ks:  # K inner: load drifts hit every K alike
-            x = mx.array(rng.standard_normal((1, 1, hidden)).astype(np.float32))
-            inds = [mx.array(rng.choice(manifest.num_experts, k, replace=False)
-                             .astype(np.uint32)[None, None]) for _ in range(chain)]
-            mx.eval(x, inds)
-            t0, p0, c0 = time.perf_counter(), time.process_time(), time.thread_time()
-            y = x
-            for i in range(chain):  # each call's input depends on the last: one eval, in order
-                y = switch_glu(y, stack, inds[i], exact.quant).sum(axis=-2) * 0.1
-            mx.eval(y)
-            t1, p1, c1 = time.perf_counter(), time.process_time(), time.thread_time()
+            wall_ms, cpu_ms = chained_glu_ms(stack, exact.quant, hidden, manifest.num_experts,
+                                             k, rng, chain)
             if rep >= 2:  # first calls compile kernels
-                times[k].append((t1 - t0) * 1e3 / chain)
-                cpu[k].append(((p1 - p0) - (c1 - c0)) * 1e3 / chain)
+                times[k].append(wall_ms)
+                cpu[k].append(cpu_ms)
     return {k: cost(v) for k, v in times.items()}, {k: cost(v) for k, v in cpu.items()}
 
 
-GLU_KS = (1, 2, 4, 8)  # the SwiGLU's K values: its time against K gives expert_gbps
+GLU_KS = KS  # the SwiGLU's K values: its time against K gives expert_gbps
 
 
 def expert_kernel_gbps(converted: Path, reps: int = 30, repeats: int = 3) -> float:
@@ -670,6 +664,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
             r.close()
     direct_ms = direct_bundle_ms(converted)
     fill_curve = zero_fill_curve(converted)
+    size_curve = expert_size_curve(converted)
     cold_from = converted if drop else cold_copy
     refused_ms = refused_warm_ms(cold_from) if cold_from else float("nan")
     fill_ms, fill_loads = fill_host_ms(converted)
@@ -749,6 +744,7 @@ def measure_compute(converted: Path, *, steps: int = 64, warmup: int = 6,
         if gather_samples else float("nan"),
         gather_queue_ahead_reps=len(gather_samples),
         zero_fill_curve=fill_curve,
+        expert_size_curve=size_curve,
         primitives_per_step=step_primitives,
         cross_core_op_us=cross.wall_us if cross else float("nan"),
         cross_core_op_main_us=cross.main_cpu_us if cross else float("nan"),

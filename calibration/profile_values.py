@@ -166,6 +166,9 @@ class ComputeResult:
     # calibration.zero_fill_probe: (rotation MiB, alloc_stack's ms per MiB filled), the
     # rotation ascending (empty: not measured)
     zero_fill_curve: list[tuple[float, float]] = field(default_factory=list)
+    # calibration.expert_size_probe: (bundle bytes, {K: the compute thread's CPU ms per
+    # call}), the bundle ascending (empty: not measured)
+    expert_size_curve: list[tuple[int, dict[int, float]]] = field(default_factory=list)
     primitives_per_step: int = 0  # MLX primitives of a resident decode step's graph (0: not
     # counted)
     # calibration.handover_probe: per primitive, the wall time and the main thread's CPU a step
@@ -444,6 +447,17 @@ def compute_values(c: ComputeResult, active_params: float | None = None
         out["zero_fill_rotation_mib"] = (rotations, "MiB touched since the stack's buffer was "
                                          "last used (sim.zero_fill)")
         out["zero_fill_rotation_gbps"] = (rates, how)
+    if c.expert_size_curve:
+        out["expert_size_bytes"] = ([size for size, _ in c.expert_size_curve],
+                                    "bundle bytes of the synthetic experts timed "
+                                    "(calibration.expert_size_probe; sim.expert_kernel)")
+        out["expert_size_gbps"] = ([round(expert_rate_gbps(ms, size), 4)
+                                    for size, ms in c.expert_size_curve], (
+            "calibration.expert_size_probe: bundle bytes / the per-expert slope of the compute "
+            "thread's CPU time of the quantized SwiGLU (1 token, K " + "/".join(
+                str(k) for k in sorted(c.expert_size_curve[0][1])) + ") on synthetic stacks "
+            f"shaped like {c.model}'s experts, the intermediate size scaled; per K the 10th "
+            "percentile of its repeats"))
     if c.cross_core_op_us == c.cross_core_op_us:  # not nan
         how = (f"calibration.handover_probe: a step of {c.cross_core_primitives} MLX primitives "
                f"(chains of small element-wise operations handed over in {PIECES} async_eval "

@@ -72,7 +72,7 @@ from typing import Any
 
 import simpy
 
-from sim import zero_fill
+from sim import expert_kernel, zero_fill
 from sim.caches import BundleLRU, SlotTables
 from sim.compute_stream import ComputeStream
 from sim.cpu import READER_THREAD, Cores
@@ -145,7 +145,10 @@ class MainThread:
         self.attn_s = (m.resident_bytes - m.unembed_bytes
                        + (m.lora_bytes if lora else 0)) / m.layers / bw
         self.unembed_s = m.unembed_bytes / bw  # logits, after the last layer
-        expert_bw = hw.expert_gbps * 1e9 / hw.compute_factor if hw.expert_gbps else bw
+        # the kernel's time per byte is measured at the model's bundle size: the in-decode
+        # factor, fitted where that time is small, does not scale it (sim.expert_kernel)
+        rate = expert_kernel.expert_gbps(hw, m.bundle_bytes)
+        expert_bw = rate * 1e9 if rate else bw
         self.expert_s = (sc.k * m.bundle_bytes / expert_bw
                          + hw.expert_overhead_ms * hw.compute_factor / 1e3)
         self.head_s = (m.head_read_bytes or m.head_bytes) / bw  # what a head reads a step

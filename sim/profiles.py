@@ -73,6 +73,9 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "compute_tflops": (_positive, "must be > 0"),
     "slot_update_ms": (_nonneg, "must be >= 0"),
     "expert_gbps": (_nonneg, "must be >= 0 (0 = mem_bandwidth_gbps)"),
+    "expert_size_bytes": (lambda v: all(x > 0 for x in v) and v == sorted(set(v)),
+                          "must list distinct sizes > 0 in ascending order"),
+    "expert_size_gbps": (lambda v: all(x > 0 for x in v), "must be > 0"),
     "expert_overhead_ms": (_nonneg, "must be >= 0"),
     "sync_overhead_ms": (_nonneg, "must be >= 0"),
     "handoff_ms": (_nonneg, "must be >= 0"),
@@ -284,10 +287,12 @@ def load_hardware(name_or_path: str, overrides: dict[str, Any] | None = None,
 
 
 def check_hardware(where: str, hw: Hardware) -> None:
-    rotations, rates = hw.zero_fill_rotation_mib, hw.zero_fill_rotation_gbps
-    if len(rotations) != len(rates):
-        raise BadInput(f"{where}: zero_fill_rotation_gbps: {len(rates)} values for "
-                       f"{len(rotations)} rotations in zero_fill_rotation_mib (one per rotation)")
+    for xs, ys, what in (("zero_fill_rotation_mib", "zero_fill_rotation_gbps", "rotation"),
+                         ("expert_size_bytes", "expert_size_gbps", "size")):
+        n, rates = len(getattr(hw, xs)), len(getattr(hw, ys))
+        if n != rates:
+            raise BadInput(f"{where}: {ys}: {rates} values for {n} {what}s in {xs} (one per "
+                           f"{what})")
 
 
 def hardware_from_values(name: str, values: dict[str, tuple[Any, str]]) -> Hardware:

@@ -108,6 +108,17 @@ class Hardware:
         help="rate the expert kernel consumes bundle bytes; 0 = mem_bandwidth",
         obtain=("measured by `ssdmoe calibrate` (the expert kernel's rate on bundle bytes; on "
                 "a CPU backend, of the compute thread's CPU time)"))
+    expert_size_bytes: list[float] = key([],
+        help=("bundle sizes (bytes, ascending) at which the expert kernel's rate was measured "
+              "(expert_size_gbps holds the rates): a wide model's weights outgrow the CPU's "
+              "caches and its kernel runs slower per byte than a small one's (sim.expert_kernel: "
+              "expert_gbps x the curve's rate at the model's bundle_bytes / its rate at its "
+              "first size, the calibration model's); [] = expert_gbps at every size"),
+        obtain=("measured by `ssdmoe calibrate` (calibration.expert_size_probe: synthetic "
+                "experts shaped like the calibration model's, the intermediate size scaled)"))
+    expert_size_gbps: list[float] = key([],
+        help="the expert kernel's rate (GB/s of bundle bytes) at each expert_size_bytes",
+        obtain="measured by `ssdmoe calibrate` with expert_size_bytes")
     expert_overhead_ms: float = key(0.0,
         help="fixed accelerator time of one layer's expert computation",
         obtain=("measured by `ssdmoe calibrate` (the expert kernel's fixed time; on a CPU "
@@ -167,7 +178,10 @@ class Hardware:
         obtain="measured by `ssdmoe calibrate`; refit inside decode by `ssdmoe validate`")
     compute_factor: float = key(1.0,
         help=("accelerator time inside decode / as the roofline figures above give it (fitted by "
-              "`ssdmoe validate` from its calibration configurations; 1 = as measured)"),
+              "`ssdmoe validate` from its calibration configurations; 1 = as measured): it "
+              "scales the non-expert compute and the expert kernel's fixed time, not the "
+              "kernel's time per byte, which is measured at each bundle size "
+              "(expert_size_gbps)"),
         obtain=("fitted by `ssdmoe validate` on its calibration configurations (1: as "
                 "calibrated)"))
     cpu_cores: float = key(0.0,
@@ -669,7 +683,8 @@ SCENARIO_KEYS = tuple(
 ROUTING_KEYS = ("routing_k", "routing_reuse", "routing_skew", "routing_recall",
                 "routing_recall_window")
 HARDWARE_KEYS = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "description"))
-HARDWARE_OPTIONAL = ("expert_gbps", "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
+HARDWARE_OPTIONAL = ("expert_gbps", "expert_size_bytes", "expert_size_gbps",
+                     "expert_overhead_ms", "sync_overhead_ms", "lazy_compute",
                      "handoff_ms", "gil_handoff_ms", "cold_read_cpu_ms",
                      "cold_read_cpu_us_per_page", "reader_wake_ms",
                      "throttle_read_mbps", "throttle_read_iops", "throttle_burst_s",

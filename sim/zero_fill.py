@@ -9,8 +9,7 @@ is read at the bytes one decode step of the exact path touches."""
 
 from __future__ import annotations
 
-import math
-
+from sim.rate_curve import rate_at
 from sim.scenario import Hardware, ModelProfile
 
 
@@ -24,14 +23,6 @@ def fill_gbps(hw: Hardware, touched_bytes: float) -> float:
     """The fill's rate with `touched_bytes` touched since the buffer's last use: the hardware's
     curve, its time per byte interpolated linearly in log2 of the rotation and held at its
     ends; without a curve zero_fill_gbps (0: not charged)."""
-    rotations, rates = hw.zero_fill_rotation_mib, hw.zero_fill_rotation_gbps
-    if not rotations:
+    if not hw.zero_fill_rotation_mib:
         return hw.zero_fill_gbps
-    mib = touched_bytes / 2**20
-    if mib <= rotations[0]:
-        return rates[0]
-    for i in range(1, len(rotations)):
-        if mib <= rotations[i]:
-            share = math.log2(mib / rotations[i - 1]) / math.log2(rotations[i] / rotations[i - 1])
-            return 1.0 / ((1 - share) / rates[i - 1] + share / rates[i])
-    return rates[-1]
+    return rate_at(hw.zero_fill_rotation_mib, hw.zero_fill_rotation_gbps, touched_bytes / 2**20)
