@@ -137,7 +137,8 @@ def tests(tree: Path) -> list[str]:
     sim = sorted(p.relative_to(tree).as_posix() for p in (tree / "tests").glob("test_sim*.py")
                  if "sweep" not in p.name)
     return [*sim, "tests/test_compare_graph_of.py", "tests/test_cpu_per_step.py",
-            "tests/test_page_sharing.py", "tests/test_transfer.py", "tests/test_zero_fill.py"]
+            "tests/test_page_sharing.py", "tests/test_transfer.py", "tests/test_zero_fill.py",
+            "tests/test_expert_kernel.py"]
 
 
 def main(names: list[str]) -> int:
