@@ -54,6 +54,15 @@ def _nonneg(v: Any) -> bool:
     return v >= 0
 
 
+def _all_positive(v: list[Any]) -> bool:
+    return all(x > 0 for x in v)
+
+
+def _ascending_sizes(v: list[Any]) -> bool:
+    """Distinct sizes > 0 in ascending order: where a rate curve was measured."""
+    return _all_positive(v) and v == sorted(set(v))
+
+
 def _fraction(v: Any) -> bool:
     return 0.0 <= v <= 1.0
 
@@ -73,9 +82,8 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "compute_tflops": (_positive, "must be > 0"),
     "slot_update_ms": (_nonneg, "must be >= 0"),
     "expert_gbps": (_nonneg, "must be >= 0 (0 = mem_bandwidth_gbps)"),
-    "expert_size_bytes": (lambda v: all(x > 0 for x in v) and v == sorted(set(v)),
-                          "must list distinct sizes > 0 in ascending order"),
-    "expert_size_gbps": (lambda v: all(x > 0 for x in v), "must be > 0"),
+    "expert_size_bytes": (_ascending_sizes, "must list distinct sizes > 0 in ascending order"),
+    "expert_size_gbps": (_all_positive, "must be > 0"),
     "expert_overhead_ms": (_nonneg, "must be >= 0"),
     "sync_overhead_ms": (_nonneg, "must be >= 0"),
     "handoff_ms": (_nonneg, "must be >= 0"),
@@ -93,9 +101,8 @@ RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
                               "must be -1 (not measured) or >= 0"),
     "refused_warm_ms": (_nonneg, "must be >= 0"),
     "zero_fill_gbps": (_nonneg, "must be >= 0 (0 = not charged)"),
-    "zero_fill_rotation_mib": (lambda v: all(x > 0 for x in v) and v == sorted(set(v)),
-                               "must list distinct MiB > 0 in ascending order"),
-    "zero_fill_rotation_gbps": (lambda v: all(x > 0 for x in v), "must be > 0"),
+    "zero_fill_rotation_mib": (_ascending_sizes, "must list distinct MiB > 0 in ascending order"),
+    "zero_fill_rotation_gbps": (_all_positive, "must be > 0"),
     "page_drop_us_per_page": (_nonneg, "must be >= 0 (0 = not charged)"),
     "reclaim_us_per_page": (_nonneg, "must be >= 0 (0 = page_drop_us_per_page stands in)"),
     "thread_cores": (_nonneg, "must be >= 0 (0 = cpu_cores)"),
