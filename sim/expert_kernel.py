@@ -5,9 +5,10 @@ wide ones run at memory's speed, so the rate depends on the bundle's size. calib
 the rate on the calibration model's own bundles (expert_gbps) and, on synthetic experts of
 scaled width, at several sizes from that model's up (calibration.expert_size_probe: hardware
 expert_size_bytes / _gbps). Here the curve's shape carries expert_gbps to the model's
-bundle_bytes: the synthetic stacks run a few percent apart from the real one at the same size
-(measured: 1.024-1.040 GB/s against 1.005), so the curve is read as ratios to its first size,
-where expert_gbps was measured."""
+bundle_bytes: a synthetic stack need not run as fast as the real one of the same size, and the
+two probes run at different moments of a machine whose speed drifts, so the curve is read as
+ratios to its first size, where expert_gbps was measured (reports/transfer/expert-kernel:
+the real kernels of two models against the curve)."""
 
 from __future__ import annotations
 
